@@ -1,0 +1,1 @@
+"""Agent designs (OPERA, Mujica, Omne). Installed as `mhqa_graph.graphs`."""

@@ -1,0 +1,82 @@
+"""Typed errors. Every failure a user can cause or meet is one of these."""
+
+from __future__ import annotations
+
+
+class MhqaError(Exception):
+    """Base class of every error mhqa-graph raises on purpose."""
+
+
+class StoreError(MhqaError):
+    """A knowledge-store operation failed."""
+
+
+class InvalidStoreURI(StoreError):
+    """The store URI has an unknown scheme or a malformed location."""
+
+
+class UnknownGraph(StoreError):
+    """No graph with this name exists in the store."""
+
+    def __init__(self, graph: str) -> None:
+        super().__init__(f"unknown graph {graph!r}; ingest it first (mhqa ingest ...) or check `mhqa stats`")
+        self.graph = graph
+
+
+class UnknownCorpus(StoreError):
+    """No passage corpus with this name exists in the store."""
+
+    def __init__(self, corpus: str) -> None:
+        super().__init__(f"unknown corpus {corpus!r}; ingest it first (mhqa ingest ...) or check `mhqa stats`")
+        self.corpus = corpus
+
+
+class EntityNotFound(StoreError):
+    """The graph exists but has no node with this exact name."""
+
+    def __init__(self, graph: str, name: str) -> None:
+        super().__init__(f"no entity named {name!r} in graph {graph!r}; use match_entities to find the right name")
+        self.graph = graph
+        self.name = name
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached, refused the credentials, or timed out."""
+
+
+class StoreLocked(StoreError):
+    """Another process holds the embedded store open for writing."""
+
+
+class CorruptStore(StoreError):
+    """Files of an embedded store are missing, half-written or inconsistent."""
+
+
+class EmbedderMismatch(StoreError):
+    """The store was built with another embedding model than the one asked for."""
+
+
+class InvalidInput(MhqaError):
+    """An argument is out of range or of the wrong shape (empty name, k < 1, unknown mode)."""
+
+
+class IngestError(MhqaError):
+    """A row of an input file is malformed. Carries the file and line."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None) -> None:
+        where = f"{path}:{line}: " if path and line else (f"{path}: " if path else "")
+        super().__init__(f"{where}{message}")
+        self.path = path
+        self.line = line
+
+
+class ModelError(MhqaError):
+    """A model spec cannot be resolved or a model pack cannot be loaded."""
+
+
+class ModelNotInstalled(ModelError):
+    """The offline pack's wheel is not installed; the message names the pip extra."""
+
+
+class ChecksumMismatch(ModelError):
+    """An assembled model file does not have its pinned sha256."""

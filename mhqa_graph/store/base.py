@@ -1,0 +1,156 @@
+"""The knowledge-store interface. Backends implement the `_`-prefixed methods;
+the public methods validate arguments once, here, so every backend behaves alike."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from ..errors import InvalidInput
+from ..types import SEARCH_MODES, EntityHit, NodeInfo, Passage, PassageHit, SearchMode, StoreStats, Triple
+
+if TYPE_CHECKING:
+    from ..retriever import StoreRetriever
+
+MAX_K = 1000
+MAX_QUERY_CHARS = 10_000
+
+
+def _name(kind: str, value: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidInput(f"{kind} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _k(k: int) -> int:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_K:
+        raise InvalidInput(f"k must be an integer in 1..{MAX_K}, got {k!r}")
+    return k
+
+
+def _query(text: str) -> str:
+    if not isinstance(text, str):
+        raise InvalidInput(f"query must be a string, got {type(text).__name__}")
+    return text[:MAX_QUERY_CHARS]
+
+
+def clean_triples(triples: Iterable[Triple]) -> list[Triple]:
+    """Validate triples and drop repeats, keeping first-seen order."""
+    seen: dict[Triple, None] = {}
+    for t in triples:
+        if not (isinstance(t, (tuple, list)) and len(t) == 3):
+            raise InvalidInput(f"a triple is (subject, relation, object), got {t!r}")
+        s, r, o = (_name("triple part", str(x) if isinstance(x, (int, float)) else x).strip() for x in t)
+        seen.setdefault((s, r, o), None)
+    return list(seen)
+
+
+def clean_passages(passages: Iterable[Passage]) -> list[Passage]:
+    """Validate passages and keep the first of each id."""
+    seen: dict[str, Passage] = {}
+    for p in passages:
+        if not isinstance(p, Passage):
+            raise InvalidInput(f"expected a Passage, got {type(p).__name__}")
+        _name("passage id", p.id)
+        if not isinstance(p.title, str) or not isinstance(p.text, str):
+            raise InvalidInput(f"passage {p.id!r}: title and text must be strings")
+        seen.setdefault(p.id, p)
+    return list(seen.values())
+
+
+class KnowledgeStore(ABC):
+    """Named knowledge graphs (triples) and passage corpora behind one API.
+
+    Open one with :func:`mhqa_graph.open_store`. Use as a context manager or call `close()`.
+    """
+
+    uri: str
+    backend: str
+
+    # -- writing ---------------------------------------------------------------
+    def add_triples(self, graph: str, triples: Iterable[Triple]) -> int:
+        """Add (subject, relation, object) triples to `graph`, creating it if needed.
+        Idempotent: returns the number of triples that were not there before."""
+        return self._add_triples(_name("graph", graph), clean_triples(triples))
+
+    def add_passages(self, corpus: str, passages: Iterable[Passage]) -> int:
+        """Add passages to `corpus`, creating it if needed. A passage whose id is
+        already in the corpus is skipped. Returns the number added."""
+        return self._add_passages(_name("corpus", corpus), clean_passages(passages))
+
+    # -- reading -----------------------------------------------------------------
+    def match_entities(self, graph: str, text: str, k: int = 5) -> list[EntityHit]:
+        """Entities of `graph` whose names best match `text` (semantic + lexical), best first."""
+        text = _query(text)
+        if not text.strip():
+            return []
+        return self._match_entities(_name("graph", graph), text, _k(k))
+
+    def node_info(self, graph: str, name: str) -> NodeInfo:
+        """The node's facts: outgoing and incoming edges. Raises EntityNotFound."""
+        return self._node_info(_name("graph", graph), _name("entity name", name))
+
+    def search(self, corpus: str, query: str, k: int = 5, mode: SearchMode = "hybrid") -> list[PassageHit]:
+        """Top-k passages of `corpus` for `query`; mode is "bm25", "dense" or "hybrid"."""
+        if mode not in SEARCH_MODES:
+            raise InvalidInput(f"mode must be one of {SEARCH_MODES}, got {mode!r}")
+        query = _query(query)
+        if not query.strip():
+            return []
+        return self._search(_name("corpus", corpus), query, _k(k), mode)
+
+    def passages(self, corpus: str) -> Iterator[Passage]:
+        """Every passage of `corpus`, in insertion order."""
+        return self._passages(_name("corpus", corpus))
+
+    def stats(self) -> StoreStats:
+        """Graphs and corpora in this store, with their sizes."""
+        return self._stats()
+
+    def graphs(self) -> list[str]:
+        return sorted(self.stats().graphs)
+
+    def corpora(self) -> list[str]:
+        return sorted(self.stats().corpora)
+
+    def as_retriever(self, corpus: str, k: int = 5, mode: SearchMode = "hybrid") -> StoreRetriever:
+        """A LangChain `BaseRetriever` over `corpus`."""
+        from ..retriever import StoreRetriever
+
+        return StoreRetriever(store=self, corpus=corpus, k=k, mode=mode)
+
+    # -- lifecycle ---------------------------------------------------------------
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> KnowledgeStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.uri}>"
+
+    # -- backend hooks -----------------------------------------------------------
+    @abstractmethod
+    def _add_triples(self, graph: str, triples: list[Triple]) -> int: ...
+
+    @abstractmethod
+    def _add_passages(self, corpus: str, passages: list[Passage]) -> int: ...
+
+    @abstractmethod
+    def _match_entities(self, graph: str, text: str, k: int) -> list[EntityHit]: ...
+
+    @abstractmethod
+    def _node_info(self, graph: str, name: str) -> NodeInfo: ...
+
+    @abstractmethod
+    def _search(self, corpus: str, query: str, k: int, mode: SearchMode) -> list[PassageHit]: ...
+
+    @abstractmethod
+    def _passages(self, corpus: str) -> Iterator[Passage]: ...
+
+    @abstractmethod
+    def _stats(self) -> StoreStats: ...

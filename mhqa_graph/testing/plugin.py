@@ -1,0 +1,1 @@
+"""pytest plugin: fixtures for testing apps built on mhqa-graph."""

@@ -1,0 +1,1 @@
+"""Trainers (MyGO, MAPGRPO, Omne stages). Installed as `mhqa_graph.training`."""
