@@ -1,0 +1,94 @@
+"""A LangChain chat model running a local transformers causal LM on the CPU."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from pydantic import PrivateAttr
+
+from ..errors import ModelError, ModelNotInstalled
+
+_ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
+
+
+class TransformersChatModel(BaseChatModel):
+    """Chat over a transformers model folder (or a hub id already in the HF cache). Loads on first use."""
+
+    model_path: str
+    model_name: str = ""
+    max_new_tokens: int = 512
+    temperature: float = 0.0  # 0 = greedy
+    stop: list[str] | None = None
+    dtype: str = "bfloat16"
+
+    _model: Any = PrivateAttr(default=None)
+    _tokenizer: Any = PrivateAttr(default=None)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @property
+    def _llm_type(self) -> str:
+        return "mhqa-transformers"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model_name": self._name, "model_path": self.model_path, "max_new_tokens": self.max_new_tokens,
+                "temperature": self.temperature, "dtype": self.dtype}
+
+    @property
+    def _name(self) -> str:
+        return self.model_name or Path(self.model_path).name
+
+    def _load(self) -> None:
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError as exc:
+            raise ModelNotInstalled(f"local chat models need torch and transformers ({exc}); "
+                                    "pip install 'mhqa-graph[models]'") from None
+        try:
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, self.dtype),
+                                                         local_files_only=True)
+        except OSError as exc:
+            raise ModelError(f"cannot load chat model {self.model_path!r}: {exc}") from exc
+        self._model = model.eval()
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        import torch
+
+        stops = [s for s in (stop or self.stop or []) if s]
+        max_new = int(kwargs.get("max_new_tokens", self.max_new_tokens))
+        temperature = float(kwargs.get("temperature", self.temperature))
+        chat = [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
+        with self._lock:
+            if self._model is None:
+                self._load()
+            tok = self._tokenizer
+            inputs = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+            sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+            pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+            with torch.inference_mode():
+                out = self._model.generate(**inputs, max_new_tokens=max_new, pad_token_id=pad,
+                                           stop_strings=stops or None, tokenizer=tok, **sampling)
+            eos = self._model.generation_config.eos_token_id
+        n_in = inputs["input_ids"].shape[1]
+        new = out[0, n_in:].tolist()
+        text = tok.decode(new, skip_special_tokens=True)
+        eos_ids = set(eos) if isinstance(eos, list) else {eos}
+        finish = "length" if len(new) >= max_new and new[-1] not in eos_ids else "stop"
+        for s in stops:
+            if s in text:
+                text, finish = text[:text.index(s)], "stop"
+        message = AIMessage(
+            content=text,
+            usage_metadata={"input_tokens": n_in, "output_tokens": len(new), "total_tokens": n_in + len(new)},
+            response_metadata={"model_name": self._name, "finish_reason": finish},
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])

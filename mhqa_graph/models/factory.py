@@ -1,0 +1,112 @@
+"""Turn a model spec string into a LangChain chat model or embeddings object.
+
+Chat specs: a pack name ("smollm2-135m"), "hf:<folder or cached hub id>",
+"openai:<base url>[#model]", "fake" or "fake:<json list of responses>".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import BaseChatModel
+
+from ..embeddings import Embedder, load_embedder
+from ..errors import ModelError, ModelNotInstalled
+from .packs import PACKS, pack_installed, pack_path
+
+CHAT_PREFERENCE = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m")
+
+
+def best_installed_chat_pack() -> str | None:
+    """The strongest chat pack whose wheels are installed, or None."""
+    return next((name for name in CHAT_PREFERENCE if pack_installed(name)), None)
+
+
+def load_chat_model(spec: str, **kwargs: Any) -> BaseChatModel:
+    """The chat model for `spec`; kwargs go to the model class (max_new_tokens, temperature, model, ...)."""
+    scheme, _, rest = spec.partition(":")
+    if scheme == "fake":
+        return _fake(rest, **kwargs)
+    if scheme == "openai":
+        return _openai(rest, **kwargs)
+    if scheme == "hf" and rest:
+        return _transformers(_hf_location(rest), **kwargs)
+    if spec in PACKS:
+        if PACKS[spec].kind != "chat":
+            raise ModelError(f"{spec!r} is an embedding pack, not a chat model")
+        return _transformers(str(pack_path(spec)), model_name=spec, **kwargs)
+    raise ModelError(f"unknown chat model spec {spec!r}; use a pack name ({', '.join(CHAT_PREFERENCE)}), "
+                     "'hf:<folder or hub id>', 'openai:<base url>#<model>' or 'fake[:<json list>]'")
+
+
+def _fake(rest: str, **kwargs: Any) -> BaseChatModel:
+    from ..testing.fakes import FakeChatModel
+
+    if rest:
+        try:
+            responses = json.loads(rest)
+        except json.JSONDecodeError as exc:
+            raise ModelError(f"fake: expects a JSON list of strings: {exc}") from None
+        if not isinstance(responses, list) or not all(isinstance(r, str) for r in responses):
+            raise ModelError("fake: expects a JSON list of strings")
+        kwargs["responses"] = responses
+    return FakeChatModel(**kwargs)
+
+
+def _openai(rest: str, **kwargs: Any) -> BaseChatModel:
+    base_url, _, fragment = rest.partition("#")
+    model = kwargs.pop("model", "")
+    model = fragment or model
+    if not base_url or not model:
+        raise ModelError("openai: needs a base url and a model: 'openai:<base url>#<model>' or model=...")
+    try:
+        from langchain_openai import ChatOpenAI
+    except ImportError:
+        raise ModelNotInstalled("openai-compatible servers need langchain-openai; "
+                                "pip install 'mhqa-graph[openai]'") from None
+    return ChatOpenAI(base_url=base_url, model=model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), **kwargs)
+
+
+def _hf_location(ref: str) -> str:
+    """A local folder as is; a hub id only if it is already in the Hugging Face cache (no downloads)."""
+    if Path(ref).expanduser().is_dir():
+        return str(Path(ref).expanduser())
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        raise ModelNotInstalled("hf: models need transformers; pip install 'mhqa-graph[models]'") from None
+    try:
+        cached = try_to_load_from_cache(ref, "config.json")
+    except ValueError:  # not a valid hub id either
+        cached = None
+    if not isinstance(cached, str):
+        raise ModelError(f"hf:{ref} is neither a local folder nor a model in the Hugging Face cache")
+    return ref
+
+
+def _transformers(path: str, **kwargs: Any) -> BaseChatModel:
+    from .chat import TransformersChatModel
+
+    return TransformersChatModel(model_path=path, **kwargs)
+
+
+class EmbedderEmbeddings(Embeddings):
+    """LangChain `Embeddings` over an mhqa-graph embedder."""
+
+    def __init__(self, embedder: Embedder) -> None:
+        self.embedder = embedder
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.embedder.embed(list(texts)).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embedder.embed([text])[0].tolist()
+
+
+def load_embeddings(spec: str | None = "auto") -> Embeddings:
+    """LangChain embeddings for an embedder spec ("auto", "all-minilm-l6-v2", "hash:<dim>", "st:<folder>")."""
+    return EmbedderEmbeddings(load_embedder(spec))

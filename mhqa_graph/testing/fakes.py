@@ -1,0 +1,71 @@
+"""A scripted chat model for tests: no weights, deterministic, records every call."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from pydantic import Field, PrivateAttr
+
+from ..errors import ModelError
+
+
+class FakeChatModel(BaseChatModel):
+    """Replies from `responses` in order (cycled, or ModelError when exhausted and `cycle` is False),
+    else from `respond(messages)`, else echoes the last message."""
+
+    responses: list[str] | None = None
+    respond: Callable[[list[BaseMessage]], str] | None = None
+    cycle: bool = True
+    latency: float = 0.0  # seconds slept per call
+    calls: list[list[BaseMessage]] = Field(default_factory=list)
+
+    _index: int = PrivateAttr(default=0)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @property
+    def _llm_type(self) -> str:
+        return "mhqa-fake"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"responses": self.responses, "cycle": self.cycle, "latency": self.latency}
+
+    def _next_scripted(self) -> str:
+        if not self.responses or (self._index >= len(self.responses) and not self.cycle):
+            raise ModelError(f"FakeChatModel: scripted responses exhausted after {self._index} calls")
+        text = self.responses[self._index % len(self.responses)]
+        self._index += 1
+        return text
+
+    def _reply(self, messages: list[BaseMessage]) -> ChatResult:
+        with self._lock:
+            self.calls.append(list(messages))
+            text = self._next_scripted() if self.responses is not None else None
+        if text is None:
+            text = self.respond(messages) if self.respond else (messages[-1].text if messages else "")
+        n_in = sum(len(m.text.split()) for m in messages)
+        n_out = len(text.split())
+        message = AIMessage(content=text,
+                            usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out},
+                            response_metadata={"model_name": "fake", "finish_reason": "stop"})
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        if self.latency:
+            time.sleep(self.latency)
+        return self._reply(messages)
+
+    async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                         run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        if self.latency:
+            await asyncio.sleep(self.latency)
+        return self._reply(messages)
