@@ -7,6 +7,8 @@ CREATE CONSTRAINT entity_key IF NOT EXISTS FOR (e:Entity) REQUIRE e.key IS UNIQU
 CREATE CONSTRAINT passage_key IF NOT EXISTS FOR (p:Passage) REQUIRE p.key IS UNIQUE;
 
 CREATE INDEX entity_graph IF NOT EXISTS FOR (e:Entity) ON (e.graph);
+CREATE INDEX entity_folded IF NOT EXISTS FOR (e:Entity) ON (e.graph, e.folded);
+CREATE INDEX passage_corpus IF NOT EXISTS FOR (p:Passage) ON (p.corpus);
 CREATE INDEX passage_order IF NOT EXISTS FOR (p:Passage) ON (p.corpus, p.seq);
 
 CREATE FULLTEXT INDEX entity_name_ft IF NOT EXISTS FOR (e:Entity) ON EACH [e.name];

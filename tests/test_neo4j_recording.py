@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
+from neo4j import Driver
 from neo4j.exceptions import ServiceUnavailable
 
 from mhqa_graph import (
@@ -14,6 +16,7 @@ from mhqa_graph import (
     EntityHit,
     EntityNotFound,
     Fact,
+    InvalidInput,
     Passage,
     StoreUnavailable,
     UnknownCorpus,
@@ -30,7 +33,8 @@ COLLECTION_ROW = [{"embedder": SPEC, "dim": 256}]
 NO_HITS = [{"fetched": 0, "hits": []}]
 INJECTIONS = ["}) DETACH DELETE n //", "O'Brien \"quoted\"", "`backtick`", "{braces}", "CALL db.x()", "Zürich ∑ 東京"]
 WRITE_STATEMENTS = {*cypher.SCHEMA, *cypher.VECTOR_SCHEMA, cypher.MERGE_COLLECTION, cypher.ADD_ENTITIES,
-                    cypher.ADD_TRIPLES, cypher.ADD_PASSAGES}
+                    cypher.ADD_TRIPLES, cypher.ADD_PASSAGES, cypher.DROP_ENTITIES, cypher.DROP_PASSAGES,
+                    cypher.DROP_COLLECTIONS}
 
 
 def added(params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -40,6 +44,7 @@ def added(params: dict[str, Any]) -> list[dict[str, Any]]:
 DEFAULTS: dict[str, Any] = {
     "COLLECTION": COLLECTION_ROW, "MERGE_COLLECTION": COLLECTION_ROW, "ADD_TRIPLES": added, "ADD_PASSAGES": added,
     "ENTITY_FULLTEXT": NO_HITS, "ENTITY_VECTOR": NO_HITS, "PASSAGE_FULLTEXT": NO_HITS, "PASSAGE_VECTOR": NO_HITS,
+    "DROP_ENTITIES": [{"deleted": 0}], "DROP_PASSAGES": [{"deleted": 0}],
 }
 
 
@@ -52,7 +57,7 @@ def make_store(embedder: str | None = SPEC, **answers: Any) -> tuple[Neo4jStore,
         return answer(params) if callable(answer) else answer
 
     driver = RecordingDriver(respond)
-    return Neo4jStore(driver, embedder=embedder, database="mhqa"), driver
+    return Neo4jStore(cast(Driver, driver), embedder=embedder, database="mhqa"), driver
 
 
 def exercise(store: Neo4jStore, text: str) -> None:
@@ -65,6 +70,8 @@ def exercise(store: Neo4jStore, text: str) -> None:
         store.search(text, text, mode=mode)
     list(store.passages(text))
     store.stats()
+    store.namespace = text
+    store.drop_namespace()
 
 
 @pytest.mark.parametrize("text", INJECTIONS)
@@ -128,6 +135,13 @@ def test_entity_hits_fuse_lexical_and_semantic() -> None:
     assert fulltext.parameters["query"] == r"paris OR \(hilton\)"
 
 
+def test_text_without_words_queries_no_index() -> None:
+    store, driver = make_store()
+    assert store.match_entities("g", "?!") == [] and store.search("c", "?!", mode="hybrid") == []
+    index_queries = {cypher.ENTITY_FULLTEXT, cypher.ENTITY_VECTOR, cypher.PASSAGE_FULLTEXT, cypher.PASSAGE_VECTOR}
+    assert not [call for call in driver.calls if call.query in index_queries]
+
+
 def test_node_info_facts_keep_direction() -> None:
     facts = [{"relation": "capital of", "other": "France", "direction": "out"},
              {"relation": "born in", "other": "Marie", "direction": "in"}]
@@ -137,6 +151,56 @@ def test_node_info_facts_keep_direction() -> None:
     assert info.as_text().splitlines()[1:] == ["- (Paris) -[capital of]-> (France)", "- (Marie) -[born in]-> (Paris)"]
     [call] = [call for call in driver.calls if call.query == cypher.NODE_INFO]
     assert call.parameters == {"key": "g\u001fParis"}
+
+
+def test_node_info_tolerates_case_when_unambiguous() -> None:
+    facts = [{"relation": "in", "other": "France", "direction": "out"}]
+    right = cypher.key("g", "Paris")
+    store, _ = make_store(NODE_INFO=lambda params: [{"facts": facts}] if params["key"] == right else [],
+                          ENTITIES_BY_FOLDED=[{"name": "Paris"}])
+    info = store.node_info("g", "PARIS")
+    assert (info.name, info.facts) == ("Paris", [Fact("in", "France", "out")])
+    store, _ = make_store(ENTITIES_BY_FOLDED=[{"name": "Paris"}, {"name": "PARIS"}])
+    with pytest.raises(EntityNotFound):
+        store.node_info("g", "paris")
+
+
+def test_namespace_scopes_every_collection() -> None:
+    store, driver = make_store()
+    store.namespace = "t1"
+    store.add_triples("g", [("a", "r", "b")])
+    store.stats()
+    [merge] = [call.parameters for call in driver.calls if call.query == cypher.MERGE_COLLECTION]
+    assert (merge["collection"], merge["namespace"], merge["name"], merge["scope"]) == (
+        "graph\u001ft1\u001fg", "t1", "g", "t1\u001fg")
+    [entities] = [call.parameters for call in driver.calls if call.query == cypher.ADD_ENTITIES]
+    assert entities["graph"] == "t1\u001fg" and entities["rows"][0]["key"] == "t1\u001fg\u001fa"
+    [stats] = [call.parameters for call in driver.calls if call.query == cypher.STATS]
+    assert stats == {"namespace": "t1"}
+
+
+def test_drop_namespace_deletes_in_batches_and_spares_the_default() -> None:
+    left = [2500]
+
+    def delete(params: dict[str, Any]) -> list[dict[str, Any]]:
+        deleted = min(left[0], params["limit"])
+        left[0] -= deleted
+        return [{"deleted": deleted}]
+
+    store, driver = make_store(DROP_ENTITIES=delete)
+    with pytest.raises(InvalidInput):
+        store.drop_namespace()
+    store.namespace = "t1"
+    store.drop_namespace()
+    assert [call.query for call in driver.calls].count(cypher.DROP_ENTITIES) == 4
+    assert driver.calls[-1].query == cypher.DROP_COLLECTIONS
+
+
+def test_schema_file_matches_the_code() -> None:
+    path = Path(__file__).resolve().parent.parent / "neo4j" / "schema.cypher"
+    text = "\n".join(line for line in path.read_text().splitlines() if not line.startswith("//"))
+    in_file = {part.strip() for part in text.split(";") if part.strip()}
+    assert in_file == {*cypher.SCHEMA, *(s.replace("$dimensions", "384") for s in cypher.VECTOR_SCHEMA)}
 
 
 def test_passage_hits_per_mode() -> None:
@@ -244,4 +308,5 @@ def test_lucene_or_query() -> None:
     assert lucene_or_query("who wrote Hamlet? who") == r"who OR wrote OR Hamlet\?"
     assert lucene_or_query("}) DETACH DELETE n //") == "DETACH OR DELETE OR n"
     assert lucene_or_query("  ?! // ") is None
-    assert lucene_or_query(" ".join(f"w{i}" for i in range(5000))).count(" OR ") == cypher.MAX_TERMS - 1
+    many = lucene_or_query(" ".join(f"w{i}" for i in range(5000))) or ""
+    assert many.count(" OR ") == cypher.MAX_TERMS - 1

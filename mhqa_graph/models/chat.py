@@ -25,7 +25,7 @@ class TransformersChatModel(BaseChatModel):
     max_new_tokens: int = 512
     temperature: float = 0.0  # 0 = greedy
     stop: list[str] | None = None
-    dtype: str = "bfloat16"
+    dtype: str = "float32"  # stored bf16; float32 matmuls run ~2x faster on most CPUs
 
     _model: Any = PrivateAttr(default=None)
     _tokenizer: Any = PrivateAttr(default=None)

@@ -1,11 +1,13 @@
 """Every Cypher statement the Neo4j backend sends, plus Lucene query escaping.
 
 Model:
-    (:Collection {key, kind: 'graph'|'corpus', name, embedder, dim, next_seq})
-    (:Entity {key, graph, name, embedding})-[:REL {relation}]->(:Entity)
+    (:Collection {key, kind: 'graph'|'corpus', namespace, name, scope, embedder, dim, next_seq})
+    (:Entity {key, graph, name, folded, embedding})-[:REL {relation}]->(:Entity)
     (:Passage {key, corpus, pid, seq, title, text, embedding})
-Keys are `<graph|corpus|kind> + "\\u001f" + <name|pid>` (see `key`). User data only ever
-travels in parameters; the statements below are the complete, fixed query text.
+A collection's `scope` is its name, prefixed by its namespace if it has one; entities and passages
+store it as `graph`/`corpus`. Keys join parts with "\\u001f" (see `key`): Collection `kind, scope`,
+Entity `scope, name`, Passage `scope, pid`. User data only ever travels in parameters; the
+statements below are the complete, fixed query text.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ SEP = "\u001f"
 
 
 def key(scope: str, name: str) -> str:
-    """The unique key of a node: its scope (graph, corpus or collection kind) and its name."""
+    """Two key parts joined by SEP, e.g. key(graph scope, entity name)."""
     return f"{scope}{SEP}{name}"
 
 
@@ -25,6 +27,8 @@ CREATE_COLLECTION_KEY = "CREATE CONSTRAINT collection_key IF NOT EXISTS FOR (c:C
 CREATE_ENTITY_KEY = "CREATE CONSTRAINT entity_key IF NOT EXISTS FOR (e:Entity) REQUIRE e.key IS UNIQUE"
 CREATE_PASSAGE_KEY = "CREATE CONSTRAINT passage_key IF NOT EXISTS FOR (p:Passage) REQUIRE p.key IS UNIQUE"
 CREATE_ENTITY_GRAPH_INDEX = "CREATE INDEX entity_graph IF NOT EXISTS FOR (e:Entity) ON (e.graph)"
+CREATE_ENTITY_FOLDED_INDEX = "CREATE INDEX entity_folded IF NOT EXISTS FOR (e:Entity) ON (e.graph, e.folded)"
+CREATE_PASSAGE_CORPUS_INDEX = "CREATE INDEX passage_corpus IF NOT EXISTS FOR (p:Passage) ON (p.corpus)"
 CREATE_PASSAGE_ORDER_INDEX = "CREATE INDEX passage_order IF NOT EXISTS FOR (p:Passage) ON (p.corpus, p.seq)"
 CREATE_ENTITY_FULLTEXT = "CREATE FULLTEXT INDEX entity_name_ft IF NOT EXISTS FOR (e:Entity) ON EACH [e.name]"
 CREATE_PASSAGE_FULLTEXT = (
@@ -43,7 +47,8 @@ AWAIT_INDEXES = "CALL db.awaitIndexes($seconds)"
 
 SCHEMA = (
     CREATE_COLLECTION_KEY, CREATE_ENTITY_KEY, CREATE_PASSAGE_KEY, CREATE_ENTITY_GRAPH_INDEX,
-    CREATE_PASSAGE_ORDER_INDEX, CREATE_ENTITY_FULLTEXT, CREATE_PASSAGE_FULLTEXT,
+    CREATE_ENTITY_FOLDED_INDEX, CREATE_PASSAGE_CORPUS_INDEX, CREATE_PASSAGE_ORDER_INDEX, CREATE_ENTITY_FULLTEXT,
+    CREATE_PASSAGE_FULLTEXT,
 )
 VECTOR_SCHEMA = (CREATE_ENTITY_VECTOR, CREATE_PASSAGE_VECTOR)  # take $dimensions
 
@@ -52,22 +57,36 @@ EMBEDDERS = "MATCH (c:Collection) RETURN DISTINCT c.embedder AS embedder, c.dim 
 COLLECTION = "MATCH (c:Collection {key: $collection}) RETURN c.embedder AS embedder, c.dim AS dim"
 MERGE_COLLECTION = """\
 MERGE (c:Collection {key: $collection})
-  ON CREATE SET c.kind = $kind, c.name = $name, c.embedder = $embedder, c.dim = $dim, c.next_seq = 0
+  ON CREATE SET c.kind = $kind, c.namespace = $namespace, c.name = $name, c.scope = $scope,
+                c.embedder = $embedder, c.dim = $dim, c.next_seq = 0
 RETURN c.embedder AS embedder, c.dim AS dim"""
 STATS = """\
-MATCH (c:Collection)
+MATCH (c:Collection {namespace: $namespace})
 RETURN c.kind AS kind, c.name AS name,
-  CASE c.kind WHEN 'graph' THEN COUNT { MATCH (e:Entity) WHERE e.graph = c.name } ELSE 0 END AS entities,
-  CASE c.kind WHEN 'graph' THEN COUNT { MATCH (s:Entity)-[:REL]->(:Entity) WHERE s.graph = c.name } ELSE 0 END
+  CASE c.kind WHEN 'graph' THEN COUNT { MATCH (e:Entity) WHERE e.graph = c.scope } ELSE 0 END AS entities,
+  CASE c.kind WHEN 'graph' THEN COUNT { MATCH (s:Entity)-[:REL]->(:Entity) WHERE s.graph = c.scope } ELSE 0 END
     AS triples,
-  CASE c.kind WHEN 'corpus' THEN COUNT { MATCH (p:Passage) WHERE p.corpus = c.name } ELSE 0 END AS passages"""
+  CASE c.kind WHEN 'corpus' THEN COUNT { MATCH (p:Passage) WHERE p.corpus = c.scope } ELSE 0 END AS passages"""
+DROP_ENTITIES = """\
+MATCH (c:Collection {namespace: $namespace, kind: 'graph'})
+MATCH (e:Entity) WHERE e.graph = c.scope
+WITH e LIMIT $limit
+DETACH DELETE e
+RETURN count(*) AS deleted"""
+DROP_PASSAGES = """\
+MATCH (c:Collection {namespace: $namespace, kind: 'corpus'})
+MATCH (p:Passage) WHERE p.corpus = c.scope
+WITH p LIMIT $limit
+DELETE p
+RETURN count(*) AS deleted"""
+DROP_COLLECTIONS = "MATCH (c:Collection {namespace: $namespace}) DELETE c"
 
 # -- graphs ------------------------------------------------------------------------------------
 EXISTING_ENTITIES = "UNWIND $keys AS k MATCH (e:Entity {key: k}) RETURN e.key AS key"
 ADD_ENTITIES = """\
 UNWIND $rows AS row
 MERGE (e:Entity {key: row.key})
-  ON CREATE SET e.graph = $graph, e.name = row.name, e.embedding = row.embedding"""
+  ON CREATE SET e.graph = $graph, e.name = row.name, e.folded = row.folded, e.embedding = row.embedding"""
 ADD_TRIPLES = """\
 UNWIND $rows AS row
 MATCH (s:Entity {key: row.subject})
@@ -77,6 +96,11 @@ MERGE (s)-[r:REL {relation: row.relation}]->(o)
 WITH r WHERE r._new
 REMOVE r._new
 RETURN count(r) AS added"""
+ENTITIES_BY_FOLDED = """\
+MATCH (e:Entity)
+WHERE e.graph = $graph AND e.folded = $folded
+RETURN e.name AS name
+LIMIT 2"""
 NODE_INFO = """\
 MATCH (n:Entity {key: $key})
 RETURN [(n)-[r:REL]->(m:Entity) | {relation: r.relation, other: m.name, direction: 'out'}]

@@ -3,6 +3,7 @@
 Every statement is a constant of `cypher.py`; user data travels only in parameters.
 Reads run in `execute_read`, writes in `execute_write`, in batches of `BATCH` rows.
 All collections of a database share one embedder (the vector indexes have one dimension).
+Set `namespace` to keep a store's graphs and corpora apart from others in the same database.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import numpy as np
 from neo4j import Driver, GraphDatabase, ManagedTransaction
 from neo4j.exceptions import AuthError, ConfigurationError, DriverError, Neo4jError, ServiceUnavailable, SessionExpired
 
@@ -20,6 +22,7 @@ from ..embeddings import Embedder, load_embedder
 from ..errors import (
     EmbedderMismatch,
     EntityNotFound,
+    InvalidInput,
     InvalidStoreURI,
     StoreError,
     StoreUnavailable,
@@ -85,7 +88,7 @@ def _cosine(neo4j_score: float) -> float:
 
 
 def _passage_text(p: Passage) -> str:
-    return f"{p.title}\n{p.text}" if p.title else p.text
+    return f"{p.title}: {p.text}"  # as the embedded backend embeds passages
 
 
 class Neo4jStore(KnowledgeStore):
@@ -97,6 +100,7 @@ class Neo4jStore(KnowledgeStore):
                  uri: str = "neo4j://") -> None:
         """Use an open `driver`; creates the schema if missing. `embedder=None` reuses the stored one."""
         self.uri = uri
+        self.namespace = ""  # a non-empty namespace isolates this store's collections, e.g. per test
         self._driver = driver
         self._database = database
         self._embedder = self._pick_embedder(embedder)
@@ -146,6 +150,10 @@ class Neo4jStore(KnowledgeStore):
                                    f"not {embedder.spec!r}; open it with that embedder or use another database")
         return embedder
 
+    def _scope(self, name: str) -> str:
+        """How a graph/corpus name is stored: prefixed by the namespace, if any."""
+        return cypher.key(self.namespace, name) if self.namespace else name
+
     def _check_collection(self, kind: str, name: str, rows: list[Row]) -> None:
         if not rows:
             raise UnknownGraph(name) if kind == "graph" else UnknownCorpus(name)
@@ -155,11 +163,13 @@ class Neo4jStore(KnowledgeStore):
 
     def _require(self, tx: ManagedTransaction, kind: str, name: str) -> None:
         """Inside a read: raise UnknownGraph/UnknownCorpus unless the collection exists."""
-        self._check_collection(kind, name, _run(tx, cypher.COLLECTION, {"collection": cypher.key(kind, name)}))
+        collection = cypher.key(kind, self._scope(name))
+        self._check_collection(kind, name, _run(tx, cypher.COLLECTION, {"collection": collection}))
 
     def _merge_collection(self, kind: str, name: str) -> None:
-        params = {"collection": cypher.key(kind, name), "kind": kind, "name": name,
-                  "embedder": self._embedder.spec, "dim": self._embedder.dim}
+        scope = self._scope(name)
+        params = {"collection": cypher.key(kind, scope), "kind": kind, "namespace": self.namespace, "name": name,
+                  "scope": scope, "embedder": self._embedder.spec, "dim": self._embedder.dim}
         self._check_collection(kind, name, self._write(_run, cypher.MERGE_COLLECTION, params))
 
     def ensure_schema(self) -> None:
@@ -170,31 +180,35 @@ class Neo4jStore(KnowledgeStore):
             self._write(_run, statement, {"dimensions": self._embedder.dim})
         self._read(_run, cypher.AWAIT_INDEXES, {"seconds": INDEX_WAIT_S})
 
-    def _vector(self, text: str) -> list[float]:
-        return self._embedder.embed([text])[0].tolist()
+    def _vector(self, text: str) -> list[float] | None:
+        """The query embedding; None if it is all zeros, which Neo4j's cosine index rejects."""
+        vector = self._embedder.embed([text])[0]
+        return vector.tolist() if np.any(vector) else None
 
     # -- writing -----------------------------------------------------------------------------
     def _add_triples(self, graph: str, triples: list[Triple]) -> int:
         self._merge_collection("graph", graph)
+        scope = self._scope(graph)
         added = 0
         for batch in _batches(triples):
             names = list(dict.fromkeys(n for s, _, o in batch for n in (s, o)))
-            keys = [cypher.key(graph, n) for n in names]
+            keys = [cypher.key(scope, n) for n in names]
             existing = {r["key"] for r in self._read(_run, cypher.EXISTING_ENTITIES, {"keys": keys})}
-            new = [n for n, k in zip(names, keys, strict=True) if k not in existing]
-            vectors = self._embedder.embed(new) if new else []
-            entities = [{"key": cypher.key(graph, n), "name": n, "embedding": v.tolist()}
-                        for n, v in zip(new, vectors, strict=True)]
-            rows = [{"subject": cypher.key(graph, s), "relation": r, "object": cypher.key(graph, o)}
+            new = [(n, k) for n, k in zip(names, keys, strict=True) if k not in existing]
+            vectors = self._embedder.embed([n for n, _ in new])
+            entities = [{"key": k, "name": n, "folded": n.casefold(), "embedding": v.tolist()}
+                        for (n, k), v in zip(new, vectors, strict=True)]
+            rows = [{"subject": cypher.key(scope, s), "relation": r, "object": cypher.key(scope, o)}
                     for s, r, o in batch]
-            added += self._write(_add_triples_tx, graph, entities, rows)
+            added += self._write(_add_triples_tx, scope, entities, rows)
         return added
 
     def _add_passages(self, corpus: str, passages: list[Passage]) -> int:
         self._merge_collection("corpus", corpus)
+        scope = self._scope(corpus)
         added = 0
         for batch in _batches(passages):
-            keys = [cypher.key(corpus, p.id) for p in batch]
+            keys = [cypher.key(scope, p.id) for p in batch]
             existing = {r["key"] for r in self._read(_run, cypher.EXISTING_PASSAGES, {"keys": keys})}
             new = [(p, k) for p, k in zip(batch, keys, strict=True) if k not in existing]
             if not new:
@@ -202,37 +216,53 @@ class Neo4jStore(KnowledgeStore):
             vectors = self._embedder.embed([_passage_text(p) for p, _ in new])
             rows = [{"key": k, "pid": p.id, "i": i, "title": p.title, "text": p.text, "embedding": v.tolist()}
                     for i, ((p, k), v) in enumerate(zip(new, vectors, strict=True))]
-            params = {"collection": cypher.key("corpus", corpus), "corpus": corpus, "rows": rows}
+            params = {"collection": cypher.key("corpus", scope), "corpus": scope, "rows": rows}
             added += self._write(_run, cypher.ADD_PASSAGES, params)[0]["added"]
         return added
 
     # -- reading -----------------------------------------------------------------------------
     def _match_entities(self, graph: str, text: str, k: int) -> list[EntityHit]:
         depth = candidate_depth(k)
+        scope = self._scope(graph)
         query = cypher.lucene_or_query(text)
         vector = self._vector(text)
 
         def rankings(tx: ManagedTransaction) -> list[list[str]]:
             self._require(tx, "graph", graph)
-            lexical = _index_hits(tx, cypher.ENTITY_FULLTEXT, depth, {"query": query, "graph": graph}) if query else []
-            semantic = _index_hits(tx, cypher.ENTITY_VECTOR, depth, {"vector": vector, "graph": graph})
-            return [[h["name"] for h in lexical], [h["name"] for h in semantic]]
+            semantic, lexical = [], []
+            if vector is not None:
+                semantic = _index_hits(tx, cypher.ENTITY_VECTOR, depth, {"vector": vector, "graph": scope})
+            if query:
+                lexical = _index_hits(tx, cypher.ENTITY_FULLTEXT, depth, {"query": query, "graph": scope})
+            return [[h["name"] for h in semantic], [h["name"] for h in lexical]]
 
         fused = reciprocal_rank_fusion(self._read(rankings))
         return [EntityHit(str(name), score) for name, score in fused[:k]]
 
     def _node_info(self, graph: str, name: str) -> NodeInfo:
-        def facts(tx: ManagedTransaction) -> list[Row]:
-            self._require(tx, "graph", graph)
-            return _run(tx, cypher.NODE_INFO, {"key": cypher.key(graph, name)})
+        scope = self._scope(graph)
 
-        rows = self._read(facts)
-        if not rows:
-            raise EntityNotFound(graph, name)
-        return NodeInfo(graph, name, [Fact(f["relation"], f["other"], f["direction"]) for f in rows[0]["facts"]])
+        def lookup(tx: ManagedTransaction) -> tuple[str, list[Row]]:
+            """The node's name and facts; a name differing only in case is accepted when unambiguous."""
+            self._require(tx, "graph", graph)
+            actual = name
+            rows = _run(tx, cypher.NODE_INFO, {"key": cypher.key(scope, name)})
+            if not rows:
+                found = _run(tx, cypher.ENTITIES_BY_FOLDED, {"graph": scope, "folded": name.casefold()})
+                if len(found) != 1:
+                    raise EntityNotFound(graph, name)
+                actual = found[0]["name"]
+                rows = _run(tx, cypher.NODE_INFO, {"key": cypher.key(scope, actual)})
+            return actual, rows[0]["facts"]
+
+        actual, facts = self._read(lookup)
+        ordered = sorted({Fact(f["relation"], f["other"], f["direction"]) for f in facts},
+                         key=lambda f: (f.direction != "out", f.relation, f.other))
+        return NodeInfo(graph, actual, ordered)
 
     def _search(self, corpus: str, query: str, k: int, mode: SearchMode) -> list[PassageHit]:
         depth = candidate_depth(k) if mode == "hybrid" else k
+        scope = self._scope(corpus)
         lucene = cypher.lucene_or_query(query) if mode != "dense" else None
         vector = self._vector(query) if mode != "bm25" else None
 
@@ -240,9 +270,9 @@ class Neo4jStore(KnowledgeStore):
             self._require(tx, "corpus", corpus)
             bm25, dense = [], []
             if lucene:
-                bm25 = _index_hits(tx, cypher.PASSAGE_FULLTEXT, depth, {"query": lucene, "corpus": corpus})
+                bm25 = _index_hits(tx, cypher.PASSAGE_FULLTEXT, depth, {"query": lucene, "corpus": scope})
             if vector is not None:
-                dense = _index_hits(tx, cypher.PASSAGE_VECTOR, depth, {"vector": vector, "corpus": corpus})
+                dense = _index_hits(tx, cypher.PASSAGE_VECTOR, depth, {"vector": vector, "corpus": scope})
             return bm25, [{**h, "score": _cosine(h["score"])} for h in dense]
 
         bm25, dense = self._read(hits)
@@ -258,16 +288,26 @@ class Neo4jStore(KnowledgeStore):
         return self._iter_passages(corpus)
 
     def _iter_passages(self, corpus: str) -> Iterator[Passage]:
-        after = -1
+        scope, after = self._scope(corpus), -1
         while True:
-            rows = self._read(_run, cypher.PASSAGES_PAGE, {"corpus": corpus, "after": after, "limit": BATCH})
+            rows = self._read(_run, cypher.PASSAGES_PAGE, {"corpus": scope, "after": after, "limit": BATCH})
             yield from (Passage(r["id"], r["title"], r["text"]) for r in rows)
             if len(rows) < BATCH:
                 return
             after = rows[-1]["seq"]
 
     def _stats(self) -> StoreStats:
-        rows = self._read(_run, cypher.STATS, {})
+        rows = self._read(_run, cypher.STATS, {"namespace": self.namespace})
         graphs = {r["name"]: {"entities": r["entities"], "triples": r["triples"]} for r in rows if r["kind"] == "graph"}
         corpora = {r["name"]: {"passages": r["passages"]} for r in rows if r["kind"] == "corpus"}
         return StoreStats(self.backend, graphs, corpora)
+
+    def drop_namespace(self) -> None:
+        """Delete every graph and corpus of this store's (non-empty) namespace."""
+        if not self.namespace:
+            raise InvalidInput("drop_namespace needs a namespace; it never drops the default one")
+        params = {"namespace": self.namespace, "limit": BATCH}
+        for statement in (cypher.DROP_ENTITIES, cypher.DROP_PASSAGES):
+            while self._write(_run, statement, params)[0]["deleted"]:
+                pass
+        self._write(_run, cypher.DROP_COLLECTIONS, {"namespace": self.namespace})

