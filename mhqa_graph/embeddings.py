@@ -61,6 +61,9 @@ class SentenceTransformerEmbedder:
 
     def __init__(self, spec: str, folder: str, batch_size: int = 64) -> None:
         from sentence_transformers import SentenceTransformer  # heavy: imported only here
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
 
         self.spec = spec
         self._model = SentenceTransformer(folder, device="cpu", local_files_only=True)

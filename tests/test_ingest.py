@@ -24,7 +24,8 @@ from mhqa_graph.ingest.files import passage_id, read_passages_file, read_triples
 from mhqa_graph.ingest.runner import ingest, ingest_dataset
 from mhqa_graph.store.base import KnowledgeStore
 from mhqa_graph.testing.fakes import FakeChatModel
-from mhqa_graph.types import Passage, StoreStats, Triple
+from mhqa_graph import open_store
+from mhqa_graph.types import Fact, Passage, Triple
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="benchmark data folder ../shared/data is missing")
@@ -49,43 +50,10 @@ def write_json(path: Path, rows: list) -> Path:
     return path
 
 
-class MemoryStore(KnowledgeStore):
-    """Just enough of a store for ingest tests (the embedded store is not there yet)."""
-
-    uri = backend = "memory"
-
-    def __init__(self) -> None:
-        self.triples: dict[str, dict[Triple, None]] = {}
-        self.corpora: dict[str, dict[str, Passage]] = {}
-
-    def _add_triples(self, graph: str, triples: list[Triple]) -> int:
-        g = self.triples.setdefault(graph, {})
-        new = [t for t in triples if t not in g]
-        g.update(dict.fromkeys(new))
-        return len(new)
-
-    def _add_passages(self, corpus: str, passages: list[Passage]) -> int:
-        c = self.corpora.setdefault(corpus, {})
-        new = [p for p in passages if p.id not in c]
-        c.update((p.id, p) for p in new)
-        return len(new)
-
-    def _passages(self, corpus: str) -> Iterator[Passage]:
-        return iter(list(self.corpora[corpus].values()))
-
-    def _stats(self) -> StoreStats:
-        return StoreStats("memory", {g: {"triples": len(t)} for g, t in self.triples.items()},
-                          {c: {"passages": len(p)} for c, p in self.corpora.items()})
-
-    def close(self) -> None:
-        pass
-
-    _match_entities = _node_info = _search = None  # type: ignore[assignment]
-
-
 @pytest.fixture
-def store() -> MemoryStore:
-    return MemoryStore()
+def store(tmp_path: Path) -> Iterator[KnowledgeStore]:
+    with open_store(f"embedded://{tmp_path}/store?embedder=hash") as st:
+        yield st
 
 
 MUSIQUE = [
@@ -348,7 +316,7 @@ def test_read_passages_file(tmp_path: Path) -> None:
 # -- runner ------------------------------------------------------------------------------------
 
 
-def test_ingest_dataset_is_idempotent(store: MemoryStore, tmp_path: Path) -> None:
+def test_ingest_dataset_is_idempotent(store: KnowledgeStore, tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "m.jsonl", MUSIQUE)
     done: list[int] = []
     report = ingest_dataset(store, "musique", path, "mq", batch_size=2, progress=done.append)
@@ -359,23 +327,23 @@ def test_ingest_dataset_is_idempotent(store: MemoryStore, tmp_path: Path) -> Non
 
 
 @needs_data
-def test_ingest_dataset_2wiki_passages_and_triples(store: MemoryStore, tmp_path: Path) -> None:
+def test_ingest_dataset_2wiki_passages_and_triples(store: KnowledgeStore, tmp_path: Path) -> None:
     rows = head_rows("2wikimultihopqa/dev_context.jsonl", 2)
     report = ingest_dataset(store, "2wiki", write_jsonl(tmp_path / "c.jsonl", rows), "w")
-    assert report.passages_added == len(store.corpora["w"]) > 0
-    assert report.triples_added == len(store.triples["w"]) > 0
+    assert report.passages_added == store.stats().corpora["w"]["passages"] > 0
+    assert report.triples_added == store.stats().graphs["w"]["triples"] > 0
 
 
-def test_failure_keeps_rows_before_it(store: MemoryStore, tmp_path: Path) -> None:
+def test_failure_keeps_rows_before_it(store: KnowledgeStore, tmp_path: Path) -> None:
     rows = [MUSIQUE[0], {"id": "bad"}, MUSIQUE[1]]
     path = write_jsonl(tmp_path / "m.jsonl", rows)
     with pytest.raises(IngestError) as err:
         ingest_dataset(store, "musique", path, "mq", batch_size=100)
     assert err.value.line == 2
-    assert len(store.corpora["mq"]) == 3  # row 1 was written, though its batch was not full
+    assert store.stats().corpora["mq"]["passages"] == 3  # row 1 was written, though its batch was not full
 
 
-def test_skip_bad_counts_each_bad_row_once(store: MemoryStore, tmp_path: Path) -> None:
+def test_skip_bad_counts_each_bad_row_once(store: KnowledgeStore, tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     good = {"context": [["T", ["One.", "Two."]]], "evidences": [["T", "r", "x"]]}
     path.write_text(json.dumps(good) + "\n{oops\n" + json.dumps({"context": 3, "evidences": 3}) + "\n",
@@ -384,10 +352,10 @@ def test_skip_bad_counts_each_bad_row_once(store: MemoryStore, tmp_path: Path) -
     assert report.skipped_bad == 2 and len(report.errors) == 2
     assert report.errors[0].startswith(f"{path}:2:")
     assert (report.passages_added, report.triples_added) == (1, 1)
-    assert store.corpora["w"][passage_id("T", "One. Two.")].text == "One. Two."
+    assert {p.id: p for p in store.passages("w")}[passage_id("T", "One. Two.")].text == "One. Two."
 
 
-def test_ingest_files(store: MemoryStore, tmp_path: Path) -> None:
+def test_ingest_files(store: KnowledgeStore, tmp_path: Path) -> None:
     tsv = tmp_path / "kb.tsv"
     tsv.write_text("a\tr\tb\nbroken\na\tr\tb\nb\tr\tc\n", encoding="utf-8")
     report = ingest(store, graph="g", triples=read_triples_file(tsv, yield_errors=True), skip_bad=True, batch_size=1)
@@ -418,7 +386,7 @@ x | y | """ + "z" * 500
     assert skipped == 5
 
 
-def test_extract_graph_with_fake_llm(store: MemoryStore, tmp_path: Path) -> None:
+def test_extract_graph_with_fake_llm(store: KnowledgeStore, tmp_path: Path) -> None:
     store.add_passages("mq", [Passage("1", "Sony", "Sony was founded by Masaru Ibuka."),
                               Passage("2", "Walkman", "The Walkman is made by Sony."),
                               Passage("3", "Broken", "The model fails here.")])
@@ -435,5 +403,6 @@ def test_extract_graph_with_fake_llm(store: MemoryStore, tmp_path: Path) -> None
     assert (report.passages, report.failed, report.lines_skipped) == (3, 1, 1)
     assert (report.triples_seen, report.triples_added) == (3, 2)
     assert "model down" in report.errors[0]
-    assert set(store.triples["kg"]) == {("Sony", "founded by", "Masaru Ibuka"), ("Walkman", "manufacturer", "Sony")}
+    assert set(store.node_info("kg", "Sony").facts) == {
+        Fact("founded by", "Masaru Ibuka", "out"), Fact("manufacturer", "Walkman", "in")}
     assert extract_graph(store, "mq", "kg", FakeChatModel(respond=respond), limit=1).passages == 1

@@ -351,9 +351,10 @@ class EmbeddedStore(KnowledgeStore):
         if not rows:
             found = self._read().execute(
                 "SELECT name FROM entities WHERE graph = ? AND folded = ? LIMIT 2", (graph, name.casefold())).fetchall()
-            if len(found) == 1 and found[0][0] != name:  # tolerate a case-only difference when unambiguous
-                return self._node_info(graph, found[0][0])
-            if not found:
+            names = [n for (n,) in found]
+            if len(names) == 1 and names[0] != name:  # tolerate a case-only difference when unambiguous
+                return self._node_info(graph, names[0])
+            if name not in names:
                 self._require("graph", graph)
                 raise EntityNotFound(graph, name)
         facts = sorted({Fact(relation=r, other=o, direction=d) for r, o, d in rows},

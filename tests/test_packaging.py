@@ -1,0 +1,52 @@
+"""The installed package: imports from outside the repo, wheel layout, no heavy imports at start-up."""
+
+from __future__ import annotations
+
+import site
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+IMPORTS = "import mhqa_graph, mhqa_graph.graphs, mhqa_graph.training, mhqa_graph.store.embedded; print(mhqa_graph.__file__)"
+
+
+def _run(python: str, code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([python, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def test_installed_imports_work_outside_the_repo(tmp_path):
+    done = _run(sys.executable, IMPORTS, tmp_path)
+    assert done.returncode == 0, done.stderr
+    for generic in ("graphs", "training"):
+        assert _run(sys.executable, f"import {generic}", tmp_path).returncode != 0, f"{generic} is importable"
+
+
+def test_core_import_does_not_load_torch(tmp_path):
+    code = "import sys, mhqa_graph, mhqa_graph.cli, mhqa_graph.store.embedded; print('torch' in sys.modules)"
+    done = _run(sys.executable, code, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
+def test_wheel_puts_only_mhqa_graph_in_site_packages(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)],
+                   check=True, timeout=300)
+    wheel = next(tmp_path.glob("mhqa_graph-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"mhqa_graph"}
+    assert "mhqa_graph/graphs/__init__.py" in names and "mhqa_graph/training/__init__.py" in names
+
+    env = tmp_path / "venv"
+    venv.create(env, with_pip=True)
+    python = str(env / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=300)
+    # Borrow the dependencies of the test environment rather than installing them twice.
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    done = _run(python, IMPORTS, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(purelib), done.stdout
