@@ -8,6 +8,7 @@ from .errors import (
     EntityNotFound,
     IngestError,
     InvalidInput,
+    InvalidQuestion,
     InvalidStoreURI,
     MhqaError,
     ModelError,
@@ -25,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CorruptStore", "EmbedderMismatch", "EntityHit", "EntityNotFound", "Fact", "IngestError", "InvalidInput",
-    "InvalidStoreURI", "KnowledgeStore", "MhqaError", "ModelError", "ModelNotInstalled", "NodeInfo", "Passage",
+    "InvalidQuestion", "InvalidStoreURI", "KnowledgeStore", "MhqaError", "ModelError", "ModelNotInstalled", "NodeInfo", "Passage",
     "PassageHit", "StoreError", "StoreLocked", "StoreStats", "StoreUnavailable", "Triple", "UnknownCorpus",
     "UnknownGraph", "open_store",
 ]

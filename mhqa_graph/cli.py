@@ -28,8 +28,8 @@ app.add_typer(ingest_app, name="ingest")
 app.add_typer(query_app, name="query")
 app.add_typer(models_app, name="models")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 _state = {"debug": False}
 
 StoreOpt = Annotated[str | None, typer.Option("--store", help="Store URI (default: $MHQA_STORE or the user data dir).")]

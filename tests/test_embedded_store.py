@@ -1,0 +1,136 @@
+"""Embedded-backend specifics: recovery after interruption, damaged directories, locking, threads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mhqa_graph import CorruptStore, EmbedderMismatch, Passage, StoreLocked, open_store
+from mhqa_graph.store.embedded import fts_query
+
+TRIPLES = [(f"entity {i}", f"rel {i % 7}", f"entity {(i * 31 + 7) % 500}") for i in range(2000)]
+PASSAGES = [Passage(f"p{i}", f"Title {i}", f"Passage number {i} mentions entity {i % 50}.") for i in range(600)]
+
+
+def _uri(path: Path) -> str:
+    return f"embedded://{path}?embedder=hash"
+
+
+def test_fts_query_quotes_every_word():
+    assert fts_query('a "b" OR c* NEAR(d) -- }) DETACH') == '"a" OR "b" OR "or" OR "c" OR "near" OR "d" OR "detach"'
+    assert fts_query("?!  ") is None
+
+
+def test_lost_vector_files_are_rebuilt(tmp_path):
+    with open_store(_uri(tmp_path)) as store:
+        store.add_passages("docs", PASSAGES)
+        before = store.search("docs", "Passage number 17", k=3, mode="dense")
+    for f in (tmp_path / "vectors").iterdir():
+        f.unlink()
+    with open_store(_uri(tmp_path)) as store:
+        assert store.search("docs", "Passage number 17", k=3, mode="dense") == before
+
+
+def test_unreadable_vector_file_is_rebuilt(tmp_path):
+    with open_store(_uri(tmp_path)) as store:
+        store.add_passages("docs", PASSAGES)
+        before = store.search("docs", "Passage number 17", k=3, mode="dense")
+    for f in (tmp_path / "vectors").iterdir():
+        f.write_bytes(b"garbage")
+    with open_store(_uri(tmp_path)) as store:
+        assert store.search("docs", "Passage number 17", k=3, mode="dense") == before
+
+
+KILLED_INGEST = textwrap.dedent("""
+    import sys
+    from mhqa_graph import open_store
+    triples = [(f"entity {i}", f"rel {i % 7}", f"entity {(i * 31 + 7) % 500}") for i in range(2000)]
+    with open_store(sys.argv[1]) as store:
+        for _ in range(1000):  # ingest again and again until killed
+            for i in range(0, len(triples), 100):
+                store.add_triples("kg", triples[i:i + 100])
+                print("batch", flush=True)
+""")
+
+
+@pytest.mark.parametrize("kill_after", [1, 4, 12])
+def test_ingest_killed_midway_then_rerun_matches_uninterrupted(tmp_path, kill_after):
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_INGEST, _uri(killed)], stdout=subprocess.PIPE, text=True)
+    for _ in range(kill_after):
+        assert proc.stdout.readline().startswith("batch")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with open_store(_uri(killed)) as store:
+        store.add_triples("kg", TRIPLES)
+        got = (store.stats(), store.node_info("kg", "entity 7"), store.match_entities("kg", "entity 42", k=3))
+    with open_store(_uri(tmp_path / "clean")) as store:
+        store.add_triples("kg", TRIPLES)
+        want = (store.stats(), store.node_info("kg", "entity 7"), store.match_entities("kg", "entity 42", k=3))
+    assert got == want
+
+
+def test_not_a_store_directory(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(CorruptStore, match="ingest again"):
+        open_store(_uri(tmp_path))
+
+
+def test_damaged_database_file(tmp_path):
+    with open_store(_uri(tmp_path)) as store:
+        store.add_passages("docs", PASSAGES[:5])
+    (tmp_path / "store.sqlite").write_bytes(b"this is not sqlite" * 100)
+    for wal in tmp_path.glob("store.sqlite-*"):
+        wal.unlink()
+    with pytest.raises(CorruptStore):
+        open_store(_uri(tmp_path))
+
+
+def test_other_embedder_is_refused(tmp_path):
+    with open_store(_uri(tmp_path)) as store:
+        store.add_passages("docs", PASSAGES[:5])
+    with pytest.raises(EmbedderMismatch):
+        open_store(f"embedded://{tmp_path}?embedder=hash:64")
+    with open_store(f"embedded://{tmp_path}") as store:  # no embedder: the stored one
+        assert store.embedder.spec == "hash:256"
+
+
+def test_second_writer_process_is_refused(tmp_path):
+    with open_store(_uri(tmp_path)) as store:
+        store.add_passages("docs", PASSAGES[:5])
+        code = f"from mhqa_graph import open_store; open_store({_uri(tmp_path)!r})"
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert done.returncode != 0 and "StoreLocked" in done.stderr
+        assert time.monotonic() - started < 30
+
+
+def test_read_only_store_refuses_writes(tmp_path):
+    with open_store(_uri(tmp_path)) as store:
+        store.add_passages("docs", PASSAGES[:5])
+    with open_store(_uri(tmp_path), read_only=True) as store:
+        assert len(store.search("docs", "Passage", k=2)) == 2
+        with pytest.raises(StoreLocked):
+            store.add_passages("docs", PASSAGES[5:6])
+
+
+def test_concurrent_readers_see_the_same_answers(tmp_path):
+    with open_store(_uri(tmp_path)) as store:
+        store.add_passages("docs", PASSAGES)
+        store.add_triples("kg", TRIPLES)
+        queries = [f"entity {i}" for i in range(64)]
+
+        def ask(q: str):
+            return (store.search("docs", q, k=5), store.match_entities("kg", q, k=5), store.node_info("kg", q))
+
+        serial = [ask(q) for q in queries]
+        with ThreadPoolExecutor(16) as pool:
+            assert list(pool.map(ask, queries)) == serial
