@@ -1,1 +1,69 @@
-"""Agent designs (OPERA, Mujica, Omne). Installed as `mhqa_graph.graphs`."""
+"""The agent designs, installed as `mhqa_graph.graphs`: OPERA, Mujica, Omne and two baselines.
+
+    from mhqa_graph.graphs import build_graph, make_context, as_tool
+    graph = build_graph("opera")
+    graph.invoke({"question": "..."}, context=make_context("opera", llm="qwen2.5-coder-1.5b", corpus="hotpotqa"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+from langchain_core.tools import BaseTool, StructuredTool
+
+from mhqa_graph.errors import InvalidInput
+
+# agent name -> (module in this package, builder function)
+AGENTS: dict[str, tuple[str, str]] = {
+    "opera": ("opera", "build"),
+    "mujica": ("mujica", "build"),
+    "omne": ("omne", "build"),
+    "rag": ("baselines", "build_rag"),
+    "direct": ("baselines", "build_direct"),
+}
+
+
+def _builder(agent: str) -> Any:
+    if agent not in AGENTS:
+        raise InvalidInput(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")
+    module, func = AGENTS[agent]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), func)
+
+
+def build_graph(agent: str, checkpointer: Any = None) -> Any:
+    """The compiled LangGraph graph of `agent` (opera | mujica | omne | rag | direct)."""
+    return _builder(agent)(checkpointer=checkpointer)
+
+
+def make_context(agent: str, **settings: Any) -> Any:
+    """The run context of `agent`, from keyword settings; None values keep the defaults, unknown keys fail."""
+    schema = build_graph(agent).builder.context_schema
+    known = {f.name for f in dataclasses.fields(schema)}
+    unknown = set(settings) - known
+    if unknown:
+        raise InvalidInput(f"{agent} has no setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    return schema(**{k: v for k, v in settings.items() if v is not None})
+
+
+def as_tool(agent: str, name: str | None = None, description: str | None = None, checkpointer: Any = None,
+            **settings: Any) -> BaseTool:
+    """A LangChain tool that answers a multi-hop question with `agent`, for use inside other agents."""
+    graph = build_graph(agent, checkpointer=checkpointer)
+    context = make_context(agent, **settings)
+
+    def answer(question: str) -> str:
+        result = graph.invoke({"question": question}, context=context)
+        return result.get("answer") or f"No answer ({result.get('error') or 'unknown reason'})"
+
+    async def aanswer(question: str) -> str:
+        result = await graph.ainvoke({"question": question}, context=context)
+        return result.get("answer") or f"No answer ({result.get('error') or 'unknown reason'})"
+
+    return StructuredTool.from_function(
+        func=answer, coroutine=aanswer, name=name or f"{agent}_multihop_qa",
+        description=description or f"Answer a multi-hop factual question with the {agent} agent over the knowledge store.")
+
+
+__all__ = ["AGENTS", "as_tool", "build_graph", "make_context"]

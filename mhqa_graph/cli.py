@@ -226,6 +226,59 @@ def models_pull(name: str) -> None:
     out.print(f"{name}: {path}")
 
 
+def _jsonable(value: Any) -> Any:
+    """State values as JSON: messages and dataclasses become dicts."""
+    if hasattr(value, "model_dump"):
+        return value.model_dump(exclude_none=True)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [_jsonable(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
+def _brief(update: Any, limit: int = 240) -> str:
+    text = json.dumps(_jsonable(update), ensure_ascii=False)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+@app.command("ask")
+def ask_cmd(
+    question: str,
+    agent: Annotated[str, typer.Option("--agent", help="opera | mujica | omne | rag | direct")] = "opera",
+    llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: best installed pack).")] = None,
+    store: StoreOpt = None,
+    corpus: Annotated[str | None, typer.Option("--corpus", help="Passage corpus to search.")] = None,
+    graph: Annotated[str | None, typer.Option("--graph", help="Knowledge graph(s), comma-separated.")] = None,
+    top_k: Annotated[int | None, typer.Option("--top-k")] = None,
+    stream: Annotated[bool, typer.Option("--stream", help="Print each step as it finishes.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the answer and the whole run state as JSON.")] = False,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Write the run state as JSON to FILE.")] = None,
+) -> None:
+    """Answer QUESTION with an agent over the store."""
+    from .graphs import build_graph, make_context
+
+    compiled = build_graph(agent)
+    context = make_context(agent, llm=llm, store=store, corpus=corpus, graph=graph, top_k=top_k)
+    state: dict[str, Any] = {}
+    for mode, chunk in compiled.stream({"question": question}, context=context, stream_mode=["updates", "values"]):
+        if mode == "values":
+            state = chunk
+        elif stream:
+            for node, update in chunk.items():
+                err.print(f"[cyan]{node}[/] {_brief(update)}", markup=True, highlight=False)
+    record = _jsonable(state)
+    if trace:
+        trace.write_text(json.dumps(record, ensure_ascii=False, indent=2), encoding="utf-8")
+    if as_json:
+        return _print_json({"answer": state.get("answer", ""), "error": state.get("error"), "state": record})
+    out.print(state.get("answer") or "", markup=False, highlight=False)
+    if state.get("error"):
+        err.print(f"[yellow]note:[/] {state['error']}", highlight=False)
+
+
 @app.command("demo")
 def demo_cmd(
     store: StoreOpt = None,

@@ -1,0 +1,13 @@
+"""The fixtures our pytest plugin gives users (registered through the pytest11 entry point)."""
+
+
+def test_store_fixture_has_a_graph_and_a_corpus(mhqa_store):
+    assert mhqa_store.graphs() == ["kg"] and mhqa_store.corpora() == ["docs"]
+    assert mhqa_store.search("docs", "Lviv", k=1)[0].title == "Lviv"
+
+
+def test_fake_llms_script_each_role(fake_llms, fake_llm):
+    roles = fake_llms(plan=["p1", "p2"], analysis=lambda messages: "seen " + messages[-1].text)
+    assert roles["plan"].invoke("x").text == "p1" and roles["plan"].invoke("x").text == "p2"
+    assert roles["analysis"].invoke("hello").text == "seen hello"
+    assert fake_llm(["only"]).invoke("x").usage_metadata["output_tokens"] == 1
