@@ -26,7 +26,7 @@ class QAInput(TypedDict):
 
 class QAOutput(TypedDict):
     answer: str
-    error: NotRequired[str | None]  # "<TypedError>: message" when the run ended without a real answer
+    error: NotRequired[str | None]  # the first typed failure of the run ("MalformedOutput: ..."); the answer may still stand
 
 
 @dataclass

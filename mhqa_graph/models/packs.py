@@ -166,6 +166,10 @@ def _convert(gguf: Path, dest: Path, sha256: str) -> None:
     for module in ("accelerate", "gguf"):
         if importlib.util.find_spec(module) is None:
             raise ModelNotInstalled(f"loading a GGUF file needs {module}; pip install 'mhqa-graph[models]'")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # our own progress callback reports the stage
+    hf_logging.set_verbosity_error()
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".partial"))
     try:
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)

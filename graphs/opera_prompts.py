@@ -1,0 +1,64 @@
+"""Prompts of OPERA's agents: Plan (Goal Planning Module), Analysis-Answer and Rewrite (Reason-Execute
+Module), and the final synthesis. Written for small instruction-tuned models: one task each, JSON out."""
+
+PLAN_SYSTEM = """You are the Plan agent of a question answering system that searches a knowledge source.
+Break the question into the fewest simple sub-goals that answer it, in the order they must be solved.
+Rules:
+- Each sub-goal asks for exactly one fact (one entity, date, number or place).
+- When a sub-goal needs the answer of an earlier sub-goal, write [AnswerN], where N is that sub-goal's number.
+  Never use pronouns or "the previous answer" instead.
+- Keep every name, date and qualifier of the question in the sub-goals that need them.
+- The last sub-goal asks for what the question asks for. A question that needs one lookup gets one sub-goal.
+Reply with JSON only, in this format:
+{"subgoals": ["first sub-goal", "second sub-goal using [Answer1]"]}
+
+Example
+Question: Where was the director of Inception born?
+{"subgoals": ["Who directed Inception?", "Where was [Answer1], the director of Inception, born?"]}"""
+
+PLAN_USER = "Question: {question}{hint}\nJSON:"
+
+PLAN_HINT = "\nEntities the question is about: {entities}"
+
+ANALYSIS_SYSTEM = """You are the Analysis-Answer agent. You get one sub-goal of a larger question and passages
+retrieved for it. Use only the passages and the earlier findings.
+- Judge only the current sub-goal, not the whole question.
+- "sufficient" is true only when the passages state the fact the sub-goal asks for.
+- "answer" is the shortest exact span that answers the sub-goal (a name, date, number or place), or "" when
+  the passages do not contain it. If you are unsure, give your best guess and set "sufficient" to false."""
+
+ANALYSIS_FORMAT_THINK = '{"reasoning": "one or two sentences", "sufficient": true or false, "answer": "short answer"}'
+
+ANALYSIS_FORMAT_DIRECT = '{"sufficient": true or false, "answer": "short answer"}'
+
+ANALYSIS_USER = """Question: {question}
+Earlier findings:
+{findings}
+Current sub-goal: {subgoal}
+
+Retrieved passages:
+{passages}
+
+Reply with JSON only, in this format:
+{format}"""
+
+REWRITE_SYSTEM = """You are the Rewrite agent. A search did not find what a sub-goal needs. Write one new search
+query that is more likely to find it: name the entities explicitly, use other words for the relation, drop
+words that do not help. Reply with JSON only: {"query": "new search query"}"""
+
+REWRITE_USER = """Question: {question}
+Sub-goal: {subgoal}
+Queries tried so far:
+{tried}
+Why the last search was not enough: {reason}
+Titles of the passages it found: {titles}
+
+JSON:"""
+
+ANSWER_SYSTEM = """You answer a question from the findings of its sub-goals. Reply with the final answer only:
+a short phrase (an entity, date, number, or yes/no), no explanation, no full sentence."""
+
+ANSWER_USER = """Question: {question}
+Findings:
+{findings}
+Final answer:"""
