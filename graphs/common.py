@@ -6,7 +6,9 @@ import threading
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict
+from typing import Any
+
+from typing_extensions import NotRequired, TypedDict  # pydantic needs these on Python 3.11
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
