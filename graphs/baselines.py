@@ -1,0 +1,158 @@
+"""Two baselines for the agents: `direct` (closed book: the model answers from its own knowledge)
+and `rag` (retrieve once, then answer). `rag` searches `ctx.corpus`; with only `ctx.graph` set it
+matches entities for the question (or its topic entities) and shows the facts of the best ones.
+
+    direct: start -> answer
+    rag:    start -> retrieve -> answer      (a store error ends the run after retrieve)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from langchain_core.messages import HumanMessage, SystemMessage
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import Runtime
+from typing_extensions import NotRequired, TypedDict  # pydantic needs these on 3.11 (Studio schemas)
+
+from mhqa_graph.errors import MhqaError, ModelError
+from mhqa_graph.parsing import extract_tag
+from mhqa_graph.tools import format_passages, node_info_tool
+
+from . import baselines_prompts as P
+from .common import AgentContext, QAInput, QAOutput, ask, check_question, clean_answer, get_llm, get_store
+
+ROLE = "answer"
+
+
+@dataclass
+class BaselineContext(AgentContext):
+    kg_nodes: int = 3  # rag over a graph: how many matched entities to show the facts of
+
+
+class DirectOutput(QAOutput):
+    raw: str  # the model's reply
+
+
+class RagOutput(QAOutput):
+    source: str  # "corpus:<name>" or "graph:<names>"
+    retrieved: list[dict[str, Any]]  # passages {id, title, score} or entities {graph, entity, score}
+    raw: str
+
+
+class DirectState(TypedDict):
+    question: str
+    topic_entities: NotRequired[list[str]]
+    raw: str
+    answer: str
+    error: str | None
+
+
+class RagState(DirectState):
+    source: str
+    retrieved: list[dict[str, Any]]
+    context: str  # the retrieved text as shown to the model
+
+
+def _context(runtime: Runtime) -> BaselineContext:
+    ctx = runtime.context
+    if isinstance(ctx, BaselineContext):
+        return ctx
+    if ctx is None:
+        return BaselineContext()
+    if isinstance(ctx, dict):
+        return BaselineContext(**ctx)
+    return BaselineContext(**{f.name: getattr(ctx, f.name) for f in fields(AgentContext)})
+
+
+def _reply(ctx: BaselineContext, system: str, user: str) -> dict:
+    """Ask the answer model; the state update with raw reply, answer and error."""
+    try:
+        text = ask(get_llm(ctx, ROLE), [SystemMessage(system.format(think=P.THINK_ON if ctx.think else P.THINK_OFF)),
+                                         HumanMessage(user)])
+    except ModelError as exc:
+        return {"raw": "", "answer": "", "error": f"ModelError: {exc}"}
+    tagged = extract_tag(text, "answer")
+    answer = clean_answer(tagged if tagged is not None else text)
+    return {"raw": text, "answer": answer, "error": None if answer else "MalformedOutput: the reply has no answer"}
+
+
+def start(state: DirectState) -> dict:
+    return {"question": check_question(state.get("question")), "raw": "", "answer": "", "error": None}
+
+
+def direct_answer(state: DirectState, runtime: Runtime[BaselineContext]) -> dict:
+    return _reply(_context(runtime), P.DIRECT_SYSTEM, P.QUESTION.format(question=state["question"]))
+
+
+def _kg_facts(ctx: BaselineContext, question: str, topic_entities: list[str]) -> tuple[list[dict], str]:
+    """Entities matching the topic entities (or the question) in every graph of the run, best
+    `kg_nodes` overall, with their facts."""
+    store = get_store(ctx)
+    graphs = [g.strip() for g in ctx.graph.split(",") if g.strip()]
+    best: dict[tuple[str, str], float] = {}
+    for g in graphs:
+        for query in topic_entities or [question]:
+            for hit in store.match_entities(g, query, k=ctx.top_k):
+                best[(g, hit.name)] = max(best.get((g, hit.name), float("-inf")), hit.score)
+    top = sorted(best.items(), key=lambda kv: -kv[1])[:ctx.kg_nodes]
+    retrieved = [{"graph": g, "entity": name, "score": score} for (g, name), score in top]
+    node_info = node_info_tool(store, graphs)
+    blocks = [node_info.invoke({"entity": r["entity"], "graph_type": r["graph"]}) for r in retrieved]
+    return retrieved, "\n\n".join(blocks) or "No matching entities."
+
+
+def retrieve(state: RagState, runtime: Runtime[BaselineContext]) -> dict:
+    ctx = _context(runtime)
+    question = state["question"]
+    topic = [e.strip() for e in state.get("topic_entities") or [] if isinstance(e, str) and e.strip()]
+    try:
+        if ctx.corpus:
+            hits = get_store(ctx).search(ctx.corpus, question, k=ctx.top_k)
+            return {"source": f"corpus:{ctx.corpus}", "context": format_passages(hits),
+                    "retrieved": [{"id": h.id, "title": h.title, "score": h.score} for h in hits]}
+        if ctx.graph:
+            retrieved, context = _kg_facts(ctx, question, topic)
+            return {"source": f"graph:{ctx.graph}", "context": context, "retrieved": retrieved}
+    except MhqaError as exc:
+        return {"source": "", "context": "", "retrieved": [], "error": f"{type(exc).__name__}: {exc}"}
+    return {"source": "", "context": "", "retrieved": [],
+            "error": "NoSource: rag needs a corpus or a graph in the run context"}
+
+
+def rag_answer(state: RagState, runtime: Runtime[BaselineContext]) -> dict:
+    template = P.PASSAGES if state["source"].startswith("corpus:") else P.FACTS
+    return _reply(_context(runtime), P.RAG_SYSTEM, template.format(context=state["context"],
+                                                                    question=state["question"]))
+
+
+def _after_retrieve(state: RagState) -> str:
+    return END if state["error"] else "answer"
+
+
+def build_direct(checkpointer: Any = None) -> CompiledStateGraph:
+    g = StateGraph(DirectState, context_schema=BaselineContext, input_schema=QAInput, output_schema=DirectOutput)
+    g.add_node("start", start)
+    g.add_node("answer", direct_answer)
+    g.add_edge(START, "start")
+    g.add_edge("start", "answer")
+    g.add_edge("answer", END)
+    return g.compile(checkpointer=checkpointer)
+
+
+def build_rag(checkpointer: Any = None) -> CompiledStateGraph:
+    g = StateGraph(RagState, context_schema=BaselineContext, input_schema=QAInput, output_schema=RagOutput)
+    g.add_node("start", start)
+    g.add_node("retrieve", retrieve)
+    g.add_node("answer", rag_answer)
+    g.add_edge(START, "start")
+    g.add_edge("start", "retrieve")
+    g.add_conditional_edges("retrieve", _after_retrieve, ["answer", END])
+    g.add_edge("answer", END)
+    return g.compile(checkpointer=checkpointer)
+
+
+direct_graph = build_direct()
+rag_graph = build_rag()
