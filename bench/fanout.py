@@ -24,6 +24,7 @@ import time
 
 from mhqa_graph.graphs import mujica
 from mhqa_graph.graphs.mujica import MujicaContext
+
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.types import Passage

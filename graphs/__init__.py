@@ -63,7 +63,8 @@ def as_tool(agent: str, name: str | None = None, description: str | None = None,
 
     return StructuredTool.from_function(
         func=answer, coroutine=aanswer, name=name or f"{agent}_multihop_qa",
-        description=description or f"Answer a multi-hop factual question with the {agent} agent over the knowledge store.")
+        description=description
+        or f"Answer a multi-hop factual question with the {agent} agent over the knowledge store.")
 
 
 __all__ = ["AGENTS", "as_tool", "build_graph", "make_context"]

@@ -8,21 +8,24 @@ matches entities for the question (or its topic entities) and shows the facts of
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import (
+    Any,
+    NotRequired,  # pydantic needs these on 3.11 (Studio schemas)
+)
 
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
-from typing_extensions import NotRequired, TypedDict  # pydantic needs these on 3.11 (Studio schemas)
+from typing_extensions import TypedDict
 
 from mhqa_graph.errors import MhqaError, ModelError
 from mhqa_graph.parsing import extract_tag
 from mhqa_graph.tools import format_passages, node_info_tool
 
 from . import baselines_prompts as P
-from .common import AgentContext, QAInput, QAOutput, ask, check_question, clean_answer, get_llm, get_store
+from .common import AgentContext, QAInput, QAOutput, ask, check_question, clean_answer, context_as, get_llm, get_store
 
 ROLE = "answer"
 
@@ -56,15 +59,6 @@ class RagState(DirectState):
     context: str  # the retrieved text as shown to the model
 
 
-def _context(runtime: Runtime) -> BaselineContext:
-    ctx = runtime.context
-    if isinstance(ctx, BaselineContext):
-        return ctx
-    if ctx is None:
-        return BaselineContext()
-    if isinstance(ctx, dict):
-        return BaselineContext(**ctx)
-    return BaselineContext(**{f.name: getattr(ctx, f.name) for f in fields(AgentContext)})
 
 
 def _reply(ctx: BaselineContext, system: str, user: str) -> dict:
@@ -84,7 +78,7 @@ def start(state: DirectState) -> dict:
 
 
 def direct_answer(state: DirectState, runtime: Runtime[BaselineContext]) -> dict:
-    return _reply(_context(runtime), P.DIRECT_SYSTEM, P.QUESTION.format(question=state["question"]))
+    return _reply(context_as(BaselineContext, runtime), P.DIRECT_SYSTEM, P.QUESTION.format(question=state["question"]))
 
 
 def _kg_facts(ctx: BaselineContext, question: str, topic_entities: list[str]) -> tuple[list[dict], str]:
@@ -105,7 +99,7 @@ def _kg_facts(ctx: BaselineContext, question: str, topic_entities: list[str]) ->
 
 
 def retrieve(state: RagState, runtime: Runtime[BaselineContext]) -> dict:
-    ctx = _context(runtime)
+    ctx = context_as(BaselineContext, runtime)
     question = state["question"]
     topic = [e.strip() for e in state.get("topic_entities") or [] if isinstance(e, str) and e.strip()]
     try:
@@ -124,7 +118,7 @@ def retrieve(state: RagState, runtime: Runtime[BaselineContext]) -> dict:
 
 def rag_answer(state: RagState, runtime: Runtime[BaselineContext]) -> dict:
     template = P.PASSAGES if state["source"].startswith("corpus:") else P.FACTS
-    return _reply(_context(runtime), P.RAG_SYSTEM, template.format(context=state["context"],
+    return _reply(context_as(BaselineContext, runtime), P.RAG_SYSTEM, template.format(context=state["context"],
                                                                     question=state["question"]))
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 import threading
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
-from typing_extensions import NotRequired, TypedDict  # pydantic needs these on Python 3.11
+from dataclasses import dataclass, field, fields
+from typing import (
+    Any,
+    NotRequired,  # pydantic needs these on Python 3.11
+    TypeVar,
+)
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidQuestion, MhqaError, ModelError
 from mhqa_graph.parsing import extract_json, strip_think
@@ -28,7 +31,8 @@ class QAInput(TypedDict):
 
 class QAOutput(TypedDict):
     answer: str
-    error: NotRequired[str | None]  # the first typed failure of the run ("MalformedOutput: ..."); the answer may still stand
+    # the first typed failure of the run ("MalformedOutput: ..."); the answer may still stand
+    error: NotRequired[str | None]
 
 
 @dataclass
@@ -47,6 +51,20 @@ class AgentContext:
     max_new_tokens: int = 384
     think: bool = True  # ask for reasoning before each action
     parse_retries: int = 1  # repair attempts after malformed structured output
+
+
+C = TypeVar("C", bound=AgentContext)
+
+
+def context_as(cls: type[C], runtime: Any) -> C:
+    """The run's context as `cls` (an AgentContext subclass), whether LangGraph passed one, a plain
+    AgentContext, a dict or nothing."""
+    ctx = runtime.context
+    if isinstance(ctx, cls):
+        return ctx
+    if isinstance(ctx, AgentContext):
+        return cls(**{f.name: getattr(ctx, f.name) for f in fields(AgentContext)})
+    return cls(**(ctx or {}))
 
 
 def check_question(question: Any) -> str:

@@ -16,21 +16,31 @@ from __future__ import annotations
 import itertools
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
-from typing_extensions import NotRequired, TypedDict
+from mhqa_graph.graphs import mujica_prompts as P
+from typing_extensions import TypedDict
 
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
-from mhqa_graph.graphs import mujica_prompts as P
-from mhqa_graph.graphs.common import (AgentContext, QAInput, QAOutput, ask_json, check_question, clean_answer,
-                                      get_llm, get_store)
 from mhqa_graph.parsing import strip_think, think_text
 from mhqa_graph.tools import MAX_PASSAGE_CHARS
+
+from .common import (
+    AgentContext,
+    QAInput,
+    QAOutput,
+    ask_json,
+    check_question,
+    clean_answer,
+    context_as,
+    get_llm,
+    get_store,
+)
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
 
@@ -241,14 +251,14 @@ def pick_source(ctx: MujicaContext) -> str:
 
 def start(state: State, runtime: Runtime[MujicaContext]) -> dict:
     """Check the question and the source; reset the state of a reused thread."""
-    pick_source(runtime.context)
+    pick_source(context_as(MujicaContext, runtime))
     return {"question": check_question(state["question"]), "answer": "", "error": None, "dag": [],
             "results": None, "notes": None, "planner_log": None, "rounds": 0, "force_final": False, "done": False}
 
 
 def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     """One planner round: conclude, or add sub-questions to the DAG (repaired, with notes)."""
-    ctx, results, dag = runtime.context, state["results"], state["dag"]
+    ctx, results, dag = context_as(MujicaContext, runtime), state["results"], state["dag"]
     failed = next((r["error"] for r in results.values() if (r["error"] or "").startswith("ModelError")), None)
     if failed:
         return {"answer": best_effort(results), "error": failed, "done": True}
@@ -356,7 +366,7 @@ def read_worker(value: Any, n: int) -> tuple[list[int], str]:
 
 def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
     """Answer one sub-question: retrieve contexts, then one call that selects the relevant ones and answers."""
-    ctx, sub = runtime.context, task["sub"]
+    ctx, sub = context_as(MujicaContext, runtime), task["sub"]
     record = {"id": sub["id"], "order": sub["order"], "question": sub["question"], "query": sub["query"],
               "source": None, "retrieved": [], "selected": [], "answer": "", "raw": [], "error": None}
     contexts: list[Snippet] = []

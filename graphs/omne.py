@@ -15,24 +15,35 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, fields
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import (
+    Annotated,
+    Any,
+    NotRequired,  # pydantic needs these on 3.11 (Studio schemas)
+)
 
-from langchain_core.messages import (AIMessage, AnyMessage, BaseMessage, HumanMessage, RemoveMessage, SystemMessage,
-                                     ToolMessage)
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    RemoveMessage,
+    SystemMessage,
+    ToolMessage,
+)
 from langchain_core.messages.tool import invalid_tool_call, tool_call
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
-from typing_extensions import NotRequired, TypedDict  # pydantic needs these on 3.11 (Studio schemas)
+from typing_extensions import TypedDict
 
 from mhqa_graph.errors import MhqaError, ModelError
 from mhqa_graph.parsing import extract_json, extract_tag
 from mhqa_graph.tools import entity_matcher_tool, node_info_tool
 
 from . import omne_prompts as P
-from .common import AgentContext, QAInput, QAOutput, ask, check_question, clean_answer, get_llm, get_store
+from .common import AgentContext, QAInput, QAOutput, ask, check_question, clean_answer, context_as, get_llm, get_store
 
 ROLE = "tool-agent"
 PREVIEW_CHARS = 200
@@ -82,17 +93,6 @@ class OmneState(TypedDict):
     error: str | None
 
 
-def _context(runtime: Runtime) -> OmneContext:
-    """The run settings as an OmneContext (LangGraph builds it from a dict; None or a plain
-    AgentContext are filled up with defaults)."""
-    ctx = runtime.context
-    if isinstance(ctx, OmneContext):
-        return ctx
-    if ctx is None:
-        return OmneContext()
-    if isinstance(ctx, dict):
-        return OmneContext(**ctx)
-    return OmneContext(**{f.name: getattr(ctx, f.name) for f in fields(AgentContext)})
 
 
 # -- the text protocol -------------------------------------------------------------------
@@ -241,7 +241,7 @@ def _call_key(name: str, args: dict) -> str:
 
 # -- nodes ---------------------------------------------------------------------------------
 def start(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
-    ctx = _context(runtime)
+    ctx = context_as(OmneContext, runtime)
     question = check_question(state.get("question"))
     update: dict[str, Any] = {"question": question, "rounds": 0, "nudges": 0, "tool_calls": [], "repeated_calls": 0,
                               "answer": "", "error": None, "graphs": []}
@@ -258,7 +258,7 @@ def start(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
 
 def agent(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     """One model turn: tool calls, an answer, or (once) a nudge to do one of the two."""
-    ctx = _context(runtime)
+    ctx = context_as(OmneContext, runtime)
     round_no = state["rounds"] + 1
     try:
         text = ask(get_llm(ctx, ROLE), render_prompt(ctx, state["graphs"], state["messages"]))
@@ -275,7 +275,7 @@ def agent(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
 
 def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     """Run the calls of the last turn. Bad calls and repeats get a text result, never an exception."""
-    ctx = _context(runtime)
+    ctx = context_as(OmneContext, runtime)
     graphs = state["graphs"]
     last = state["messages"][-1]
     calls = sorted([*last.tool_calls, *last.invalid_tool_calls], key=lambda c: int(c["id"].rsplit("_", 1)[1]))
@@ -321,7 +321,7 @@ def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
 
 def final(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     """The forced final-answer call: no more tools, answer from what was found."""
-    ctx = _context(runtime)
+    ctx = context_as(OmneContext, runtime)
     force = HumanMessage(P.FORCE_ANSWER)
     try:
         text = ask(get_llm(ctx, ROLE), render_prompt(ctx, state["graphs"], [*state["messages"], force]))
@@ -339,7 +339,7 @@ def final(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
 def _after_start(state: OmneState, runtime: Runtime[OmneContext]) -> str:
     if state["error"]:
         return END
-    return "agent" if _context(runtime).max_rounds > 0 else "final"
+    return "agent" if context_as(OmneContext, runtime).max_rounds > 0 else "final"
 
 
 def _after_agent(state: OmneState, runtime: Runtime[OmneContext]) -> str:
@@ -348,13 +348,13 @@ def _after_agent(state: OmneState, runtime: Runtime[OmneContext]) -> str:
     last = state["messages"][-1]
     if isinstance(last, AIMessage) and (last.tool_calls or last.invalid_tool_calls):
         return "tools"
-    if isinstance(last, HumanMessage) and state["rounds"] < _context(runtime).max_rounds:
+    if isinstance(last, HumanMessage) and state["rounds"] < context_as(OmneContext, runtime).max_rounds:
         return "agent"  # after the nudge
     return "final"
 
 
 def _after_tools(state: OmneState, runtime: Runtime[OmneContext]) -> str:
-    return "agent" if state["rounds"] < _context(runtime).max_rounds else "final"
+    return "agent" if state["rounds"] < context_as(OmneContext, runtime).max_rounds else "final"
 
 
 def build(checkpointer: Any = None) -> CompiledStateGraph:

@@ -13,15 +13,15 @@ Retrieval searches `corpus`; with only `graph` set, it reads the facts of the be
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any
 
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
+from typing_extensions import TypedDict
 
 from mhqa_graph.errors import EntityNotFound, ModelError, StoreError
 from mhqa_graph.parsing import extract_json, strip_think
@@ -30,7 +30,18 @@ from mhqa_graph.tools import MAX_FACTS, format_passages
 from mhqa_graph.types import PassageHit
 
 from . import opera_prompts as P
-from .common import AgentContext, QAInput, QAOutput, ask, ask_json, check_question, clean_answer, get_llm, get_store
+from .common import (
+    AgentContext,
+    QAInput,
+    QAOutput,
+    ask,
+    ask_json,
+    check_question,
+    clean_answer,
+    context_as,
+    get_llm,
+    get_store,
+)
 
 RECURSION_LIMIT = 1000  # graph steps; a run takes 2 + sub-goals * (3 * max_rewrites + 2)
 
@@ -61,14 +72,6 @@ class OperaOutput(QAOutput):
     notes: list[str]
 
 
-def settings(runtime: Runtime) -> OperaContext:
-    """The run's context as an OperaContext, whether given as one, as a plain AgentContext, a dict or not at all."""
-    ctx = runtime.context
-    if isinstance(ctx, OperaContext):
-        return ctx
-    if isinstance(ctx, AgentContext):
-        return OperaContext(**{f.name: getattr(ctx, f.name) for f in dataclasses.fields(AgentContext)})
-    return OperaContext(**(ctx or {}))
 
 
 def topk_for(ctx: OperaContext, attempt: int) -> int:
@@ -244,7 +247,7 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     """Plan agent: the question's sub-goals; the question itself when no usable plan comes back.
     Resets every run field, as a checkpointed thread may be reused for a new question."""
     question = check_question(state.get("question"))
-    ctx = settings(runtime)
+    ctx = context_as(OperaContext, runtime)
     entities = [e for e in state.get("topic_entities") or [] if isinstance(e, str) and e.strip()]
     fresh: State = {"question": question, "plan": [], "plan_raw": [], "steps": [], "synthesis_raw": "",
                     "answer": "", "error": None, "notes": [], "halted": False}
@@ -269,7 +272,7 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
 
 def retrieve(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     """Start the next sub-goal (placeholders filled) or retry the current one with its rewritten query."""
-    ctx = settings(runtime)
+    ctx = context_as(OperaContext, runtime)
     notes: list[str] = []
     if not state["steps"] or state["steps"][-1]["done"]:
         index = len(state["steps"])
@@ -298,7 +301,7 @@ def retrieve(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
 def analyze(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     """Analysis-Answer agent: is the retrieved context sufficient for the sub-goal, and what is the answer.
     The sub-goal ends when it is, or when its rewrites are used up (keeping the best answer seen)."""
-    ctx = settings(runtime)
+    ctx = context_as(OperaContext, runtime)
     steps, step, attempt = _copy_last(state)
     fmt = P.ANALYSIS_FORMAT_THINK if ctx.think else P.ANALYSIS_FORMAT_DIRECT
     messages = [SystemMessage(P.ANALYSIS_SYSTEM),
@@ -325,7 +328,7 @@ def analyze(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
 
 def rewrite(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     """Rewrite agent: a new query for the current sub-goal; an unusable reply keeps the last query."""
-    ctx = settings(runtime)
+    ctx = context_as(OperaContext, runtime)
     steps, step, attempt = _copy_last(state)
     tried = "\n".join(f"- {a['query']}" for a in step["attempts"])
     reason = (attempt["analysis"] or {}).get("reasoning") or "the passages do not contain the answer"
@@ -349,7 +352,7 @@ def rewrite(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
 def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     """The final answer from the sub-goal answers; the last sub-goal answer when the model gives none
     or the run was halted."""
-    ctx = settings(runtime)
+    ctx = context_as(OperaContext, runtime)
     steps = state.get("steps") or []
     fallback = next((s["answer"] for s in reversed(steps) if s["answer"]), "")
     if state.get("halted") or not steps:

@@ -26,7 +26,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CorruptStore", "EmbedderMismatch", "EntityHit", "EntityNotFound", "Fact", "IngestError", "InvalidInput",
-    "InvalidQuestion", "InvalidStoreURI", "KnowledgeStore", "MhqaError", "ModelError", "ModelNotInstalled", "NodeInfo", "Passage",
+    "InvalidQuestion", "InvalidStoreURI", "KnowledgeStore", "MhqaError", "ModelError", "ModelNotInstalled",
+    "NodeInfo", "Passage",
     "PassageHit", "StoreError", "StoreLocked", "StoreStats", "StoreUnavailable", "Triple", "UnknownCorpus",
     "UnknownGraph", "open_store",
 ]

@@ -23,6 +23,7 @@ class StoreRetriever(BaseRetriever):
     def _get_relevant_documents(self, query: str, *, run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
         store: KnowledgeStore = self.store
         return [
-            Document(page_content=h.text, metadata={"id": h.id, "title": h.title, "score": h.score, "corpus": self.corpus})
+            Document(page_content=h.text,
+                     metadata={"id": h.id, "title": h.title, "score": h.score, "corpus": self.corpus})
             for h in store.search(self.corpus, query, k=self.k, mode=self.mode)
         ]

@@ -7,6 +7,7 @@ bash scripts/install.sh models,neo4j,studio,dev
 # shellcheck disable=SC1091
 . .venv/bin/activate
 (cd scripts && npm ci --silent --no-audit --no-fund)
+ruff check .
 python scripts/lint_cypher.py
 status=0
 python -m pytest "$@" || status=$?

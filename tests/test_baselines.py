@@ -2,10 +2,10 @@
 
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
-
-from mhqa_graph.errors import InvalidQuestion
 from mhqa_graph.graphs import baselines_prompts as P
 from mhqa_graph.graphs.baselines import BaselineContext, build_rag, direct_graph, rag_graph
+
+from mhqa_graph.errors import InvalidQuestion
 from mhqa_graph.store import open_store
 from mhqa_graph.store.base import KnowledgeStore
 from mhqa_graph.testing.fakes import FakeChatModel

@@ -134,3 +134,13 @@ def test_concurrent_readers_see_the_same_answers(tmp_path):
         serial = [ask(q) for q in queries]
         with ThreadPoolExecutor(16) as pool:
             assert list(pool.map(ask, queries)) == serial
+
+
+def test_close_releases_the_store_for_another_process(tmp_path):
+    store = open_store(_uri(tmp_path))
+    store.add_triples("kg", TRIPLES[:10])
+    store.node_info("kg", "entity 1")  # opens this thread's graph connection
+    store.close()
+    code = f"from mhqa_graph import open_store; open_store({_uri(tmp_path)!r}).close()"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr

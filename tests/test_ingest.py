@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import BaseMessage
 
+from mhqa_graph import open_store
 from mhqa_graph.errors import IngestError, InvalidInput
 from mhqa_graph.ingest.datasets import (
     dataset_passages,
@@ -24,8 +25,7 @@ from mhqa_graph.ingest.files import passage_id, read_passages_file, read_triples
 from mhqa_graph.ingest.runner import ingest, ingest_dataset
 from mhqa_graph.store.base import KnowledgeStore
 from mhqa_graph.testing.fakes import FakeChatModel
-from mhqa_graph import open_store
-from mhqa_graph.types import Fact, Passage, Triple
+from mhqa_graph.types import Fact, Passage
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="benchmark data folder ../shared/data is missing")

@@ -8,10 +8,10 @@ import time
 
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
-
-from mhqa_graph.errors import InvalidInput, InvalidQuestion
 from mhqa_graph.graphs import mujica
 from mhqa_graph.graphs.mujica import MujicaContext, merge_results, repair_plan
+
+from mhqa_graph.errors import InvalidInput, InvalidQuestion
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.types import Passage
@@ -76,7 +76,8 @@ def ctx(store, plan_llm, work_llm, **kw) -> MujicaContext:
                          corpus=kw.pop("corpus", "wiki"), **kw)
 
 
-CAPITALS = {"subquestions": [subq("q1", "What is the capital of France?"), subq("q2", "What is the capital of Germany?"),
+CAPITALS = {"subquestions": [subq("q1", "What is the capital of France?"),
+                             subq("q2", "What is the capital of Germany?"),
                              subq("q3", "What is the capital of Italy?")]}
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from neo4j import Driver
 from neo4j.exceptions import ServiceUnavailable
 
 from mhqa_graph import (
@@ -27,6 +26,7 @@ from mhqa_graph.store import cypher
 from mhqa_graph.store.cypher import ALL_STATEMENTS, escape_lucene, lucene_or_query
 from mhqa_graph.store.neo4j_backend import Neo4jStore
 from mhqa_graph.testing.recording_driver import RecordingDriver
+from neo4j import Driver
 
 SPEC = "hash:256"
 COLLECTION_ROW = [{"embedder": SPEC, "dim": 256}]

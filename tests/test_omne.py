@@ -5,11 +5,11 @@ import json
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
-
-from mhqa_graph.errors import InvalidQuestion
 from mhqa_graph.graphs import omne_prompts as P
 from mhqa_graph.graphs.common import AgentContext
 from mhqa_graph.graphs.omne import OmneContext, build, graph, parse_reply
+
+from mhqa_graph.errors import InvalidQuestion
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 

@@ -7,12 +7,19 @@ import json
 
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
+from mhqa_graph.graphs.common import AgentContext
+from mhqa_graph.graphs.opera import (
+    OperaContext,
+    build,
+    check_analysis,
+    check_plan,
+    fill_placeholders,
+    parse_rewrite,
+    topk_for,
+)
 
 from mhqa_graph import Passage, open_store
 from mhqa_graph.errors import InvalidQuestion
-from mhqa_graph.graphs.common import AgentContext
-from mhqa_graph.graphs.opera import (OperaContext, build, check_analysis, check_plan, fill_placeholders,
-                                     parse_rewrite, topk_for)
 from mhqa_graph.testing.fakes import FakeChatModel
 
 PASSAGES = [

@@ -10,7 +10,8 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPORTS = "import mhqa_graph, mhqa_graph.graphs, mhqa_graph.training, mhqa_graph.store.embedded; print(mhqa_graph.__file__)"
+IMPORTS = ("import mhqa_graph, mhqa_graph.graphs, mhqa_graph.training, mhqa_graph.store.embedded; "
+           "print(mhqa_graph.__file__)")
 
 
 def _run(python: str, code: str, cwd: Path) -> subprocess.CompletedProcess:

@@ -144,6 +144,7 @@ class EmbeddedStore(KnowledgeStore):
         self.read_only = read_only
         self._write_lock = threading.RLock()
         self._local = threading.local()
+        self._thread_conns: list = []  # per-thread SQLite and ladybug connections, closed in close()
         self._vectors: dict[tuple[str, str], _VectorIndex] = {}
         self._closed = False
         self._open_files()
@@ -169,7 +170,8 @@ class EmbeddedStore(KnowledgeStore):
         except sqlite3.DatabaseError as e:
             raise CorruptStore(f"{sqlite_path}: {e}; {REBUILD_HINT}") from e
         if fmt != FORMAT_VERSION:
-            raise CorruptStore(f"{self.root}: store format {fmt!r}, this version reads {FORMAT_VERSION!r}; {REBUILD_HINT}")
+            raise CorruptStore(
+                f"{self.root}: store format {fmt!r}, this version reads {FORMAT_VERSION!r}; {REBUILD_HINT}")
         try:
             import ladybug
 
@@ -216,12 +218,14 @@ class EmbeddedStore(KnowledgeStore):
         conn = getattr(self._local, "sqlite", None)
         if conn is None:
             conn = self._local.sqlite = self._connect()
+            self._thread_conns.append(conn)
         return conn
 
     def _graph(self):  # -> ladybug.Connection
         conn = getattr(self._local, "graph", None)
         if conn is None:
             conn = self._local.graph = self._ladybug.Connection(self._graph_db)
+            self._thread_conns.append(conn)
         return conn
 
     def _vector_index(self, kind: str, name: str) -> _VectorIndex:
@@ -413,6 +417,8 @@ class EmbeddedStore(KnowledgeStore):
         if not self.read_only:
             for index in self._vectors.values():
                 index.flush()
+        for conn in self._thread_conns:  # ladybug keeps its file lock while any connection lives
+            conn.close()
         self._db.close()
         self._graph_db.close()
 

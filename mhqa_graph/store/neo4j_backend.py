@@ -15,8 +15,9 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import numpy as np
-from neo4j import Driver, GraphDatabase, ManagedTransaction
 from neo4j.exceptions import AuthError, ConfigurationError, DriverError, Neo4jError, ServiceUnavailable, SessionExpired
+
+from neo4j import Driver, GraphDatabase, ManagedTransaction
 
 from ..embeddings import Embedder, load_embedder
 from ..errors import (
