@@ -25,7 +25,7 @@ import faiss
 import numpy as np
 
 from mhqa_graph.store import open_store
-from mhqa_graph.store.embedded import NEIGHBOURS, EmbeddedStore, entity_key, fts_query
+from mhqa_graph.store.embedded import NEIGHBOURS, EmbeddedStore, entity_key
 from mhqa_graph.store.fusion import candidate_depth, reciprocal_rank_fusion
 
 GRAPH = "synthetic"
@@ -81,19 +81,25 @@ def make_names(n: int, rng: random.Random) -> list[str]:
     def person() -> str:
         middle = f" {rng.choice('ABCDEFGHIJKLMNOPRSTW')}." if rng.random() < 0.5 else ""
         name = f"{rng.choice(FIRST)}{middle} {rng.choice(LAST)}"
-        return name if rng.random() < 0.8 else f"{name} ({rng.choice(['footballer', 'politician', 'actor', 'singer', 'writer', 'painter', 'physicist'])})"
+        jobs = ("footballer", "politician", "actor", "singer", "writer", "painter", "physicist")
+        return name if rng.random() < 0.8 else f"{name} ({rng.choice(jobs)})"
 
     def place() -> str:
         town = rng.choice(ROOT) + rng.choice(SUFFIX)
         r = rng.random()
-        return town if r < 0.3 else f"{rng.choice(PLACE_PRE)} {town}" if r < 0.65 else f"{town} {rng.choice(PLACE_POST)}"
+        if r < 0.3:
+            return town
+        return f"{rng.choice(PLACE_PRE)} {town}" if r < 0.65 else f"{town} {rng.choice(PLACE_POST)}"
 
     def org() -> str:
         stem = rng.choice(ROOT) + rng.choice(SUFFIX) if rng.random() < 0.5 else f"{rng.choice(ADJ)} {rng.choice(NOUN)}"
         return f"{stem} {rng.choice(ORG)}"
 
     def work() -> str:
-        title = f"The {rng.choice(ADJ)} {rng.choice(NOUN)}" if rng.random() < 0.5 else f"{rng.choice(NOUN)} of {rng.choice(ROOT)}{rng.choice(SUFFIX)}"
+        if rng.random() < 0.5:
+            title = f"The {rng.choice(ADJ)} {rng.choice(NOUN)}"
+        else:
+            title = f"{rng.choice(NOUN)} of {rng.choice(ROOT)}{rng.choice(SUFFIX)}"
         return f"{title} ({rng.randint(1930, 2023)} {rng.choice(WORK)})" if rng.random() < 0.7 else title
 
     makers = (person, person, person, place, org, work, work)
@@ -191,7 +197,8 @@ def ingest(store: EmbeddedStore, triples: list[tuple[str, str, str]], batch: int
     start = time.perf_counter()
     for i in range(0, len(triples), batch):
         store.add_triples(GRAPH, triples[i:i + batch])
-        print(f"  {min(i + batch, len(triples))}/{len(triples)} triples, {time.perf_counter() - start:.0f} s", flush=True)
+        done = min(i + batch, len(triples))
+        print(f"  {done}/{len(triples)} triples, {time.perf_counter() - start:.0f} s", flush=True)
 
 
 def bench_node_info(store: EmbeddedStore, names: list[str], n: int, rng: random.Random) -> None:
@@ -238,11 +245,7 @@ def exact_match(store: EmbeddedStore, ids: np.ndarray, vectors: np.ndarray, vect
     scores = vectors @ vector
     top = np.argpartition(-scores, depth)[:depth]
     dense = ids[top[np.argsort(-scores[top], kind="stable")]].tolist()
-    lexical: list[int] = []
-    if (q := fts_query(text)) is not None:
-        lexical = [r[0] for r in store._read().execute(
-            "SELECT e.id FROM entities_fts JOIN entities e ON e.id = entities_fts.rowid "
-            "WHERE entities_fts MATCH ? AND e.graph = ? ORDER BY bm25(entities_fts) LIMIT ?", (q, GRAPH, depth))]
+    lexical = store.lexical_entities(GRAPH, text, depth)
     return [int(i) for i, _ in reciprocal_rank_fusion([dense, lexical])[:k]]
 
 
@@ -296,7 +299,12 @@ def main() -> int:
     parser.add_argument("--node-queries", type=int, default=2000)
     parser.add_argument("--match-queries", type=int, default=500)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--torch-threads", type=int, help="torch.set_num_threads (1 is faster on a busy machine)")
     args = parser.parse_args()
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
 
     rng = random.Random(args.seed)
     t = time.perf_counter()

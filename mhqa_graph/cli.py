@@ -226,21 +226,10 @@ def models_pull(name: str) -> None:
     out.print(f"{name}: {path}")
 
 
-def _jsonable(value: Any) -> Any:
-    """State values as JSON: messages and dataclasses become dicts."""
-    if hasattr(value, "model_dump"):
-        return value.model_dump(exclude_none=True)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple, set)):
-        return [_jsonable(v) for v in value]
-    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
-
-
 def _brief(update: Any, limit: int = 240) -> str:
-    text = json.dumps(_jsonable(update), ensure_ascii=False)
+    from .traces import jsonable
+
+    text = json.dumps(jsonable(update), ensure_ascii=False)
     return text if len(text) <= limit else text[:limit] + "…"
 
 
@@ -254,29 +243,86 @@ def ask_cmd(
     graph: Annotated[str | None, typer.Option("--graph", help="Knowledge graph(s), comma-separated.")] = None,
     top_k: Annotated[int | None, typer.Option("--top-k")] = None,
     stream: Annotated[bool, typer.Option("--stream", help="Print each step as it finishes.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the answer and the whole run state as JSON.")] = False,
-    trace: Annotated[Path | None, typer.Option("--trace", help="Write the run state as JSON to FILE.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the answer and the run's trace as JSON.")] = False,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Write the run's trace (mhqa_graph.traces.Trace) "
+                                                                "as JSON to FILE.")] = None,
 ) -> None:
     """Answer QUESTION with an agent over the store."""
     from .graphs import build_graph, make_context
+    from .traces import TraceRecorder
 
     compiled = build_graph(agent)
     context = make_context(agent, llm=llm, store=store, corpus=corpus, graph=graph, top_k=top_k)
+    recorder = TraceRecorder(agent, context)
     state: dict[str, Any] = {}
-    for mode, chunk in compiled.stream({"question": question}, context=context, stream_mode=["updates", "values"]):
+    for mode, chunk in compiled.stream({"question": question}, context=context, stream_mode=["updates", "values"],
+                                       config={"callbacks": [recorder]}):
         if mode == "values":
             state = chunk
         elif stream:
             for node, update in chunk.items():
                 err.print(f"[cyan]{node}[/] {_brief(update)}", markup=True, highlight=False)
-    record = _jsonable(state)
+    recorded = recorder.trace(state)
     if trace:
-        trace.write_text(json.dumps(record, ensure_ascii=False, indent=2), encoding="utf-8")
+        trace.write_text(recorded.model_dump_json(indent=2), encoding="utf-8")
     if as_json:
-        return _print_json({"answer": state.get("answer", ""), "error": state.get("error"), "state": record})
+        return _print_json({"answer": state.get("answer", ""), "error": state.get("error"),
+                            "trace": recorded.model_dump(mode="json")})
     out.print(state.get("answer") or "", markup=False, highlight=False)
     if state.get("error"):
         err.print(f"[yellow]note:[/] {state['error']}", highlight=False)
+
+
+@app.command("eval")
+def eval_cmd(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The benchmark file.")],
+    dataset: Annotated[str, typer.Option("--dataset", help="hotpotqa | 2wiki | musique | pathquestion")],
+    agent: Annotated[str, typer.Option("--agent", help="opera | mujica | omne | rag | direct")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Run folder (results.jsonl, summary.json); reruns resume.")],
+    llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: best installed pack).")] = None,
+    store: StoreOpt = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N questions.")] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-k", help="Questions in flight.")] = 4,
+) -> None:
+    """Evaluate an agent on a benchmark file (the store gets the file's corpus/graph first)."""
+    from .eval import run_eval
+    from .ingest.datasets import DATASETS
+
+    if dataset not in DATASETS:
+        raise MhqaError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+    run_eval(agent, dataset, file, llm, store, out_dir, limit=limit, concurrency=concurrency,
+             progress=True)
+
+
+@app.command("report")
+def report_cmd(
+    runs: Annotated[list[Path], typer.Argument(exists=True, file_okay=False, help="Run folders of `mhqa eval`.")],
+    png: Annotated[Path | None, typer.Option("--out", help="Write the F1 bar plot to this PNG.")] = None,
+) -> None:
+    """Compare runs side by side on the questions they all answered; optionally plot F1."""
+    from .eval import compare, compare_table, plot
+
+    summaries = compare(runs)
+    out.print(compare_table(summaries))
+    if png:
+        out.print(f"plot: {plot(summaries, png)}")
+
+
+@app.command("export")
+def export_cmd(
+    run: Annotated[Path, typer.Argument(exists=True, help="A run folder (runs/NAME) or its results.jsonl.")],
+    fmt: Annotated[str, typer.Option("--format", help="sft | roles | grpo | mygo")],
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the dataset (save_to_disk) and its JSONL.")],
+    min_reward: Annotated[float | None, typer.Option("--min-reward", help="Keep trajectories with reward >= T "
+                                                                           "(mygo default: 1.0).")] = None,
+    reward: Annotated[str, typer.Option("--reward", help="f1 | em")] = "f1",
+    think_weight: Annotated[float, typer.Option("--think-weight", help="Loss weight of <think> text.")] = 0.001,
+) -> None:
+    """Turn the traces of an eval run into a training dataset."""
+    from .export import export
+
+    counts = export(run, fmt, out_dir, min_reward=min_reward, reward=reward, think_weight=think_weight)
+    out.print(", ".join(f"{name}: {n} rows" for name, n in counts.items()) + f" -> {out_dir}", highlight=False)
 
 
 @app.command("demo")

@@ -72,7 +72,8 @@ def _agents(store: KnowledgeStore, items: list, wiki: object, llm: str | None, c
     runs += [("omne", wiki, {"graph": "2wiki"})]
     for agent, item, source in runs:
         graph = build_graph(agent)
-        context = make_context(agent, llm=spec, store=store, max_new_tokens=256, **source)
+        # Small settings keep a CPU run to minutes: short prompts, short replies, one rewrite.
+        context = make_context(agent, llm=spec, store=store, top_k=3, max_new_tokens=192, max_rewrites=1, **source)
         started = time.perf_counter()
         console.print(f"[bold]{agent}[/] Q: {item.question}", highlight=False)
         state: dict = {}

@@ -56,7 +56,8 @@ def test_graph_structure_matches_snapshot(agent):
         changes += [f"{sign} edge {e[0]} -> {e[1]}{' (conditional)' if e[2] else ''}"
                     for sign, a, b in (("+", current, saved), ("-", saved, current))
                     for e in a["edges"] if e not in b["edges"]]
-        pytest.fail(f"the {agent} graph changed shape (+ only in the graph, - only in {path}):\n  " + "\n  ".join(changes)
+        pytest.fail(f"the {agent} graph changed shape (+ only in the graph, - only in {path}):\n  "
+                    + "\n  ".join(changes)
                     + f"\nif intended, update the snapshot with: {HOW}")
 
 

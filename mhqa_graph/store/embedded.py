@@ -33,10 +33,10 @@ from .fusion import candidate_depth, reciprocal_rank_fusion
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = "1"
+FORMAT_VERSION = "2"
 KEY_SEP = "\x1f"
 HNSW_M = 32
-HNSW_EF_SEARCH = 128
+HNSW_EF_SEARCH = 256  # 128 gave match_entities recall@10 0.987 vs exact search (bench/store.py, 20k entities)
 EMBED_BATCH = 256
 MAX_FTS_TERMS = 64
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -60,6 +60,7 @@ CREATE VIRTUAL TABLE IF NOT EXISTS entities_fts USING fts5(
     name, content='entities', content_rowid='id', tokenize='porter unicode61 remove_diacritics 2');
 CREATE VIRTUAL TABLE IF NOT EXISTS passages_fts USING fts5(
     title, text, content='passages', content_rowid='id', tokenize='porter unicode61 remove_diacritics 2');
+CREATE VIRTUAL TABLE IF NOT EXISTS entities_vocab USING fts5vocab(entities_fts, 'row');
 CREATE TRIGGER IF NOT EXISTS entities_ai AFTER INSERT ON entities BEGIN
     INSERT INTO entities_fts(rowid, name) VALUES (new.id, new.name); END;
 CREATE TRIGGER IF NOT EXISTS passages_ai AFTER INSERT ON passages BEGIN
@@ -68,12 +69,16 @@ CREATE TRIGGER IF NOT EXISTS passages_ai AFTER INSERT ON passages BEGIN
 
 LADYBUG_SCHEMA = (
     "CREATE NODE TABLE IF NOT EXISTS Entity(key STRING, id INT64, graph STRING, name STRING, PRIMARY KEY(key))",
-    "CREATE REL TABLE IF NOT EXISTS REL(FROM Entity TO Entity, relation STRING, tid INT64)",
+    "CREATE REL TABLE IF NOT EXISTS REL(FROM Entity TO Entity, relation STRING, tid INT64, src INT64)",
 )
-NEIGHBOURS = (
-    "MATCH (a:Entity {key: $key})-[r:REL]->(b:Entity) RETURN r.relation, b.name, 'out' "
-    "UNION ALL MATCH (a:Entity {key: $key})<-[r:REL]-(b:Entity) RETURN r.relation, b.name, 'in'"
-)
+# One undirected 1-hop match; `src` (the subject's id, stored on each edge) gives the direction,
+# since ladybug's start_node() follows the match order in undirected patterns.
+NEIGHBOURS = ("MATCH (a:Entity {key: $key})-[r:REL]-(b:Entity) "
+              "RETURN r.relation, b.name, r.src = a.id, b.id = a.id")
+# Entity matching queries only the rarest words: a word in more than 2% of names (and at least
+# COMMON_TERM_MIN_DOCS) has a long posting list that costs much and ranks little; dense covers it.
+MAX_LEXICAL_TERMS = 8
+COMMON_TERM_MIN_DOCS = 1000
 
 
 def fts_query(text: str) -> str | None:
@@ -258,14 +263,15 @@ class EmbeddedStore(KnowledgeStore):
             conn.execute("COPY Entity FROM $rows", {"rows": nodes})
         max_triple = conn.execute("MATCH ()-[r:REL]->() RETURN coalesce(max(r.tid), 0)").get_next()[0]
         rows = self._db.execute(
-            "SELECT t.id, t.graph, s.name, t.relation, o.name FROM triples t "
+            "SELECT t.id, t.graph, s.name, t.relation, o.name, t.subject FROM triples t "
             "JOIN entities s ON s.id = t.subject JOIN entities o ON o.id = t.object "
             "WHERE t.id > ? ORDER BY t.id", (max_triple,)).fetchall()
         if rows:
-            tids, graphs, subjects, relations, objects = zip(*rows)
+            tids, graphs, subjects, relations, objects, subject_ids = zip(*rows)
             edges = pa.table({"from": [entity_key(g, s) for g, s in zip(graphs, subjects)],
                               "to": [entity_key(g, o) for g, o in zip(graphs, objects)],
-                              "relation": list(relations), "tid": pa.array(tids, pa.int64())})
+                              "relation": list(relations), "tid": pa.array(tids, pa.int64()),
+                              "src": pa.array(subject_ids, pa.int64())})
             conn.execute("COPY REL FROM $rows", {"rows": edges})
 
     def _sync_vectors(self, kind: str, name: str) -> None:
@@ -335,14 +341,25 @@ class EmbeddedStore(KnowledgeStore):
         self._require("graph", graph)
         depth = candidate_depth(k)
         dense = [i for i, _ in self._vector_index("graph", graph).search(self.embedder.embed([text])[0], depth)]
-        lexical: list[int] = []
-        if (q := fts_query(text)) is not None:
-            lexical = [r[0] for r in self._read().execute(
-                "SELECT e.id FROM entities_fts JOIN entities e ON e.id = entities_fts.rowid "
-                "WHERE entities_fts MATCH ? AND e.graph = ? ORDER BY bm25(entities_fts) LIMIT ?", (q, graph, depth))]
-        fused = reciprocal_rank_fusion([dense, lexical])[:k]
+        fused = reciprocal_rank_fusion([dense, self.lexical_entities(graph, text, depth)])[:k]
         names = self._names([int(i) for i, _ in fused])
         return [EntityHit(name=names[int(i)], score=score) for i, score in fused]
+
+    def lexical_entities(self, graph: str, text: str, depth: int) -> list[int]:
+        """Entity ids ranked by BM25 over names, querying only the rarest words of `text`."""
+        words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
+        if not words:
+            return []
+        db = self._read()
+        marks = ",".join("?" * len(words))
+        df = dict(db.execute(f"SELECT term, doc FROM entities_vocab WHERE term IN ({marks})", words).fetchall())
+        common = max(COMMON_TERM_MIN_DOCS, (db.execute("SELECT max(id) FROM entities").fetchone()[0] or 0) // 50)
+        words = sorted(words, key=lambda w: df.get(w, 0))
+        words = ([w for w in words if df.get(w, 0) <= common] or words[:1])[:MAX_LEXICAL_TERMS]
+        q = fts_query(" ".join(words))
+        return [r[0] for r in db.execute(
+            "SELECT e.id FROM entities_fts JOIN entities e ON e.id = entities_fts.rowid "
+            "WHERE entities_fts MATCH ? AND e.graph = ? ORDER BY rank LIMIT ?", (q, graph, depth))]
 
     def _names(self, ids: list[int]) -> dict[int, str]:
         if not ids:
@@ -361,7 +378,9 @@ class EmbeddedStore(KnowledgeStore):
             if name not in names:
                 self._require("graph", graph)
                 raise EntityNotFound(graph, name)
-        facts = sorted({Fact(relation=r, other=o, direction=d) for r, o, d in rows},
+        found_facts = {Fact(relation=r, other=o, direction="out" if out else "in") for r, o, out, _ in rows}
+        found_facts |= {Fact(relation=r, other=o, direction="in") for r, o, out, loop in rows if loop}
+        facts = sorted(found_facts,
                        key=lambda f: (f.direction != "out", f.relation, f.other))
         return NodeInfo(graph=graph, name=name, facts=facts)
 

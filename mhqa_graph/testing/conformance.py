@@ -69,6 +69,11 @@ class StoreConformance:
         store.add_triples("kg", [("A", "r1", "B"), ("A", "r2", "B")])
         assert {f.relation for f in store.node_info("kg", "A").facts} == {"r1", "r2"}
 
+    def test_self_loop_is_out_and_in(self, store):
+        store.add_triples("kg", [("Narcissus", "admires", "Narcissus")])
+        assert set(store.node_info("kg", "Narcissus").facts) == {
+            Fact("admires", "Narcissus", "out"), Fact("admires", "Narcissus", "in")}
+
     def test_graphs_are_separate(self, store):
         store.add_triples("one", TRIPLES[:1])
         store.add_triples("two", [("Polish-Russian War", "genre", "comedy")])

@@ -1,0 +1,216 @@
+"""Summaries of evaluation runs: metrics of a results file, one run's table, and a side-by-side
+comparison of several runs over the questions they share, with a bar plot."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+RESULTS, SUMMARY = "results.jsonl", "summary.json"
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The complete records of a results file, first one per id. A line that does not parse (a
+    torn last line of a killed process) is ignored."""
+    records: dict[str, dict] = {}
+    path = Path(path)
+    if not path.exists():
+        return []
+    with path.open("rb") as f:
+        for line in f:
+            if not line.endswith(b"\n"):
+                break
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and "id" in record:
+                records.setdefault(str(record["id"]), record)
+    return list(records.values())
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+@dataclass
+class Group:
+    n: int = 0
+    em: float = 0.0
+    f1: float = 0.0
+
+
+@dataclass
+class Summary:
+    """Metrics of one run (EM/F1 as fractions in 0..1) and what was run."""
+
+    n: int = 0
+    em: float = 0.0
+    f1: float = 0.0
+    failures: int = 0  # questions whose run raised (InvalidQuestion, ModelError, ...)
+    with_error: int = 0  # questions with any error, raised or recorded by the agent
+    by_type: dict[str, Group] = field(default_factory=dict)
+    by_hops: dict[str, Group] = field(default_factory=dict)
+    latency_p50: float = 0.0
+    latency_p90: float = 0.0
+    tokens_per_question: float = 0.0
+    llm_calls_per_question: float = 0.0
+    agent: str | None = None
+    llm: str | None = None
+    dataset: str | None = None
+    file: str | None = None
+    environment: dict[str, Any] = field(default_factory=dict)  # corpus / graph used, whether ingested now
+    wall_time: float | None = None  # seconds of the latest invocation
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Summary:
+        data = dict(data)
+        for key in ("by_type", "by_hops"):
+            data[key] = {k: Group(**v) for k, v in data.get(key, {}).items()}
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+def _ordered(keys: Any) -> list[str]:
+    """Group names in order: numbers by value (hop counts), then the rest alphabetically."""
+    return sorted(set(keys), key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
+
+
+def _groups(records: list[dict], key: str) -> dict[str, Group]:
+    buckets: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        buckets["-" if r.get(key) is None else str(r[key])].append(r)
+    return {k: Group(len(buckets[k]), _mean(buckets[k], "em"), _mean(buckets[k], "f1")) for k in _ordered(buckets)}
+
+
+def _mean(records: list[dict], key: str) -> float:
+    return sum(r[key] for r in records) / len(records) if records else 0.0
+
+
+def summarize(records: list[dict], **meta: Any) -> Summary:
+    """The metrics of `records`; `meta` fills agent, llm, dataset, file, environment, wall_time."""
+    latencies = [r["latency"] for r in records]
+    return Summary(
+        n=len(records), em=_mean(records, "em"), f1=_mean(records, "f1"),
+        failures=sum(1 for r in records if r.get("failed")),
+        with_error=sum(1 for r in records if r.get("error")),
+        by_type=_groups(records, "type"), by_hops=_groups(records, "hops"),
+        latency_p50=percentile(latencies, 50), latency_p90=percentile(latencies, 90),
+        tokens_per_question=sum(r["tokens"]["total"] for r in records) / len(records) if records else 0.0,
+        llm_calls_per_question=_mean(records, "llm_calls"),
+        **meta,
+    )
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def summary_table(summary: Summary, title: str | None = None) -> Table:
+    """One run: overall and per type / hop count EM and F1 (in %), failures, latency, tokens."""
+    table = Table(title=title or f"{summary.agent} · {summary.dataset} · {Path(summary.file or '-').name}")
+    for col in ("group", "n", "EM", "F1"):
+        table.add_column(col, justify="left" if col == "group" else "right")
+    table.add_row("all", str(summary.n), _pct(summary.em), _pct(summary.f1), style="bold")
+    for label, groups in (("type", summary.by_type), ("hops", summary.by_hops)):
+        if list(groups) == ["-"]:  # the dataset has no such field
+            continue
+        for name, g in groups.items():
+            table.add_row(f"{label}={name}", str(g.n), _pct(g.em), _pct(g.f1))
+    table.caption = (f"failures {summary.failures}, with error {summary.with_error}, latency p50 "
+                     f"{summary.latency_p50:.2f}s p90 {summary.latency_p90:.2f}s, "
+                     f"{summary.tokens_per_question:.0f} tokens and {summary.llm_calls_per_question:.1f} "
+                     "LLM calls per question")
+    return table
+
+
+# -- comparing runs --------------------------------------------------------------------------
+def load_run(run_dir: str | Path) -> tuple[str, dict, list[dict]]:
+    """(label, summary.json contents or {}, records) of a run folder; the label is the folder name."""
+    run_dir = Path(run_dir)
+    meta_path = run_dir / SUMMARY
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
+    return run_dir.name, meta, read_records(run_dir / RESULTS)
+
+
+def compare(run_dirs: list[str | Path]) -> dict[str, Summary]:
+    """label -> Summary of each run, restricted to the question ids present in every run."""
+    runs = [load_run(d) for d in run_dirs]
+    common = set.intersection(*({r["id"] for r in records} for _, _, records in runs)) if runs else set()
+    out: dict[str, Summary] = {}
+    for label, meta, records in runs:
+        keep = {k: meta.get(k) for k in ("agent", "llm", "dataset", "file")}
+        while label in out:
+            label += "'"
+        out[label] = summarize([r for r in records if r["id"] in common], **keep)
+    return out
+
+
+def _panels() -> list[tuple[str, Any]]:
+    """(name, summary -> {group: Group}) for the overall score and the per hop / type breakdowns."""
+    return [("all", lambda s: {"all": Group(s.n, s.em, s.f1)}),
+            ("hops", lambda s: s.by_hops), ("type", lambda s: s.by_type)]
+
+
+def compare_table(summaries: dict[str, Summary]) -> Table:
+    """Rows: metrics overall and per type / hop count; columns: runs (EM / F1 in %)."""
+    runs = list(summaries.values())
+    table = Table(title=f"{len(runs)} runs on the {runs[0].n if runs else 0} questions they share")
+    table.add_column("metric")
+    for label in summaries:
+        table.add_column(label, justify="right")
+    table.add_row("agent", *[s.agent or "-" for s in runs])
+    table.add_row("llm", *[s.llm or "-" for s in runs])
+    table.add_row("failures", *[str(s.failures) for s in runs])
+    table.add_row("latency p50 / p90 (s)", *[f"{s.latency_p50:.2f} / {s.latency_p90:.2f}" for s in runs])
+    table.add_row("tokens / question", *[f"{s.tokens_per_question:.0f}" for s in runs])
+    for name, groups_of in _panels():
+        keys = _ordered(k for s in runs for k in groups_of(s))
+        for key in keys:
+            cells = [groups_of(s).get(key) for s in runs]
+            n = next((g.n for g in cells if g), 0)
+            label = "EM / F1" if name == "all" else f"{name}={key} (n={n}) EM / F1"
+            table.add_row(label, *[f"{_pct(g.em)} / {_pct(g.f1)}" if g else "-" for g in cells],
+                          style="bold" if name == "all" else None)
+    return table
+
+
+def plot(summaries: dict[str, Summary], out: str | Path) -> Path:
+    """A PNG with F1 (%) per run: overall, by hop count and by question type."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    labels = list(summaries)
+    width = 0.8 / max(1, len(labels))
+    for ax, (name, groups_of) in zip(axes, _panels()):
+        keys = _ordered(k for s in summaries.values() for k in groups_of(s))
+        for i, label in enumerate(labels):
+            groups = groups_of(summaries[label])
+            values = [100 * groups[k].f1 if k in groups else 0.0 for k in keys]
+            ax.bar([x + i * width for x in range(len(keys))], values, width, label=label)
+        ax.set_xticks([x + width * (len(labels) - 1) / 2 for x in range(len(keys))], keys, rotation=20)
+        ax.set_title("F1 overall" if name == "all" else f"F1 by {name}")
+        ax.set_ylim(0, 100)
+    axes[0].set_ylabel("F1 (%)")
+    axes[0].legend(fontsize="small")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

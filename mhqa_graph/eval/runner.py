@@ -1,0 +1,222 @@
+"""Run an agent over a benchmark file: K questions in flight, one JSON record per question.
+
+Records are appended to `out_dir/results.jsonl`, each with one `write()` of a whole line then
+flush and fsync, so a killed process leaves only complete records (and at worst a torn last line,
+which a rerun cuts off). A rerun skips the ids already recorded: runs are resumable and never
+duplicate a question. A question that raises is recorded with its typed error; the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..errors import IngestError, InvalidInput
+from ..ingest.datasets import QAItem, questions
+from ..store import open_store
+from ..traces import Trace, TraceRecorder
+from .environments import environment_name, prepare
+from .report import RESULTS, SUMMARY, Summary, read_records, summarize, summary_table
+from .scoring import score
+
+# Datasets whose question comes with its topic entity as part of the task (KGQA practice). The 2Wiki
+# loader's topic entities are the subjects of all gold evidence triples, bridge entities included,
+# so they would leak the reasoning chain and are not given to the agent.
+TOPIC_ENTITY_DATASETS = ("pathquestion",)
+
+
+def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace, error: str | None = None) -> dict:
+    """The results.jsonl record of one question. `output` is the graph's output (None if the run
+    raised `error`); `trace` is what the TraceRecorder saw of the run."""
+    usage = trace.usage()
+    prediction = (output or {}).get("answer") or ""
+    em, f1 = score(prediction, item.answers) if error is None else (0.0, 0.0)
+    return {
+        "id": item.id,
+        "question": item.question,
+        "answers": list(item.answers),
+        "prediction": prediction,
+        "em": em,
+        "f1": f1,
+        "error": error or (output or {}).get("error"),
+        "failed": error is not None,
+        "latency": round(latency, 4),
+        "llm_calls": usage["llm_calls"],
+        "tokens": usage["tokens"],
+        "type": item.type,
+        "level": item.level,
+        "hops": item.hops,
+        "supporting_ids": list(item.supporting_ids),
+        "supporting_titles": list(item.supporting_titles),
+        "topic_entities": list(item.topic_entities),
+        "trace": trace.model_dump(mode="json"),
+    }
+
+
+class ResultsWriter:
+    """Appends complete records to a JSONL file: one write of a full line, flush, fsync, under a lock."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._file = path.open("ab")
+
+    def write(self, record: dict) -> None:
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        with self._lock:
+            self._file.write(line)
+            self._file.flush()
+            os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def cut_torn_line(path: Path) -> int:
+    """Truncate a partial last line (no newline) left by a killed writer; returns bytes removed."""
+    if not path.exists():
+        return 0
+    with path.open("r+b") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        keep, pos = 0, size
+        while pos > 0:  # find the last newline, reading backwards in blocks
+            start = max(0, pos - 65536)
+            f.seek(start)
+            block = f.read(pos - start)
+            i = block.rfind(b"\n")
+            if i >= 0:
+                keep = start + i + 1
+                break
+            pos = start
+        f.truncate(keep)
+        return size - keep
+
+
+def load_questions(dataset: str, path: str | Path, limit: int | None = None) -> list[QAItem]:
+    """The first `limit` questions of the file (all if None), unique ids, malformed rows skipped."""
+    items: dict[str, QAItem] = {}
+    for item in questions(dataset, path, yield_errors=True):
+        if isinstance(item, IngestError):
+            continue
+        items.setdefault(item.id, item)
+        if limit is not None and len(items) >= limit:
+            break
+    if not items:
+        raise InvalidInput(f"no questions in {path} as {dataset}")
+    return list(items.values())
+
+
+def _inputs(item: QAItem, dataset: str) -> dict:
+    if dataset in TOPIC_ENTITY_DATASETS and item.topic_entities:
+        return {"question": item.question, "topic_entities": list(item.topic_entities)}
+    return {"question": item.question}
+
+
+def _progress(enabled: bool) -> Progress:
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("failed {task.fields[failed]}  EM {task.fields[em]:.1f}  F1 {task.fields[f1]:.1f}"),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn()]
+    return Progress(*columns, console=Console(stderr=True), disable=not enabled)
+
+
+async def _run_all(graph: Any, agent: str, context: Any, dataset: str, todo: Iterable[QAItem], done: list[dict],
+                   writer: ResultsWriter, concurrency: int, bar: Progress, task: Any) -> None:
+    # Sync graph nodes run in the loop's default executor: give it room for K questions and
+    # their parallel branches (the default pool is only cpu_count + 4 threads).
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=4 * concurrency + 4))
+    semaphore = asyncio.Semaphore(concurrency)
+    tally = {"n": len(done), "failed": sum(1 for r in done if r.get("failed")),
+             "em": sum(r["em"] for r in done), "f1": sum(r["f1"] for r in done)}
+
+    def show() -> None:
+        n = max(1, tally["n"])
+        bar.update(task, failed=tally["failed"], em=100 * tally["em"] / n, f1=100 * tally["f1"] / n)
+
+    async def one(item: QAItem) -> None:
+        async with semaphore:
+            recorder = TraceRecorder(agent, context)
+            start = time.perf_counter()
+            output, error = None, None
+            try:
+                output = await graph.ainvoke(_inputs(item, dataset), context=context,
+                                             config={"callbacks": [recorder]})
+            except Exception as exc:  # any failure of one question is recorded, the run goes on
+                error = f"{type(exc).__name__}: {exc}"
+            trace = recorder.trace(output, error)
+            record = make_record(item, output, time.perf_counter() - start, trace, error)
+        await asyncio.to_thread(writer.write, record)  # fsync off the event loop
+        tally["n"] += 1
+        tally["failed"] += record["failed"]
+        tally["em"] += record["em"]
+        tally["f1"] += record["f1"]
+        bar.advance(task)
+        show()
+
+    show()
+    await asyncio.gather(*(one(item) for item in todo))
+
+
+def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatModel | None, store_uri: str | None,
+             out_dir: str | Path, limit: int | None = None, concurrency: int = 4,
+             context_overrides: dict | None = None, progress: bool = True) -> Summary:
+    """Evaluate `agent` on the first `limit` questions of a dataset file and return the summary.
+
+    The store gets the dataset's environment first (see `environments.prepare`). Results go to
+    `out_dir/results.jsonl` (resumed if present) and the summary to `out_dir/summary.json`.
+    `context_overrides` are extra agent settings (they win over the environment's corpus/graph
+    and may hold objects, e.g. a chat model as `llm`).
+    """
+    from ..graphs import build_graph, make_context
+
+    if not isinstance(concurrency, int) or concurrency < 1:
+        raise InvalidInput(f"concurrency must be a positive integer, got {concurrency!r}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = out_dir / RESULTS
+    items = load_questions(dataset, path, limit)
+    graph = build_graph(agent)
+    started = time.perf_counter()
+    with open_store(store_uri) as store:
+        env = prepare(store, dataset, path, environment_name(dataset, path))
+        settings = {"llm": llm, "corpus": env["corpus"], "graph": env["graph"], **(context_overrides or {})}
+        context = make_context(agent, store=store, **settings)
+        cut_torn_line(results)
+        wanted = {item.id for item in items}
+        done = [r for r in read_records(results) if r["id"] in wanted]
+        finished = {r["id"] for r in done}
+        todo = [item for item in items if item.id not in finished]
+        writer = ResultsWriter(results)
+        try:
+            with _progress(progress) as bar:
+                task = bar.add_task(f"{agent} {Path(path).name}", total=len(items), completed=len(done),
+                                    failed=0, em=0.0, f1=0.0)
+                asyncio.run(_run_all(graph, agent, context, dataset, todo, done, writer, concurrency, bar, task))
+        finally:
+            writer.close()
+    records = [r for r in read_records(results) if r["id"] in wanted]
+    model = context.llm
+    summary = summarize(records, agent=agent, dataset=dataset, file=str(path),
+                        llm=model if isinstance(model, str) or model is None else type(model).__name__,
+                        environment=env, wall_time=round(time.perf_counter() - started, 3))
+    tmp = out_dir / (SUMMARY + ".tmp")
+    tmp.write_text(json.dumps(summary.as_dict(), ensure_ascii=False, indent=2), encoding="utf-8")
+    os.replace(tmp, out_dir / SUMMARY)
+    if progress:
+        Console().print(summary_table(summary))
+    return summary

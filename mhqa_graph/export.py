@@ -1,0 +1,359 @@
+"""Training datasets from eval runs: `runs/NAME/results.jsonl` records (with their `trace`) become
+Hugging Face datasets, each saved with `save_to_disk(out)` plus a JSONL copy in `out`.
+
+Formats:
+- sft: one chat per conversation of a trajectory. LLM calls whose input extends an earlier call's
+  messages and reply (Omne's tool loop, a JSON repair) continue that conversation, so an Omne run is one
+  chat; OPERA and Mujica calls with fresh prompts are separate chats of the same trajectory.
+  Every message is {role, content, weight, segments}; `segments` ([{text, weight}], concatenating to
+  `content`) carry the loss weight per character span: assistant <think>…</think> blocks get
+  `think_weight` (0.001, as Omne), the rest of an assistant turn (tool calls, answers) 1.0, system, user
+  and tool-result messages 0. `tokenize_with_weights` turns this into per-token weights.
+- roles: a DatasetDict with one split per OPERA role (plan, analysis, rewrite): prompt/completion chats
+  and the signals their rewards need.
+- grpo: one prompt per question with gold answers, topic entities and the corpus/graph to search.
+- mygo: sft chats of trajectories whose reward >= the threshold, deduplicated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import MhqaError
+from .eval.scoring import normalize_answer
+from .traces import LLMCall, Trace, TraceError, load_trace
+
+FORMATS = ("sft", "roles", "grpo", "mygo")
+OPERA_ROLES = ("plan", "analysis", "rewrite")
+REWARDS = ("f1", "em")
+THINK_WEIGHT = 0.001
+MYGO_THRESHOLD = 1.0  # default --min-reward of mygo: keep fully correct trajectories
+
+_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
+
+
+class ExtraNotInstalled(MhqaError):
+    """An optional dependency is missing; the message names the pip extra that brings it."""
+
+
+def _datasets() -> Any:
+    try:
+        import datasets
+    except ImportError as exc:
+        raise ExtraNotInstalled("export needs Hugging Face datasets: pip install 'mhqa-graph[train]'") from exc
+    return datasets
+
+
+# -- reading runs --------------------------------------------------------------------------------
+def read_records(run: str | Path) -> list[dict[str, Any]]:
+    """The records of a run folder (its results.jsonl) or of a JSONL file; a torn last line is ignored."""
+    path = Path(run)
+    path = path / "results.jsonl" if path.is_dir() else path
+    if not path.is_file():
+        raise TraceError(f"no results file at {path}")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    records = []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            if n == len(lines):  # an interrupted writer's last line
+                break
+            raise TraceError(f"{path}:{n}: not JSON ({exc})") from exc
+        if not isinstance(record, dict):
+            raise TraceError(f"{path}:{n}: a record must be a JSON object")
+        records.append(record)
+    return records
+
+
+def reward_of(record: Mapping[str, Any], reward: str) -> float:
+    value = record.get(reward)
+    if not isinstance(value, (int, float)):
+        raise TraceError(f"record {record.get('id')!r} has no numeric {reward!r}")
+    return float(value)
+
+
+def record_trace(record: Mapping[str, Any], need_calls: bool = True) -> Trace | None:
+    """The record's Trace, None when it has none. With `need_calls`, a trace rebuilt from a plain run
+    state (no LLM calls were recorded) is a TraceError."""
+    if record.get("trace") is None:
+        return None
+    try:
+        trace = load_trace(record["trace"], agent=str(record.get("agent") or "unknown"),
+                           question=record.get("question"))
+    except TraceError as exc:
+        raise TraceError(f"record {record.get('id')!r}: {exc}") from exc
+    if need_calls and trace.source == "state":
+        raise TraceError(f"record {record.get('id')!r}: its trace is a plain run state without LLM calls; "
+                         "re-run the eval with the trace recorder (mhqa_graph.traces), or export --format grpo")
+    return trace
+
+
+# -- chats with loss weights -----------------------------------------------------------------
+def segments(text: str, think_weight: float = THINK_WEIGHT) -> list[dict[str, Any]]:
+    """An assistant turn split into [{text, weight}]: <think> blocks at `think_weight`, the rest at 1.0."""
+    parts, pos = [], 0
+    for m in _THINK.finditer(text):
+        if m.start() > pos:
+            parts.append({"text": text[pos:m.start()], "weight": 1.0})
+        parts.append({"text": m.group(0), "weight": think_weight})
+        pos = m.end()
+    if pos < len(text) or not parts:
+        parts.append({"text": text[pos:], "weight": 1.0})
+    return parts
+
+
+def weighted_message(role: str, content: str, think_weight: float = THINK_WEIGHT) -> dict[str, Any]:
+    if role == "assistant":
+        return {"role": role, "content": content, "weight": 1.0, "segments": segments(content, think_weight)}
+    return {"role": role, "content": content, "weight": 0.0, "segments": [{"text": content, "weight": 0.0}]}
+
+
+def conversations(trace: Trace) -> list[tuple[list[str], list[tuple[str, str]]]]:
+    """The trace's LLM calls merged into conversations: (roles, [(speaker, text)]). A call whose input
+    starts with a conversation so far (its messages and replies) continues it; failed calls are left out."""
+    convs: list[tuple[list[str], list[tuple[str, str]]]] = []
+    for call in trace.llm_calls:
+        if call.error:
+            continue
+        sent = [(m.role, m.content) for m in call.messages]
+        prior = max((c for c in convs if len(c[1]) <= len(sent) and sent[:len(c[1])] == c[1]),
+                    key=lambda c: len(c[1]), default=None)
+        turns = [*sent, ("assistant", call.output)]
+        if prior is None:
+            convs.append(([call.role], turns))
+        else:
+            prior[1][:] = turns
+            if call.role not in prior[0]:
+                prior[0].append(call.role)
+    return convs
+
+
+def _base(record: Mapping[str, Any], reward: str) -> dict[str, Any]:
+    return {"id": str(record.get("id", "")), "question": str(record.get("question", "")),
+            "answers": [str(a) for a in record.get("answers") or []], "prediction": str(record.get("prediction") or ""),
+            "reward": reward_of(record, reward)}
+
+
+def chat_rows(record: Mapping[str, Any], trace: Trace, reward: str, think_weight: float) -> list[dict[str, Any]]:
+    base = _base(record, reward) | {"agent": trace.agent}
+    return [base | {"conversation": i, "roles": roles,
+                    "messages": [weighted_message(who, text, think_weight) for who, text in turns]}
+            for i, (roles, turns) in enumerate(conversations(trace))]
+
+
+def _selected(records: list[dict], reward: str, min_reward: float | None) -> Iterator[dict]:
+    for record in records:
+        if min_reward is None or reward_of(record, reward) >= min_reward:
+            yield record
+
+
+def sft_rows(records: list[dict], reward: str = "f1", min_reward: float | None = None,
+             think_weight: float = THINK_WEIGHT) -> list[dict[str, Any]]:
+    rows = []
+    for record in _selected(records, reward, min_reward):
+        if (trace := record_trace(record)) is not None:
+            rows += chat_rows(record, trace, reward, think_weight)
+    return rows
+
+
+def mygo_rows(records: list[dict], reward: str = "f1", min_reward: float | None = None,
+              think_weight: float = THINK_WEIGHT) -> list[dict[str, Any]]:
+    """sft rows of trajectories with reward >= `min_reward` (default MYGO_THRESHOLD), one per
+    (question id, normalised prediction, message contents)."""
+    threshold = MYGO_THRESHOLD if min_reward is None else min_reward
+    rows, seen = [], set()
+    for row in sft_rows(records, reward, threshold, think_weight):
+        content = json.dumps([[m["role"], m["content"]] for m in row["messages"]], ensure_ascii=False)
+        key = (row["id"], normalize_answer(row["prediction"]), hashlib.sha256(content.encode()).hexdigest())
+        if key not in seen:
+            seen.add(key)
+            rows.append(row)
+    return rows
+
+
+# -- OPERA roles -------------------------------------------------------------------------------
+def _supporting(record: Mapping[str, Any]) -> dict[str, list[str]]:
+    return {"supporting_ids": [str(x) for x in record.get("supporting_ids") or []],
+            "supporting_titles": [str(x) for x in record.get("supporting_titles") or []]}
+
+
+def _chat(call: LLMCall) -> dict[str, Any]:
+    return {"prompt": [{"role": m.role, "content": m.content} for m in call.messages],
+            "completion": [{"role": "assistant", "content": call.output}]}
+
+
+def _replies(attempts: list[tuple[int, dict]], key: str) -> list[tuple[int, str]]:
+    """(attempt index, raw reply) for every reply under `key` (analysis_raw, rewrite_raw), in run order."""
+    out = []
+    for i, (_, attempt) in enumerate(attempts):
+        raw = attempt.get(key)
+        out += [(i, text) for text in (raw if isinstance(raw, list) else [raw] if raw is not None else [])]
+    return out
+
+
+def role_rows(records: list[dict], reward: str = "f1",
+              min_reward: float | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Prompt/completion rows per OPERA role. Each LLM call is matched, in order, to the raw reply it gave
+    in a sub-goal attempt, which gives the query, the retrieved ids and the outcome of that attempt."""
+    rows: dict[str, list[dict[str, Any]]] = {role: [] for role in OPERA_ROLES}
+    for record in _selected(records, reward, min_reward):
+        trace = record_trace(record)
+        if trace is None or trace.agent != "opera":
+            continue
+        base = _base(record, reward) | _supporting(record)
+        attempts = [(i, a) for i, s in enumerate(trace.design.get("steps") or []) for a in s.get("attempts", [])]
+        subgoals = [s.get("subgoal", "") for s in trace.design.get("steps") or []]
+        replies = {key: _replies(attempts, key) for key in ("analysis_raw", "rewrite_raw")}
+        cursor = {key: 0 for key in replies}
+        for call in trace.llm_calls:
+            if call.error or call.role not in OPERA_ROLES:
+                continue
+            if call.role == "plan":
+                rows["plan"].append(base | _chat(call) | {"plan": [p.question for p in trace.plan]})
+                continue
+            key = f"{call.role}_raw"
+            at = next((n for n in range(cursor[key], len(replies[key])) if replies[key][n][1] == call.output), None)
+            if at is None:
+                continue
+            cursor[key] = at + 1
+            found = replies[key][at][0]
+            step, attempt = attempts[found]
+            hits = attempt.get("hits") or []
+            signals = {"subgoal": subgoals[step], "query": str(attempt.get("query", "")),
+                       "retrieved_ids": [str(h.get("id")) for h in hits],
+                       "retrieved_titles": [str(h.get("title")) for h in hits]}
+            if call.role == "analysis":
+                analysis = attempt.get("analysis") or {}
+                rows["analysis"].append(base | _chat(call) | signals | {
+                    "sufficient": bool(analysis.get("sufficient")), "step_answer": str(analysis.get("answer") or "")})
+            else:
+                later = attempts[found + 1][1] if found + 1 < len(attempts) and attempts[found + 1][0] == step else {}
+                rows["rewrite"].append(base | _chat(call) | signals | {
+                    "rewrite": str(attempt.get("rewrite") or ""),
+                    "next_retrieved_ids": [str(h.get("id")) for h in later.get("hits") or []]})
+    return rows
+
+
+# -- GRPO prompts --------------------------------------------------------------------------------
+def grpo_rows(records: list[dict], reward: str = "f1", min_reward: float | None = None) -> list[dict[str, Any]]:
+    """One prompt per question id; the trace (if any, even a plain run state) gives topic entities,
+    corpus and graph, the record's own fields take precedence."""
+    rows, seen = [], set()
+    for record in _selected(records, reward, min_reward):
+        qid = str(record.get("id", ""))
+        if qid in seen:
+            continue
+        seen.add(qid)
+        trace = record_trace(record, need_calls=False)
+        rows.append({"id": qid, "question": str(record.get("question", "")),
+                     "answers": [str(a) for a in record.get("answers") or []],
+                     "topic_entities": [str(e) for e in record.get("topic_entities") or
+                                        (trace.topic_entities if trace else [])],
+                     "corpus": record.get("corpus") or (trace.corpus if trace else None),
+                     "graph": record.get("graph") or (trace.graph if trace else None),
+                     "type": str(record.get("type") or ""), "hops": record.get("hops"),
+                     "prompt": [{"role": "user", "content": str(record.get("question", ""))}]}
+                    | _supporting(record))
+    return rows
+
+
+# -- writing -----------------------------------------------------------------------------------
+def _features(kind: str) -> Any:
+    d = _datasets()
+    text, num = d.Value("string"), d.Value("float64")
+    chat = d.List({"role": text, "content": text})
+    base = {"id": text, "question": text, "answers": d.List(text), "prediction": text, "reward": num}
+    if kind in ("sft", "mygo"):
+        message = {"role": text, "content": text, "weight": num, "segments": d.List({"text": text, "weight": num})}
+        return d.Features(base | {"agent": text, "conversation": d.Value("int32"), "roles": d.List(text),
+                                  "messages": d.List(message)})
+    if kind == "grpo":
+        return d.Features({"id": text, "question": text, "answers": d.List(text), "topic_entities": d.List(text),
+                           "corpus": text, "graph": text, "type": text, "hops": d.Value("int32"), "prompt": chat,
+                           "supporting_ids": d.List(text), "supporting_titles": d.List(text)})
+    role = base | {"supporting_ids": d.List(text), "supporting_titles": d.List(text), "prompt": chat,
+                   "completion": chat}
+    if kind == "plan":
+        return d.Features(role | {"plan": d.List(text)})
+    step = role | {"subgoal": text, "query": text, "retrieved_ids": d.List(text), "retrieved_titles": d.List(text)}
+    if kind == "analysis":
+        return d.Features(step | {"sufficient": d.Value("bool"), "step_answer": text})
+    return d.Features(step | {"rewrite": text, "next_retrieved_ids": d.List(text)})
+
+
+def _write_jsonl(rows: list[dict], path: Path) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def export(run: str | Path, fmt: str, out: str | Path, min_reward: float | None = None, reward: str = "f1",
+           think_weight: float = THINK_WEIGHT) -> dict[str, int]:
+    """Export a run as `fmt` into `out` (a dataset folder, or for roles a DatasetDict folder with the
+    splits plan/analysis/rewrite) plus `out/<fmt or role>.jsonl`. Returns the row count per dataset."""
+    if fmt not in FORMATS:
+        raise TraceError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+    d = _datasets()
+    records = read_records(run)
+    if reward not in REWARDS:
+        raise TraceError(f"unknown reward {reward!r}; choose one of {', '.join(REWARDS)}")
+    if fmt == "roles":
+        tables = role_rows(records, reward, min_reward)
+    elif fmt == "grpo":
+        tables = {fmt: grpo_rows(records, reward, min_reward)}
+    elif fmt == "mygo":
+        tables = {fmt: mygo_rows(records, reward, min_reward, think_weight)}
+    else:
+        tables = {fmt: sft_rows(records, reward, min_reward, think_weight)}
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    built = {name: d.Dataset.from_list(rows, features=_features(name)) for name, rows in tables.items()}
+    if fmt == "roles":
+        d.DatasetDict(built).save_to_disk(str(out))
+    else:
+        built[fmt].save_to_disk(str(out))
+    for name, rows in tables.items():
+        _write_jsonl(rows, out / f"{name}.jsonl")
+    return {name: len(rows) for name, rows in tables.items()}
+
+
+# -- tokenising ----------------------------------------------------------------------------------
+def tokenize_with_weights(tokenizer: Any, messages: list[dict[str, Any]],
+                          end_token: str | None = None) -> tuple[list[int], list[float]]:
+    """Token ids of the chat (the tokenizer's chat template over the whole conversation) and a loss weight
+    per token. Each message's content is found in the rendered text in order and its segments' weights
+    (or its `weight`) are laid over its characters; the template's own text weighs 0, except `end_token`
+    (default: the tokenizer's eos token) right after an assistant turn, which gets 1.0 so the model learns
+    to stop. A token spanning characters of several weights takes the largest. Needs a fast tokenizer
+    (offset mapping); ValueError if the template alters a message so it cannot be found."""
+    end = tokenizer.eos_token if end_token is None else end_token
+    text = tokenizer.apply_chat_template([{"role": m["role"], "content": m["content"]} for m in messages],
+                                         tokenize=False)
+    weights = [0.0] * len(text)
+    cursor = 0
+    for n, m in enumerate(messages):
+        pos = text.find(m["content"], cursor)
+        if pos < 0:
+            raise ValueError(f"message {n} ({m['role']}) is not in the templated text; the chat template alters it")
+        parts = m.get("segments") or [{"text": m["content"], "weight": m.get("weight", 0.0)}]
+        if "".join(p["text"] for p in parts) != m["content"]:
+            raise ValueError(f"message {n}: its segments do not add up to its content")
+        at = pos
+        for p in parts:
+            weights[at:at + len(p["text"])] = [float(p["weight"])] * len(p["text"])
+            at += len(p["text"])
+        cursor = pos + len(m["content"])
+        if m["role"] == "assistant" and end and text.startswith(end, cursor):
+            weights[cursor:cursor + len(end)] = [1.0] * len(end)
+            cursor += len(end)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    token_weights = [max(weights[s:e], default=0.0) for s, e in enc["offset_mapping"]]
+    return list(enc["input_ids"]), token_weights

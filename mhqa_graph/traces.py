@@ -1,0 +1,359 @@
+"""Run traces shared by every agent: the question, the plan or DAG, each sub-step with its query and
+retrieved items, tool calls, every LLM call as chat messages with the role that made it, tokens, latency
+and the answer.
+
+A `TraceRecorder` is a LangChain callback handler: pass it in `config={"callbacks": [recorder]}` and it
+sees every chat-model call (the role comes from the tags `get_llm` attaches) and tool call of the run,
+from any thread; the design-specific parts (plan, steps, retrieved ids) are read from the final state.
+
+    output, trace = run_with_trace(graph, "opera", "Where was ...?", context)
+    trace.model_dump_json()  # the `trace` field of an eval record
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import fields, is_dataclass
+from typing import Any, Literal
+from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolMessage
+from langchain_core.outputs import LLMResult
+from pydantic import BaseModel, Field
+
+from .errors import MhqaError
+
+SCHEMA_VERSION = 1
+ROLE_TAG = "mhqa:role:"
+_COMMON_KEYS = {"question", "topic_entities", "answer", "error", "messages"}
+
+
+class TraceError(MhqaError):
+    """A trace (or an eval record's `trace` field) cannot be read or lacks what is asked of it."""
+
+
+# -- schema ----------------------------------------------------------------------------------
+class ChatMessage(BaseModel):
+    role: str  # system | user | assistant | tool
+    content: str
+
+
+class LLMCall(BaseModel):
+    """One chat-model call: the input messages, the reply, and the agent role that asked."""
+
+    role: str  # plan | analysis | rewrite | answer | planner | worker | tool-agent | unknown
+    node: str | None = None  # the LangGraph node that made the call
+    messages: list[ChatMessage]
+    output: str = ""
+    error: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    start: float = 0.0  # seconds since the run started
+    latency: float = 0.0  # seconds
+
+
+class ToolCall(BaseModel):
+    name: str
+    args: dict[str, Any] | str = Field(default_factory=dict)
+    output: str = ""
+    error: str | None = None
+    node: str | None = None
+    latency: float = 0.0
+
+
+class Retrieved(BaseModel):
+    id: str  # passage id, entity name or fact line
+    score: float | None = None
+    title: str | None = None
+
+
+class PlanItem(BaseModel):
+    id: str
+    question: str
+    depends_on: list[str] = Field(default_factory=list)
+
+
+class Step(BaseModel):
+    """One retrieval step: an OPERA attempt ("2.1" = sub-goal 2, attempt 1), a Mujica sub-question,
+    the rag retrieval, or an Omne tool call."""
+
+    id: str
+    kind: str  # attempt | subquestion | retrieve | tool
+    question: str = ""  # the sub-goal or sub-question as planned
+    query: str = ""  # what was searched
+    retrieved: list[Retrieved] = Field(default_factory=list)
+    answer: str = ""
+    error: str | None = None
+
+
+class Trace(BaseModel):
+    schema_version: int = SCHEMA_VERSION
+    source: Literal["callbacks", "state"] = "callbacks"  # "state": rebuilt from a run state, no LLM calls
+    agent: str
+    question: str
+    topic_entities: list[str] = Field(default_factory=list)
+    corpus: str | None = None
+    graph: str | None = None
+    answer: str = ""
+    error: str | None = None
+    plan: list[PlanItem] = Field(default_factory=list)
+    steps: list[Step] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    llm_calls: list[LLMCall] = Field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    latency: float = 0.0  # seconds, whole run
+    design: dict[str, Any] = Field(default_factory=dict)  # the agent's own final-state fields, as JSON
+
+    def usage(self) -> dict[str, Any]:
+        """LLM calls and tokens, as the eval records count them."""
+        return {"llm_calls": len(self.llm_calls), "tokens": {
+            "input": self.input_tokens, "output": self.output_tokens, "total": self.input_tokens + self.output_tokens}}
+
+
+# -- reading final states ----------------------------------------------------------------------
+def jsonable(value: Any) -> Any:
+    """`value` as plain JSON data: messages and pydantic models become dicts, unknown objects repr()."""
+    if isinstance(value, BaseModel):
+        return jsonable(value.model_dump(exclude_none=True))
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: jsonable(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set)):
+        return [jsonable(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
+
+
+def _hits(items: list[dict]) -> list[Retrieved]:
+    return [Retrieved(id=str(h.get("id", h.get("entity", ""))), score=h.get("score"), title=h.get("title"))
+            for h in items or [] if isinstance(h, dict)]
+
+
+_CITED_STEP = re.compile(r"\[[^\[\]\d]{0,40}?(\d{1,2})[^\[\]\d]{0,40}\]")  # OPERA placeholders: [Answer1]
+
+
+def plan_and_steps(state: Mapping[str, Any]) -> tuple[list[PlanItem], list[Step], list[ToolCall]]:
+    """The plan, the retrieval steps and the tool calls a final state shows, whichever design made it."""
+    if "steps" in state and "plan" in state:  # OPERA
+        plan = [PlanItem(id=str(i), question=q, depends_on=sorted(set(_CITED_STEP.findall(q)), key=int))
+                for i, q in enumerate(state["plan"] or [], start=1)]
+        steps = [Step(id=f"{i}.{j}", kind="attempt", question=s.get("subgoal", ""), query=a.get("query", ""),
+                      retrieved=_hits(a.get("hits")), answer=(a.get("analysis") or {}).get("answer", ""),
+                      error=a.get("error"))
+                 for i, s in enumerate(state["steps"] or [], start=1) for j, a in enumerate(s.get("attempts", []), 1)]
+        return plan, steps, []
+    if "dag" in state:  # Mujica
+        plan = [PlanItem(id=q["id"], question=q["question"], depends_on=list(q.get("depends_on", [])))
+                for q in state["dag"] or []]
+        steps = [Step(id=sid, kind="subquestion", question=r.get("question", ""), query=r.get("query", ""),
+                      retrieved=_hits(r.get("retrieved")), answer=r.get("answer", ""), error=r.get("error"))
+                 for sid, r in (state.get("results") or {}).items()]
+        return plan, steps, []
+    if "tool_calls" in state:  # Omne
+        calls = [ToolCall(name=c.get("name", ""), args=c.get("args", {}), output=c.get("result_preview", ""))
+                 for c in state["tool_calls"] or []]
+        steps = [Step(id=str(i), kind="tool", query=str(next(iter(c.args.values()), "")) if isinstance(c.args, dict)
+                      else c.args, answer=c.output) for i, c in enumerate(calls, start=1)]
+        return [], steps, calls
+    if "retrieved" in state:  # rag
+        return [], [Step(id="retrieve", kind="retrieve", query=state.get("question", ""),
+                         retrieved=_hits(state["retrieved"]))], []
+    return [], [], []
+
+
+def trace_from_state(state: Mapping[str, Any], agent: str = "unknown", question: str | None = None,
+                     **settings: Any) -> Trace:
+    """A trace rebuilt from a final run state or graph output alone (e.g. an eval record's output, an old
+    `mhqa ask --trace` file): question, answer, plan, steps and tool calls, but no LLM calls. A graph
+    output has no question: pass it."""
+    if not isinstance(state, Mapping):
+        raise TraceError(f"not a run state: expected an object, got {type(state).__name__}")
+    question = state.get("question", question)
+    if not isinstance(question, str):
+        raise TraceError("not a run state: no string 'question' (pass the question of a graph output)")
+    plan, steps, tool_calls = plan_and_steps(state)
+    return Trace(source="state", agent=agent, question=question,
+                 topic_entities=list(state.get("topic_entities") or []), answer=state.get("answer") or "",
+                 error=state.get("error"), plan=plan, steps=steps, tool_calls=tool_calls,
+                 design=jsonable({k: v for k, v in state.items() if k not in _COMMON_KEYS}), **settings)
+
+
+def load_trace(value: Any, agent: str = "unknown", question: str | None = None) -> Trace:
+    """A Trace from a record's `trace` field: a dumped Trace (dict or JSON text), or a plain run state
+    or graph output (rebuilt by `trace_from_state`)."""
+    if isinstance(value, str):
+        try:
+            return Trace.model_validate_json(value)
+        except ValueError as exc:
+            raise TraceError(f"unreadable trace: {exc}") from exc
+    if isinstance(value, Mapping) and "schema_version" in value:
+        if value["schema_version"] != SCHEMA_VERSION:
+            raise TraceError(f"trace schema version {value['schema_version']}; this version reads {SCHEMA_VERSION}")
+        try:
+            return Trace.model_validate(value)
+        except ValueError as exc:
+            raise TraceError(f"malformed trace: {exc}") from exc
+    return trace_from_state(value, agent=agent, question=question)
+
+
+# -- recording ---------------------------------------------------------------------------------
+_SPEAKER = {SystemMessage: "system", HumanMessage: "user", AIMessage: "assistant", ToolMessage: "tool"}
+
+
+def chat_message(message: BaseMessage) -> ChatMessage:
+    role = next((r for cls, r in _SPEAKER.items() if isinstance(message, cls)), message.type)
+    return ChatMessage(role=role, content=message.text)
+
+
+def _role(tags: list[str] | None, metadata: dict[str, Any] | None) -> str:
+    if metadata and metadata.get("mhqa_role"):
+        return str(metadata["mhqa_role"])
+    return next((t[len(ROLE_TAG):] for t in tags or [] if t.startswith(ROLE_TAG)), "unknown")
+
+
+def _usage(response: LLMResult) -> tuple[str, int, int]:
+    """The reply text and its input/output token counts (usage metadata, else the provider's llm_output)."""
+    gen = response.generations[0][0] if response.generations and response.generations[0] else None
+    text, n_in, n_out = (gen.text if gen else ""), 0, 0
+    message = getattr(gen, "message", None)
+    if isinstance(message, AIMessage):
+        text = message.text
+        if message.usage_metadata:
+            n_in, n_out = message.usage_metadata["input_tokens"], message.usage_metadata["output_tokens"]
+    if not (n_in or n_out):
+        usage = (response.llm_output or {}).get("token_usage") or {}
+        n_in, n_out = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    return text, n_in, n_out
+
+
+class TraceRecorder(BaseCallbackHandler):
+    """Collects the LLM and tool calls of one run, from any thread; `trace(final_state)` builds the Trace.
+    Use one recorder per run."""
+
+    run_inline = True  # called in the run's own thread or event loop, so call order is kept
+
+    def __init__(self, agent: str, context: Any = None) -> None:
+        self.agent = agent
+        self.context = context
+        self.t0 = time.monotonic()
+        self.calls: list[LLMCall] = []
+        self.tools: list[ToolCall] = []
+        self.inputs: dict[str, Any] = {}
+        self.outputs: dict[str, Any] | None = None
+        self._pending: dict[UUID, tuple[LLMCall | ToolCall, float]] = {}
+        self._root: UUID | None = None
+        self._lock = threading.Lock()
+
+    # chat models
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[BaseMessage]], *, run_id: UUID,
+                            tags: list[str] | None = None, metadata: dict[str, Any] | None = None,
+                            **kwargs: Any) -> None:
+        self._start_llm(run_id, [chat_message(m) for m in messages[0]], tags, metadata)
+
+    def on_llm_start(self, serialized: dict[str, Any], prompts: list[str], *, run_id: UUID,
+                     tags: list[str] | None = None, metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        self._start_llm(run_id, [ChatMessage(role="user", content=prompts[0])], tags, metadata)
+
+    def _start_llm(self, run_id: UUID, messages: list[ChatMessage], tags: list[str] | None,
+                   metadata: dict[str, Any] | None) -> None:
+        now = time.monotonic()
+        call = LLMCall(role=_role(tags, metadata), node=(metadata or {}).get("langgraph_node"), messages=messages,
+                       start=round(now - self.t0, 6))
+        with self._lock:
+            self._pending[run_id] = (call, now)
+
+    def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
+        output, n_in, n_out = _usage(response)
+        self._finish(run_id, output=output, input_tokens=n_in, output_tokens=n_out)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._finish(run_id, error=f"{type(error).__name__}: {error}")
+
+    # tools
+    def on_tool_start(self, serialized: dict[str, Any], input_str: str, *, run_id: UUID,
+                      metadata: dict[str, Any] | None = None, inputs: dict[str, Any] | None = None,
+                      **kwargs: Any) -> None:
+        call = ToolCall(name=str((serialized or {}).get("name") or kwargs.get("name") or ""),
+                        args=jsonable(inputs) if inputs is not None else input_str,
+                        node=(metadata or {}).get("langgraph_node"))
+        with self._lock:
+            self._pending[run_id] = (call, time.monotonic())
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._finish(run_id, output=output.text if isinstance(output, BaseMessage) else str(output))
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._finish(run_id, error=f"{type(error).__name__}: {error}")
+
+    # the graph run itself: its input and final output
+    def on_chain_start(self, serialized: dict[str, Any], inputs: dict[str, Any], *, run_id: UUID,
+                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        if parent_run_id is None and self._root is None:
+            self._root, self.inputs = run_id, dict(inputs) if isinstance(inputs, Mapping) else {}
+
+    def on_chain_end(self, outputs: dict[str, Any], *, run_id: UUID, **kwargs: Any) -> None:
+        if run_id == self._root and isinstance(outputs, Mapping):
+            self.outputs = dict(outputs)
+
+    def _finish(self, run_id: UUID, **result: Any) -> None:
+        """Complete a pending call with `result` and its latency; a run this recorder did not see start is ignored."""
+        with self._lock:
+            entry = self._pending.pop(run_id, None)
+            if entry is None:
+                return
+            call, started = entry
+            for key, value in result.items():
+                setattr(call, key, value)
+            call.latency = round(time.monotonic() - started, 6)
+            (self.calls if isinstance(call, LLMCall) else self.tools).append(call)
+
+    def trace(self, final_state: Mapping[str, Any] | None = None, error: str | None = None) -> Trace:
+        """The Trace of the run; `final_state` defaults to the graph's output seen by the callbacks.
+        `error` records a failure that ended the run (e.g. InvalidQuestion) when there is no state."""
+        state = dict(final_state if final_state is not None else self.outputs or {})
+        plan, steps, state_tools = plan_and_steps(state)
+        with self._lock:
+            calls = sorted(self.calls, key=lambda c: c.start)
+            tools = list(self.tools)
+        ctx = self.context
+        get = (lambda k: ctx.get(k)) if isinstance(ctx, Mapping) else (lambda k: getattr(ctx, k, None))
+        return Trace(agent=self.agent, question=str(state.get("question") or self.inputs.get("question") or ""),
+                     topic_entities=list(state.get("topic_entities") or self.inputs.get("topic_entities") or []),
+                     corpus=get("corpus"), graph=get("graph"), answer=state.get("answer") or "",
+                     error=state.get("error") or error, plan=plan, steps=steps, tool_calls=tools or state_tools,
+                     llm_calls=calls, input_tokens=sum(c.input_tokens for c in calls),
+                     output_tokens=sum(c.output_tokens for c in calls), latency=round(time.monotonic() - self.t0, 6),
+                     design=jsonable({k: v for k, v in state.items() if k not in _COMMON_KEYS}))
+
+
+def _config(recorder: TraceRecorder, config: dict[str, Any] | None) -> dict[str, Any]:
+    config = dict(config or {})
+    config["callbacks"] = [*(config.get("callbacks") or []), recorder]
+    return config
+
+
+def _inputs(question: str, topic_entities: list[str] | None) -> dict[str, Any]:
+    return {"question": question, **({"topic_entities": topic_entities} if topic_entities else {})}
+
+
+def run_with_trace(graph: Any, agent: str, question: str, context: Any, topic_entities: list[str] | None = None,
+                   config: dict[str, Any] | None = None) -> tuple[dict[str, Any], Trace]:
+    """Run `graph` on one question; its output and its Trace. Exceptions propagate."""
+    recorder = TraceRecorder(agent, context)
+    output = graph.invoke(_inputs(question, topic_entities), context=context, config=_config(recorder, config))
+    return output, recorder.trace(output)
+
+
+async def arun_with_trace(graph: Any, agent: str, question: str, context: Any,
+                          topic_entities: list[str] | None = None,
+                          config: dict[str, Any] | None = None) -> tuple[dict[str, Any], Trace]:
+    """`run_with_trace` for asyncio."""
+    recorder = TraceRecorder(agent, context)
+    output = await graph.ainvoke(_inputs(question, topic_entities), context=context,
+                                 config=_config(recorder, config))
+    return output, recorder.trace(output)

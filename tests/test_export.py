@@ -1,0 +1,244 @@
+"""Export of eval runs to training datasets: sft chats with loss weights (round trip through
+`datasets.load_from_disk` and a chat template), OPERA role datasets, GRPO prompts, MyGO filtering and
+dedup, plain-state traces, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from mhqa_graph.graphs import build_graph
+from mhqa_graph.graphs.opera import OperaContext
+from test_traces import QUESTION, analysis, opera_roles, run_mujica, run_omne, run_opera, store  # noqa: F401
+
+from mhqa_graph.eval.scoring import score
+from mhqa_graph.export import ExtraNotInstalled, conversations, export, segments, tokenize_with_weights
+from mhqa_graph.testing.fakes import FakeChatModel
+from mhqa_graph.traces import TraceError, run_with_trace
+
+datasets = pytest.importorskip("datasets")
+transformers = pytest.importorskip("transformers")
+CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def record(qid: str, question: str, gold: list[str], output: dict, trace, **extra) -> dict:
+    em, f1 = score(output.get("answer") or "", gold)
+    return {"id": qid, "question": question, "answers": gold, "prediction": output.get("answer") or "", "em": em,
+            "f1": f1, "error": output.get("error"), "latency": 0.1, "llm_calls": len(trace.llm_calls),
+            "tokens": trace.usage()["tokens"], "type": "bridge", "hops": 2,
+            "trace": trace.model_dump(mode="json"), **extra}
+
+
+@pytest.fixture(scope="module")
+def run_dir(store, tmp_path_factory):  # noqa: F811
+    """A run of five records: OPERA right and wrong, Omne twice (identical), Mujica."""
+    gold, support = ["London"], {"supporting_ids": ["inception", "nolan"],
+                                 "supporting_titles": ["Inception", "Christopher Nolan"]}
+    opera_out, opera_trace, _ = run_opera(store)
+    wrong_out, wrong_trace, _ = run_opera(store, final="Paris")
+    omne_out, omne_trace, _ = run_omne(store)
+    mujica_out, mujica_trace = run_mujica(store)
+    records = [record("hp1", opera_trace.question, gold, opera_out, opera_trace, **support),
+               record("hp2", wrong_trace.question, gold, wrong_out, wrong_trace, **support),
+               record("wk1", omne_trace.question, gold, omne_out, omne_trace, topic_entities=["Inception"]),
+               record("wk1", omne_trace.question, gold, omne_out, omne_trace, topic_entities=["Inception"]),
+               record("mu1", mujica_trace.question, ["Paris, Berlin and Rome"], mujica_out, mujica_trace)]
+    path = tmp_path_factory.mktemp("runs") / "demo"
+    path.mkdir()
+    lines = [json.dumps(r) for r in records]
+    (path / "results.jsonl").write_text("\n".join(lines) + '\n{"id": "torn', encoding="utf-8")
+    return path
+
+
+def tiny_tokenizer(texts: list[str]):
+    """A word-level fast tokenizer trained on `texts`, with a ChatML-like template."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    specials = ["[UNK]", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(texts + ["system user assistant tool"], trainers.WordLevelTrainer(special_tokens=specials))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="<|im_end|>",
+                                                additional_special_tokens=specials[1:])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def expected_trained_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """The agent tokens: each assistant turn's own tokens and its end-of-turn token."""
+    ids = []
+    for m in messages:
+        if m["role"] == "assistant":
+            ids += tokenizer(m["content"], add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    return ids
+
+
+# -- sft -------------------------------------------------------------------------------------------
+def test_segments_split_thinking_from_actions():
+    text = "<think>look it up</think>\n<tool_call>{}</tool_call>"
+    assert segments(text) == [{"text": "<think>look it up</think>", "weight": 0.001},
+                              {"text": "\n<tool_call>{}</tool_call>", "weight": 1.0}]
+    assert segments("plain", 0.1) == [{"text": "plain", "weight": 1.0}]
+    assert segments("<think>cut off", 0.1) == [{"text": "<think>cut off", "weight": 0.1}]
+
+
+def test_conversations_chain_calls_that_extend_each_other(store):  # noqa: F811
+    _, omne_trace, _ = run_omne(store)
+    [(roles, turns)] = conversations(omne_trace)
+    assert roles == ["tool-agent"] and [t[0] for t in turns].count("assistant") == 4
+    _, opera_trace, _ = run_opera(store)
+    assert len(conversations(opera_trace)) == len(opera_trace.llm_calls) == 6  # fresh prompts each
+
+
+def test_sft_export_weights_only_agent_turns(run_dir, tmp_path):
+    assert export(run_dir, "sft", tmp_path / "sft") == {"sft": 6 + 6 + 1 + 1 + 5}
+    ds = datasets.load_from_disk(str(tmp_path / "sft"))
+    rows = [json.loads(line) for line in (tmp_path / "sft" / "sft.jsonl").read_text().splitlines()]
+    assert ds.to_list() == rows
+    omne = next(r for r in rows if r["agent"] == "omne")
+    assert omne["roles"] == ["tool-agent"] and omne["reward"] == 1.0
+    for m in omne["messages"]:
+        assert "".join(s["text"] for s in m["segments"]) == m["content"]
+        if m["role"] == "assistant":
+            assert m["weight"] == 1.0 and {s["weight"] for s in m["segments"]} <= {0.001, 1.0}
+        else:
+            assert m["weight"] == 0.0 and all(s["weight"] == 0.0 for s in m["segments"])
+    tool_results = [m for m in omne["messages"] if m["content"].startswith("<tool_response>")]
+    assert len(tool_results) == 3 and all(m["role"] == "user" for m in tool_results)
+    first_action = next(m for m in omne["messages"] if m["role"] == "assistant")
+    assert [s["weight"] for s in first_action["segments"]] == [0.001, 1.0]
+
+
+def test_round_trip_mask_marks_exactly_the_agent_tokens(run_dir, tmp_path):
+    export(run_dir, "sft", tmp_path / "sft", think_weight=0.01)
+    ds = datasets.load_from_disk(str(tmp_path / "sft"))
+    tokenizer = tiny_tokenizer([m["content"] for row in ds for m in row["messages"]])
+    for row in ds:
+        ids, weights = tokenize_with_weights(tokenizer, row["messages"])
+        assert len(ids) == len(weights) and tokenizer.unk_token_id not in ids
+        assert [i for i, w in zip(ids, weights) if w > 0] == expected_trained_ids(tokenizer, row["messages"])
+        thinking = [s["text"] for m in row["messages"] for s in m["segments"] if s["weight"] == 0.01]
+        n_think = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in thinking)
+        if row["agent"] == "omne":  # each think block ends before a newline: token boundaries match
+            assert weights.count(0.01) == n_think > 0
+            assert set(weights) == {0.0, 0.01, 1.0}
+
+
+def test_round_trip_with_a_real_chat_template(run_dir, tmp_path):
+    from mhqa_graph.models.packs import pack_path
+
+    folder = pack_path("smollm2-135m")
+    if not (folder / "tokenizer.json").is_file():
+        pytest.skip("the smollm2-135m pack is not pulled")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    export(run_dir, "sft", tmp_path / "sft")
+    row = next(r for r in datasets.load_from_disk(str(tmp_path / "sft")) if r["agent"] == "omne")
+    ids, weights = tokenize_with_weights(tokenizer, row["messages"])
+    trained = tokenizer.decode([i for i, w in zip(ids, weights) if w == 1.0])
+    assert trained.count("<tool_call>") == 3 and "<answer>London</answer>" in trained
+    assert "<tool_response>" not in trained and "You are" not in trained
+    assert trained.count(tokenizer.eos_token) == 4
+    thought = tokenizer.decode([i for i, w in zip(ids, weights) if 0 < w < 1])
+    assert "Find the film." in thought and "<tool_call>" not in thought
+
+
+def test_min_reward_filters_trajectories(run_dir, tmp_path):
+    counts = export(run_dir, "sft", tmp_path / "sft", min_reward=1.0, reward="em")
+    assert counts == {"sft": 6 + 1 + 1 + 5}  # the wrong OPERA run is out
+    assert {r["id"] for r in datasets.load_from_disk(str(tmp_path / "sft"))} == {"hp1", "wk1", "mu1"}
+
+
+# -- mygo ------------------------------------------------------------------------------------------
+def test_mygo_keeps_good_trajectories_once(run_dir, tmp_path):
+    assert export(run_dir, "mygo", tmp_path / "mygo") == {"mygo": 6 + 1 + 5}  # default threshold 1.0, wk1 once
+    rows = datasets.load_from_disk(str(tmp_path / "mygo")).to_list()
+    assert sorted({r["id"] for r in rows}) == ["hp1", "mu1", "wk1"] and all(r["reward"] >= 1.0 for r in rows)
+    assert export(run_dir, "mygo", tmp_path / "all", min_reward=0.0) == {"mygo": 6 + 6 + 1 + 5}
+
+
+# -- roles -----------------------------------------------------------------------------------------
+def test_roles_export_pairs_each_call_with_its_signals(run_dir, tmp_path):
+    assert export(run_dir, "roles", tmp_path / "roles") == {"plan": 2, "analysis": 6, "rewrite": 2}
+    dd = datasets.load_from_disk(str(tmp_path / "roles"))
+    assert set(dd) == {"plan", "analysis", "rewrite"}
+    plan = dd["plan"][0]
+    assert plan["plan"] == ["Who directed Inception?", "Where was [Answer1] born?"]
+    assert [m["role"] for m in plan["prompt"]] == ["system", "user"] and plan["completion"][0]["role"] == "assistant"
+    assert plan["answers"] == ["London"] and plan["supporting_ids"] == ["inception", "nolan"]
+    analysis = [r for r in dd["analysis"] if r["id"] == "hp1"]
+    assert [r["sufficient"] for r in analysis] == [False, True, True]
+    assert [r["query"] for r in analysis] == ["Who directed Inception?", "Inception film director",
+                                              "Where was Christopher Nolan born?"]
+    assert analysis[2]["step_answer"] == "London" and "nolan" in analysis[2]["retrieved_ids"]
+    assert analysis[0]["subgoal"] == "Who directed Inception?"
+    rewrite = dd["rewrite"][0]
+    assert rewrite["query"] == "Who directed Inception?" and rewrite["rewrite"] == "Inception film director"
+    assert rewrite["next_retrieved_ids"] and rewrite["retrieved_ids"]
+    assert rewrite["completion"][0]["content"] == '{"query": "Inception film director"}'
+    assert {r["reward"] for r in dd["plan"]} == {0.0, 1.0}
+    assert (tmp_path / "roles" / "rewrite.jsonl").is_file()
+
+
+# -- grpo ------------------------------------------------------------------------------------------
+def test_grpo_prompts_one_per_question_even_from_plain_states(run_dir, tmp_path):
+    lines = (run_dir / "results.jsonl").read_text().splitlines()[:-1]
+    plain = json.loads(lines[0]) | {"id": "old1", "trace": {"answer": "London", "plan": ["a"], "steps": []}}
+    (tmp_path / "results.jsonl").write_text("\n".join([*lines, json.dumps(plain)]) + "\n")
+    assert export(tmp_path, "grpo", tmp_path / "grpo") == {"grpo": 5}
+    rows = {r["id"]: r for r in datasets.load_from_disk(str(tmp_path / "grpo"))}
+    assert set(rows) == {"hp1", "hp2", "wk1", "mu1", "old1"}
+    assert rows["wk1"]["topic_entities"] == ["Inception"] and rows["wk1"]["graph"] == "films"
+    assert rows["hp1"]["corpus"] == "wiki" and rows["hp1"]["answers"] == ["London"] and rows["hp1"]["hops"] == 2
+    assert rows["hp1"]["prompt"] == [{"role": "user", "content": rows["hp1"]["question"]}]
+    assert rows["old1"]["corpus"] is None
+    with pytest.raises(TraceError, match="plain run state"):
+        export(tmp_path, "sft", tmp_path / "sft")
+
+
+# -- errors and the CLI ------------------------------------------------------------------------------
+def test_bad_inputs_are_typed_errors(run_dir, tmp_path, monkeypatch):
+    with pytest.raises(TraceError, match="unknown format"):
+        export(run_dir, "dpo", tmp_path / "x")
+    with pytest.raises(TraceError, match="unknown reward"):
+        export(run_dir, "sft", tmp_path / "x", reward="bleu")
+    with pytest.raises(TraceError, match="no results file"):
+        export(tmp_path / "nowhere", "sft", tmp_path / "x")
+    (tmp_path / "bad.jsonl").write_text('not json\n{"id": "a"}\n')
+    with pytest.raises(TraceError, match="bad.jsonl:1"):
+        export(tmp_path / "bad.jsonl", "sft", tmp_path / "x")
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(ExtraNotInstalled, match=r"pip install 'mhqa-graph\[train\]'"):
+        export(run_dir, "sft", tmp_path / "x")
+
+
+def test_template_that_rewrites_messages_is_refused():
+    tokenizer = tiny_tokenizer(["hello there"])
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] | upper }}{% endfor %}"
+    with pytest.raises(ValueError, match="chat template alters it"):
+        tokenize_with_weights(tokenizer, [{"role": "user", "content": "hello there"}])
+
+
+def test_cli_export(run_dir, tmp_path):
+    cmd = [sys.executable, "-m", "mhqa_graph.cli", "export", str(run_dir), "--out", str(tmp_path / "m")]
+    done = subprocess.run([*cmd, "--format", "mygo", "--min-reward", "0.5"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "mygo: 12 rows" in done.stdout and (tmp_path / "m" / "mygo.jsonl").is_file()
+    bad = subprocess.run([*cmd, "--format", "dpo"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "TraceError: unknown format" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_roles_match_identical_replies_to_their_own_attempts(store, tmp_path):  # noqa: F811
+    roles = opera_roles()
+    no = analysis("", False)
+    roles["analysis"] = FakeChatModel(responses=[no, no, analysis("Christopher Nolan"), analysis("London")])
+    ctx = OperaContext(llm=FakeChatModel(responses=["x"]), role_llms=roles, store=store, corpus="wiki")
+    out, trace = run_with_trace(build_graph("opera"), "opera", QUESTION, ctx)
+    (tmp_path / "results.jsonl").write_text(json.dumps(record("q", QUESTION, ["London"], out, trace)) + "\n")
+    export(tmp_path, "roles", tmp_path / "roles")
+    rows = datasets.load_from_disk(str(tmp_path / "roles"))["analysis"]
+    assert [r["query"] for r in rows][:3] == ["Who directed Inception?", "Inception film director",
+                                              "Inception film director"]
+    assert [r["sufficient"] for r in rows] == [False, False, True, True]
