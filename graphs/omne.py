@@ -39,7 +39,7 @@ from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import MhqaError, ModelError
-from mhqa_graph.parsing import extract_json, extract_tag
+from mhqa_graph.parsing import close_json, extract_json, extract_tag
 from mhqa_graph.tools import entity_matcher_tool, node_info_tool
 
 from . import omne_prompts as P
@@ -96,35 +96,6 @@ class OmneState(TypedDict):
 
 
 # -- the text protocol -------------------------------------------------------------------
-def _close_json(text: str) -> str:
-    """The JSON value starting at the first bracket of `text`, with missing closing quotes and
-    brackets appended (small models stop early)."""
-    start = next((i for i, ch in enumerate(text) if ch in "{["), None)
-    if start is None:
-        return text
-    stack: list[str] = []
-    in_string = escaped = False
-    for i in range(start, len(text)):
-        ch = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            stack.append("}" if ch == "{" else "]")
-        elif ch in "}]":
-            if not stack or stack.pop() != ch:
-                return text[start:]
-            if not stack:
-                return text[start:i + 1]
-    return text[start:] + ('"' if in_string else "") + "".join(reversed(stack))
-
-
 def _read_call(value: Any) -> dict:
     """{"name", "args", "error"} from one parsed call, accepting the usual variants: "args" or
     "parameters" for "arguments", arguments as a JSON string, OpenAI's {"function": {...}},
@@ -160,7 +131,7 @@ def parse_reply(text: str) -> Reply:
     body = _STRAY_THINK.sub("", _CLOSED_THINK.sub("", text))
     calls: list[dict] = []
     for block in _TOOL_CALL.findall(body):
-        value = extract_json(_close_json(block), (dict, list))
+        value = extract_json(close_json(block), (dict, list))
         if value is None:
             read = [{"name": "", "args": {}, "error": "the tool call is not valid JSON"}]
         else:

@@ -27,8 +27,10 @@ def extract_tag(text: str, tag: str) -> str | None:
     return found[-1].strip() if found else None
 
 
-def _balanced(text: str, start: int) -> str | None:
-    """The bracketed span starting at `start`, respecting strings; None if it never closes."""
+def _scan(text: str, start: int) -> tuple[int | None, list[str], bool]:
+    """Walk the bracketed value starting at `start`, respecting strings. Returns (index of the
+    closing bracket or None, closers still open, inside a string); a mismatched bracket gives
+    (None, [], False)."""
     pairs = {"{": "}", "[": "]"}
     stack: list[str] = []
     in_string = escaped = False
@@ -47,10 +49,28 @@ def _balanced(text: str, start: int) -> str | None:
             stack.append(pairs[ch])
         elif ch in "}]":
             if not stack or stack.pop() != ch:
-                return None
+                return None, [], False
             if not stack:
-                return text[start:i + 1]
-    return None
+                return i, [], False
+    return None, stack, in_string
+
+
+def _balanced(text: str, start: int) -> str | None:
+    """The bracketed span starting at `start`; None if it never closes."""
+    end, _, _ = _scan(text, start)
+    return text[start:end + 1] if end is not None else None
+
+
+def close_json(text: str) -> str:
+    """The JSON value starting at the first bracket of `text`, with the closing quote and brackets
+    a truncated reply is missing appended (small models stop early)."""
+    start = next((i for i, ch in enumerate(text) if ch in "{["), None)
+    if start is None:
+        return text
+    end, stack, in_string = _scan(text, start)
+    if end is not None:
+        return text[start:end + 1]
+    return text[start:] + ('"' if in_string else "") + "".join(reversed(stack))
 
 
 def _loads(candidate: str) -> Any:

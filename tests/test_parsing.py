@@ -1,0 +1,42 @@
+"""Tolerant parsing of small-model output."""
+
+import pytest
+
+from mhqa_graph.parsing import close_json, extract_json, extract_tag, strip_think, think_text
+
+
+@pytest.mark.parametrize("text, want", [
+    ('{"a": 1}', {"a": 1}),
+    ('Sure! Here it is:\n```json\n{"a": [1, 2]}\n```\nDone.', {"a": [1, 2]}),
+    ("prose {'a': 'single quotes'} more", {"a": "single quotes"}),
+    ('{"a": 1,}', {"a": 1}),
+    ('<think>{"not": "this"}</think>{"a": 2}', {"a": 2}),
+    ('{"a": "text with } brace", "b": [1]}', {"a": "text with } brace", "b": [1]}),
+])
+def test_extract_json(text, want):
+    assert extract_json(text) == want
+
+
+@pytest.mark.parametrize("text", ["", "no json here", "{broken: ", "}{", '{"a": 1] junk'])
+def test_extract_json_gives_none(text):
+    assert extract_json(text, dict) is None or isinstance(extract_json(text, dict), dict)
+    assert extract_json(text, list) is None or isinstance(extract_json(text, list), list)
+
+
+def test_truncated_json_is_not_guessed():
+    """A reply cut off mid-value may be incomplete: callers ask again (or close it on purpose)."""
+    assert extract_json('{"subgoals": ["one", "tw', dict) is None
+
+
+def test_close_json():
+    assert close_json('x {"a": {"b": "c') == '{"a": {"b": "c"}}'
+    assert close_json('{"a": 1} tail') == '{"a": 1}'
+    assert close_json("no brackets") == "no brackets"
+
+
+def test_tags_and_think():
+    assert extract_tag("<answer>Paris</answer> <answer>Lyon", "answer") == "Lyon"
+    assert extract_tag("nothing", "answer") is None
+    assert strip_think("<think>hmm</think> Paris") == "Paris"
+    assert strip_think("<think>never closed") == ""
+    assert think_text("<think>a</think>x<think>b</think>") == "a\nb"
