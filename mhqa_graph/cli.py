@@ -90,12 +90,8 @@ def ingest_triples_cmd(
 ) -> None:
     """Add triples from a file to a graph."""
     from .ingest.files import read_triples_file
-    from .ingest.runner import ingest
 
-    with open_store(store) as st, _progress(f"ingest {file.name}") as tick:
-        report = ingest(st, graph=graph, triples=read_triples_file(file, yield_errors=True),
-                        skip_bad=skip_bad, progress=tick)
-    _report(report)
+    _ingest_file(store, file, skip_bad, graph=graph, triples=read_triples_file(file, yield_errors=True))
 
 
 @ingest_app.command("passages")
@@ -107,11 +103,15 @@ def ingest_passages_cmd(
 ) -> None:
     """Add passages from a JSONL file to a corpus."""
     from .ingest.files import read_passages_file
+
+    _ingest_file(store, file, skip_bad, corpus=corpus, passages=read_passages_file(file, yield_errors=True))
+
+
+def _ingest_file(store: str | None, file: Path, skip_bad: bool, **items: Any) -> None:
     from .ingest.runner import ingest
 
     with open_store(store) as st, _progress(f"ingest {file.name}") as tick:
-        report = ingest(st, corpus=corpus, passages=read_passages_file(file, yield_errors=True),
-                        skip_bad=skip_bad, progress=tick)
+        report = ingest(st, skip_bad=skip_bad, progress=tick, **items)
     _report(report)
 
 
