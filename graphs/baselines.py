@@ -22,7 +22,7 @@ from typing_extensions import TypedDict
 
 from mhqa_graph.errors import MhqaError, ModelError
 from mhqa_graph.parsing import extract_tag
-from mhqa_graph.tools import format_passages, node_info_tool
+from mhqa_graph.tools import cap_text, format_passages, node_info_tool
 
 from . import baselines_prompts as P
 from .common import AgentContext, QAInput, QAOutput, ask, check_question, clean_answer, context_as, get_llm, get_store
@@ -95,7 +95,7 @@ def _kg_facts(ctx: BaselineContext, question: str, topic_entities: list[str]) ->
     retrieved = [{"graph": g, "entity": name, "score": score} for (g, name), score in top]
     node_info = node_info_tool(store, graphs)
     blocks = [node_info.invoke({"entity": r["entity"], "graph_type": r["graph"]}) for r in retrieved]
-    return retrieved, "\n\n".join(blocks) or "No matching entities."
+    return retrieved, cap_text("\n\n".join(blocks)) or "No matching entities."
 
 
 def retrieve(state: RagState, runtime: Runtime[BaselineContext]) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import unicodedata
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import (
     TypeVar,
 )
 
+from langchain_core.exceptions import ModelAPIError, ModelConnectionError, ModelRateLimitError, ModelTimeoutError
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable
@@ -23,6 +25,8 @@ from mhqa_graph.store import KnowledgeStore, open_store
 
 MAX_QUESTION_CHARS = 4000
 MAX_ANSWER_CHARS = 500
+MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
+MAX_BACKOFF = 30.0  # seconds, longest wait between two model call attempts
 
 
 class QAInput(TypedDict):
@@ -52,6 +56,8 @@ class AgentContext:
     max_new_tokens: int = 384
     think: bool = True  # ask for reasoning before each action
     parse_retries: int = 1  # repair attempts after malformed structured output
+    model_retries: int = 2  # retries of a model call that timed out or met a connection error / HTTP 5xx
+    retry_backoff: float = 0.5  # seconds before the first retry; doubles each time, plus up to as much jitter
 
 
 C = TypeVar("C", bound=AgentContext)
@@ -89,7 +95,8 @@ _lock = threading.Lock()
 
 def get_llm(ctx: AgentContext, role: str) -> Runnable:
     """The chat model for `role`: `role_llms[role]` if set, else `llm`; tagged with the role (run name,
-    tag `mhqa:role:<role>`, metadata `mhqa_role`) so callbacks such as the trace recorder can see it."""
+    tag `mhqa:role:<role>`, metadata `mhqa_role`) so callbacks such as the trace recorder can see it, and
+    retried `ctx.model_retries` times with exponential backoff and jitter on transient failures."""
     spec = ctx.role_llms.get(role, ctx.llm)
     if isinstance(spec, BaseChatModel):
         model = spec
@@ -106,7 +113,11 @@ def get_llm(ctx: AgentContext, role: str) -> Runnable:
                 kwargs = {} if str(spec).startswith("fake") else {"max_new_tokens": ctx.max_new_tokens}
                 _models[key] = load_chat_model(str(spec), **kwargs)
             model = _models[key]
-    return model.with_config(run_name=role, tags=[f"mhqa:role:{role}"], metadata={"mhqa_role": role})
+    backoff = max(0.0, float(ctx.retry_backoff))
+    retrying = model.with_retry(retry_if_exception_type=is_transient, stop_after_attempt=max(0, ctx.model_retries) + 1,
+                                wait_exponential_jitter=True,
+                                exponential_jitter_params={"initial": backoff, "jitter": backoff, "max": MAX_BACKOFF})
+    return retrying.with_config(run_name=role, tags=[f"mhqa:role:{role}"], metadata={"mhqa_role": role})
 
 
 def get_store(ctx: AgentContext) -> KnowledgeStore:
@@ -123,14 +134,33 @@ def get_store(ctx: AgentContext) -> KnowledgeStore:
 
 
 # -- model calls ---------------------------------------------------------------------
-def ask(llm: BaseChatModel, messages: list[BaseMessage]) -> str:
-    """The model's reply text; a failing call becomes a ModelError."""
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed model call is worth retrying: a timeout, a connection error, HTTP 5xx, 408 or 429.
+    Bad requests, refused credentials and errors of a local model are not."""
+    if isinstance(exc, (TimeoutError, ConnectionError, ModelTimeoutError, ModelConnectionError, ModelAPIError,
+                        ModelRateLimitError)):  # the last four: LangChain's provider-neutral classes
+        return True
+    httpx, openai = sys.modules.get("httpx"), sys.modules.get("openai")  # not imported: not their errors
+    if httpx is not None and isinstance(exc, httpx.TransportError):
+        return True
+    if openai is not None and isinstance(exc, openai.APIConnectionError):  # APITimeoutError included
+        return True
+    status = getattr(exc, "status_code", None)  # openai.APIStatusError and other HTTP clients' errors
+    return isinstance(status, int) and (status >= 500 or status in (408, 429))
+
+
+def ask(llm: Runnable, messages: list[BaseMessage]) -> str:
+    """The model's reply text; a failing call (after the retries `get_llm` set up) becomes a ModelError."""
     try:
         reply = llm.invoke(messages)
     except MhqaError:
         raise
     except Exception as exc:  # providers raise anything: timeouts, HTTP errors, CUDA errors
-        raise ModelError(f"model call failed: {type(exc).__name__}: {exc}") from exc
+        detail = f"{type(exc).__name__}: {str(exc)[:MAX_ERROR_CHARS]}"
+        if is_transient(exc):
+            attempts = getattr(llm, "max_attempt_number", 1)  # get_llm's RunnableRetry, through the role binding
+            raise ModelError(f"model call failed after {attempts} attempt{'s' * (attempts != 1)}: {detail}") from exc
+        raise ModelError(f"model call failed: {detail}") from exc
     return reply.text if isinstance(reply, AIMessage) else str(reply.content)
 
 
@@ -143,7 +173,7 @@ class Parsed:
     raw: list[str] = field(default_factory=list)
 
 
-def ask_json(llm: BaseChatModel, messages: list[BaseMessage], validate: Callable[[Any], Any],
+def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any], Any],
              retries: int = 1, want: type | tuple[type, ...] = (dict, list)) -> Parsed:
     """Ask for JSON, parse it tolerantly and `validate` it (return the cleaned value or raise
     ValueError). On failure, show the model its reply and the problem, `retries` times at most."""
@@ -166,7 +196,8 @@ def ask_json(llm: BaseChatModel, messages: list[BaseMessage], validate: Callable
 
 
 def clean_answer(text: str) -> str:
-    """A final answer: no think block, no 'Answer:' prefix, one line, length-capped."""
+    """A final answer: no think block, no control characters, no 'Answer:' prefix, one line, length-capped."""
+    text = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) != "Cc")
     text = strip_think(text).strip()
     for prefix in ("final answer:", "answer:"):
         if text.lower().startswith(prefix):

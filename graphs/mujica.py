@@ -28,7 +28,7 @@ from typing_extensions import TypedDict
 
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
 from mhqa_graph.parsing import strip_think, think_text
-from mhqa_graph.tools import MAX_PASSAGE_CHARS
+from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text
 
 from .common import (
     AgentContext,
@@ -375,7 +375,7 @@ def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
     except MhqaError as exc:  # an unknown corpus or graph, a store that is down: answer without contexts
         record["error"] = f"{type(exc).__name__}: {exc}"
     record["retrieved"] = [{"id": c.id, "score": c.score} for c in contexts]
-    listing = "\n".join(f"[{i}] {c.text}" for i, c in enumerate(contexts, start=1)) or P.NO_CONTEXTS
+    listing = cap_text("\n".join(f"[{i}] {c.text}" for i, c in enumerate(contexts, start=1))) or P.NO_CONTEXTS
     messages = [SystemMessage(P.WORKER_SYSTEM), HumanMessage(P.WORKER_USER.format(
         question=sub["query"], contexts=listing, think=P.THINK_FIRST if ctx.think else P.NO_THINK))]
     try:

@@ -9,6 +9,8 @@ from typing import Any
 _FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL | re.IGNORECASE)
 _TRAILING_COMMA = re.compile(r",\s*([}\]])")
+MAX_JSON_CHARS = 20_000  # a reply longer than this is not a JSON answer worth scanning
+MAX_STARTS = 32  # brackets tried as the start of a JSON value: bounds the scan to linear time
 
 
 def strip_think(text: str) -> str:
@@ -77,7 +79,7 @@ def _loads(candidate: str) -> Any:
     for attempt in (candidate, _TRAILING_COMMA.sub(r"\1", candidate)):
         try:
             return json.loads(attempt)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
     try:  # single-quoted pseudo-JSON, as small models often write
         import ast
@@ -90,15 +92,14 @@ def _loads(candidate: str) -> Any:
 def extract_json(text: str, want: type | tuple[type, ...] = (dict, list)) -> Any | None:
     """The first JSON value of type `want` in `text`: fenced blocks first, then any balanced
     {...} or [...] span. None when there is none."""
-    text = strip_think(text)
+    text = strip_think(text)[:MAX_JSON_CHARS]
     candidates = [m.strip() for m in _FENCE.findall(text)] + [text.strip()]
     for chunk in candidates:
         value = _loads(chunk)
         if isinstance(value, want):
             return value
-        for i, ch in enumerate(chunk):
-            if ch in "{[":
-                span = _balanced(chunk, i)
-                if span is not None and isinstance(value := _loads(span), want):
-                    return value
+        for i in [i for i, ch in enumerate(chunk) if ch in "{["][:MAX_STARTS]:
+            span = _balanced(chunk, i)
+            if span is not None and isinstance(value := _loads(span), want):
+                return value
     return None

@@ -11,13 +11,23 @@ from .types import SearchMode
 
 MAX_FACTS = 40
 MAX_PASSAGE_CHARS = 1200
+MAX_CONTEXT_CHARS = 8000  # retrieved text shown to a model in one step
+TRUNCATED = "[truncated]"
 
 
-def format_passages(hits: list, max_chars: int = MAX_PASSAGE_CHARS) -> str:
-    """Numbered passages as the agents show them to a model."""
+def cap_text(text: str, limit: int = MAX_CONTEXT_CHARS) -> str:
+    """`text` cut to at most `limit` characters (limit > 12), ending in a "[truncated]" line if it was cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit - len(TRUNCATED) - 1].rstrip() + "\n" + TRUNCATED
+
+
+def format_passages(hits: list, max_chars: int = MAX_PASSAGE_CHARS, max_total: int = MAX_CONTEXT_CHARS) -> str:
+    """Numbered passages as the agents show them to a model: each cut to `max_chars`, all to `max_total`."""
     if not hits:
         return "No passages found."
-    return "\n\n".join(f"[{i}] {h.title}: {h.text[:max_chars]}" for i, h in enumerate(hits, start=1))
+    return cap_text("\n\n".join(f"[{i}] {h.title}: {h.text[:max_chars]}" for i, h in enumerate(hits, start=1)),
+                    max_total)
 
 
 def _pick_graph(graph_type: str | None, graphs: list[str]) -> str:
@@ -49,7 +59,7 @@ def entity_matcher_tool(store: KnowledgeStore, graphs: list[str], k: int = 5) ->
             hits = store.match_entities(_pick_graph(graph_type, graphs), str(query), k=k)
         except MhqaError as exc:
             return f"Error: {exc}"
-        return "\n".join(f"{h.name}" for h in hits) if hits else "No matching entities."
+        return cap_text("\n".join(f"{h.name}" for h in hits)) if hits else "No matching entities."
 
     return StructuredTool.from_function(entity_matcher)
 
@@ -65,7 +75,7 @@ def node_info_tool(store: KnowledgeStore, graphs: list[str], max_facts: int = MA
         lines = info.as_text().splitlines()
         if len(lines) - 1 > max_facts:
             lines = lines[:max_facts + 1] + [f"... {len(lines) - 1 - max_facts} more facts"]
-        return "\n".join(lines)
+        return cap_text("\n".join(lines))
 
     return StructuredTool.from_function(node_info)
 

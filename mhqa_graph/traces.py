@@ -52,6 +52,7 @@ class LLMCall(BaseModel):
     error: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    truncated_tokens: int = 0  # prompt tokens the model cut to fit its context window
     start: float = 0.0  # seconds since the run started
     latency: float = 0.0  # seconds
 
@@ -216,19 +217,20 @@ def _role(tags: list[str] | None, metadata: dict[str, Any] | None) -> str:
     return next((t[len(ROLE_TAG):] for t in tags or [] if t.startswith(ROLE_TAG)), "unknown")
 
 
-def _usage(response: LLMResult) -> tuple[str, int, int]:
-    """The reply text and its input/output token counts (usage metadata, else the provider's llm_output)."""
+def _usage(response: LLMResult) -> tuple[str, int, int, int]:
+    """The reply text, its input/output token counts (usage metadata, else the provider's llm_output) and
+    the prompt tokens cut to fit the context window."""
     gen = response.generations[0][0] if response.generations and response.generations[0] else None
-    text, n_in, n_out = (gen.text if gen else ""), 0, 0
+    text, n_in, n_out, cut = (gen.text if gen else ""), 0, 0, 0
     message = getattr(gen, "message", None)
     if isinstance(message, AIMessage):
-        text = message.text
+        text, cut = message.text, int(message.response_metadata.get("truncated_tokens") or 0)
         if message.usage_metadata:
             n_in, n_out = message.usage_metadata["input_tokens"], message.usage_metadata["output_tokens"]
     if not (n_in or n_out):
         usage = (response.llm_output or {}).get("token_usage") or {}
         n_in, n_out = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    return text, n_in, n_out
+    return text, n_in, n_out, cut
 
 
 class TraceRecorder(BaseCallbackHandler):
@@ -268,8 +270,8 @@ class TraceRecorder(BaseCallbackHandler):
             self._pending[run_id] = (call, now)
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
-        output, n_in, n_out = _usage(response)
-        self._finish(run_id, output=output, input_tokens=n_in, output_tokens=n_out)
+        output, n_in, n_out, cut = _usage(response)
+        self._finish(run_id, output=output, input_tokens=n_in, output_tokens=n_out, truncated_tokens=cut)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._finish(run_id, error=f"{type(error).__name__}: {error}")

@@ -262,8 +262,9 @@ def test_provider_exception_in_forced_answer_is_a_model_error(store):
             raise TimeoutError("read timed out")
         return call("entity_matcher", query="Inception")
 
-    out = graph.invoke({"question": Q}, context=ctx(FakeChatModel(respond=respond), store, max_rounds=1))
-    assert out["error"] == "ModelError: model call failed: TimeoutError: read timed out"
+    out = graph.invoke({"question": Q}, context=ctx(FakeChatModel(respond=respond), store, max_rounds=1,
+                                                    retry_backoff=0.0))
+    assert out["error"] == "ModelError: model call failed after 3 attempts: TimeoutError: read timed out"
 
 
 @pytest.mark.parametrize("question", ["", "   \n", 42, None])

@@ -15,6 +15,23 @@ from pydantic import PrivateAttr
 from ..errors import ModelError, ModelNotInstalled
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
+CUT_MARKER = "\n[...]\n"  # stands where a prompt too long for the context window was cut
+
+
+def fit_prompt(ids: list[int], budget: int, keep_head: int = 0,
+               marker: list[int] | None = None) -> tuple[list[int], int]:
+    """`ids` cut to at most `budget` tokens: the first `keep_head` (the system prompt; at most half the
+    budget), then `marker`, then the newest tokens. Returns the ids and how many tokens were dropped."""
+    if budget < 1:
+        raise ValueError(f"a prompt budget of {budget} tokens leaves no room for the prompt")
+    if len(ids) <= budget:
+        return list(ids), 0
+    head = min(keep_head, budget // 2)
+    marker = list(marker or [])
+    if budget - head - len(marker) < 1:
+        marker = []
+    tail = budget - head - len(marker)
+    return list(ids[:head]) + marker + list(ids[len(ids) - tail:]), len(ids) - head - tail
 
 
 class TransformersChatModel(BaseChatModel):
@@ -26,6 +43,7 @@ class TransformersChatModel(BaseChatModel):
     temperature: float = 0.0  # 0 = greedy
     stop: list[str] | None = None
     dtype: str = "float32"  # stored bf16; float32 matmuls run ~2x faster on most CPUs
+    context_window: int = 0  # tokens of prompt + reply; 0 = from the model config
 
     _model: Any = PrivateAttr(default=None)
     _tokenizer: Any = PrivateAttr(default=None)
@@ -38,7 +56,7 @@ class TransformersChatModel(BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self._name, "model_path": self.model_path, "max_new_tokens": self.max_new_tokens,
-                "temperature": self.temperature, "dtype": self.dtype}
+                "temperature": self.temperature, "dtype": self.dtype, "context_window": self.context_window}
 
     @property
     def _name(self) -> str:
@@ -59,6 +77,33 @@ class TransformersChatModel(BaseChatModel):
             raise ModelError(f"cannot load chat model {self.model_path!r}: {exc}") from exc
         self._model = model.eval()
 
+    def _window(self) -> int | None:
+        """The context window: `context_window`, else the smaller of the model's position limit and the
+        tokenizer's max length (when set; an unset one is a huge placeholder); None if unknown."""
+        if self.context_window > 0:
+            return self.context_window
+        sizes = [getattr(self._model.config, "max_position_embeddings", None), self._tokenizer.model_max_length]
+        sizes = [n for n in sizes if isinstance(n, int) and 0 < n < 10**7]
+        return min(sizes) if sizes else None
+
+    def _prompt_ids(self, chat: list[dict[str, str]], max_new: int) -> tuple[list[int], int]:
+        """The templated prompt, cut to the context window minus `max_new`: the system message and the
+        end of the conversation stay, the oldest tokens after the system message go. Also returns how
+        many tokens were cut."""
+        tok = self._tokenizer
+        ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"]
+        window = self._window()
+        if window is None or len(ids) + max_new <= window:
+            return ids, 0
+        if window - max_new < 1:
+            raise ModelError(f"max_new_tokens={max_new} leaves no room for a prompt in the {window}-token "
+                             f"context window of {self._name}")
+        head = 0
+        if chat and chat[0]["role"] == "system":
+            system = tok.apply_chat_template(chat[:1], return_dict=True)["input_ids"]
+            head = len(system) if ids[:len(system)] == system else 0
+        return fit_prompt(ids, window - max_new, head, tok.encode(CUT_MARKER, add_special_tokens=False))
+
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         import torch
@@ -71,14 +116,16 @@ class TransformersChatModel(BaseChatModel):
             if self._model is None:
                 self._load()
             tok = self._tokenizer
-            inputs = tok.apply_chat_template(chat, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+            ids, cut = self._prompt_ids(chat, max_new)
+            input_ids = torch.tensor([ids])
+            inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
             sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
             pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
             with torch.inference_mode():
                 out = self._model.generate(**inputs, max_new_tokens=max_new, pad_token_id=pad,
                                            stop_strings=stops or None, tokenizer=tok, **sampling)
             eos = self._model.generation_config.eos_token_id
-        n_in = inputs["input_ids"].shape[1]
+        n_in = len(ids)
         new = out[0, n_in:].tolist()
         text = tok.decode(new, skip_special_tokens=True)
         eos_ids = set(eos) if isinstance(eos, list) else {eos}
@@ -89,6 +136,6 @@ class TransformersChatModel(BaseChatModel):
         message = AIMessage(
             content=text,
             usage_metadata={"input_tokens": n_in, "output_tokens": len(new), "total_tokens": n_in + len(new)},
-            response_metadata={"model_name": self._name, "finish_reason": finish},
+            response_metadata={"model_name": self._name, "finish_reason": finish, "truncated_tokens": cut},
         )
         return ChatResult(generations=[ChatGeneration(message=message)])

@@ -19,6 +19,7 @@ from ..errors import ModelError, ModelNotInstalled
 from .packs import PACKS, pack_installed, pack_path
 
 CHAT_PREFERENCE = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m")
+REQUEST_TIMEOUT_S = 60.0  # per HTTP request to an openai-compatible server
 
 
 def best_installed_chat_pack() -> str | None:
@@ -68,6 +69,10 @@ def _openai(rest: str, **kwargs: Any) -> BaseChatModel:
     except ImportError:
         raise ModelNotInstalled("openai-compatible servers need langchain-openai; "
                                 "pip install 'mhqa-graph[openai]'") from None
+    if "max_new_tokens" in kwargs:  # the local models' name for it
+        kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
+    kwargs.setdefault("timeout", REQUEST_TIMEOUT_S)
+    kwargs.setdefault("max_retries", 0)  # get_llm retries transient failures itself, with backoff
     return ChatOpenAI(base_url=base_url, model=model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), **kwargs)
 
 

@@ -3,6 +3,7 @@ the public methods validate arguments once, here, so every backend behaves alike
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -15,12 +16,18 @@ if TYPE_CHECKING:
 
 MAX_K = 1000
 MAX_QUERY_CHARS = 10_000
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def encodable(text: str) -> str:
+    """`text` with lone surrogates (which UTF-8, SQLite, ladybug and Bolt cannot carry) as U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def _name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(f"{kind} must be a non-empty string, got {value!r}")
-    return value
+    return encodable(value)
 
 
 def _k(k: int) -> int:
@@ -32,7 +39,7 @@ def _k(k: int) -> int:
 def _query(text: str) -> str:
     if not isinstance(text, str):
         raise InvalidInput(f"query must be a string, got {type(text).__name__}")
-    return text[:MAX_QUERY_CHARS]
+    return encodable(text[:MAX_QUERY_CHARS])
 
 
 def clean_triples(triples: Iterable[Triple]) -> list[Triple]:
@@ -55,6 +62,7 @@ def clean_passages(passages: Iterable[Passage]) -> list[Passage]:
         _name("passage id", p.id)
         if not isinstance(p.title, str) or not isinstance(p.text, str):
             raise InvalidInput(f"passage {p.id!r}: title and text must be strings")
+        p = Passage(encodable(p.id), encodable(p.title), encodable(p.text))
         seen.setdefault(p.id, p)
     return list(seen.values())
 
