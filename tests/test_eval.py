@@ -296,22 +296,26 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_sigkill_then_rerun_leaves_each_question_once(tmp_path):
+    """Kill the eval with SIGKILL at several points, resuming each time; then finish it."""
     rows = {f"k{i}": (f"What is the name of thing {i}?", "x", "bridge", None) for i in range(40)}
     data = write_dataset(tmp_path / "many.jsonl", rows)
     store, out = f"embedded://{tmp_path}/s?embedder=hash", tmp_path / "run"
     results = out / "results.jsonl"
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(data), store, str(out), "0.1"])
-    try:
-        deadline = time.time() + 60
-        while time.time() < deadline and (not results.exists() or results.read_bytes().count(b"\n") < 5):
-            time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    before = results.read_bytes().count(b"\n")
-    assert 5 <= before < 40, "the run should have been killed part-way"
+    counts = []
+    for kill_at in (3, 11, 19, 27):
+        proc = subprocess.Popen([sys.executable, "-c", SCRIPT, str(data), store, str(out), "0.1"])
+        try:
+            deadline = time.time() + 60
+            while time.time() < deadline and (not results.exists() or results.read_bytes().count(b"\n") < kill_at):
+                time.sleep(0.01)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        counts.append(results.read_bytes().count(b"\n"))
+        [json.loads(line) for line in results.read_text().splitlines()[:-1]]  # complete lines parse
+    assert counts == sorted(counts) and 3 <= counts[0] and counts[-1] < 40, counts
     subprocess.run([sys.executable, "-c", SCRIPT, str(data), store, str(out), "0"], check=True, timeout=120)
     ids = [r["id"] for r in lines(out)]
     assert sorted(ids) == sorted(rows) and len(ids) == len(set(ids))
