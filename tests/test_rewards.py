@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from mhqa_graph.training.rewards import (
     AnalysisRewardConfig,
     MyGORewardConfig,
@@ -110,7 +109,8 @@ def test_plan_reward_parts():
     assert plan_reward("Who directed Inception?", execution=1.0) == pytest.approx(0.4)  # no JSON plan
     assert plan_reward('{"subgoals": []}', execution=0.0) == 0.0
     six = '{"subgoals": ["a", "b", "c", "d", "e", "f"]}'
-    assert plan_reward(six, 0.0) == 0.0 and plan_reward(six, 0.0, PlanRewardConfig(max_subgoals=6)) == pytest.approx(0.6)
+    assert plan_reward(six, 0.0) == 0.0
+    assert plan_reward(six, 0.0, PlanRewardConfig(max_subgoals=6)) == pytest.approx(0.6)
     assert plan_reward(good, execution=3.0) == pytest.approx(1.0)  # execution clipped
 
 
@@ -124,7 +124,8 @@ def test_analysis_reward_parts():
     assert analysis_reward('{"sufficient": "yes", "answer": "x"}', golds, ["p1"], support) == 0.0
     assert analysis_reward("Christopher Nolan", golds, ["p1"], support) == 0.0
     config = AnalysisRewardConfig(sufficiency=0.0, accuracy=1.0, format=0.0)
-    assert analysis_reward('{"sufficient": true, "answer": "Nolan"}', golds, [], support, config) == pytest.approx(2 / 3)
+    partial = '{"sufficient": true, "answer": "Nolan"}'
+    assert analysis_reward(partial, golds, [], support, config) == pytest.approx(2 / 3)
 
 
 def test_rewrite_reward_parts():

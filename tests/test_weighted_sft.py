@@ -10,9 +10,6 @@ import pytest
 pytest.importorskip("trl")
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from trl import SFTConfig, SFTTrainer  # noqa: E402
-
-from mhqa_graph.export import THINK_WEIGHT, sft_rows  # noqa: E402
 from mhqa_graph.training.tiny import tiny_model_and_tokenizer  # noqa: E402
 from mhqa_graph.training.weighted_sft import (  # noqa: E402
     IGNORE,
@@ -21,6 +18,9 @@ from mhqa_graph.training.weighted_sft import (  # noqa: E402
     WeightedSFTTrainer,
     tokenize_row,
 )
+from trl import SFTConfig, SFTTrainer  # noqa: E402
+
+from mhqa_graph.export import THINK_WEIGHT, sft_rows  # noqa: E402
 from mhqa_graph.traces import ChatMessage, LLMCall, Trace  # noqa: E402
 
 SYSTEM = "You answer multi-hop questions by exploring a knowledge graph."
@@ -35,7 +35,8 @@ def omne_record(qid: str, question: str, entity: str, answer: str) -> dict:
     second = [*first, ChatMessage(role="assistant", content=call), ChatMessage(role="user", content=TOOL_RESULT)]
     trace = Trace(agent="omne", question=question, answer=answer, llm_calls=[
         LLMCall(role="tool-agent", messages=first, output=call),
-        LLMCall(role="tool-agent", messages=second, output=f"<think>The fact says it.</think><answer>{answer}</answer>")])
+        LLMCall(role="tool-agent", messages=second,
+                output=f"<think>The fact says it.</think><answer>{answer}</answer>")])
     return {"id": qid, "question": question, "answers": [answer], "prediction": answer, "f1": 1.0, "em": 1.0,
             "trace": trace.model_dump(mode="json")}
 

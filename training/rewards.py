@@ -18,9 +18,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mhqa_graph.eval.scoring import score
 from mhqa_graph.graphs.omne_prompts import TOOL_SPECS
-from mhqa_graph.parsing import extract_json, strip_think
+
+from mhqa_graph.eval.scoring import score
+from mhqa_graph.parsing import extract_json
 
 OMNE_TOOLS = tuple(spec["name"] for spec in TOOL_SPECS)
 
