@@ -21,7 +21,7 @@ from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import MhqaError, ModelError
-from mhqa_graph.parsing import extract_tag
+from mhqa_graph.parsing import final_answer
 from mhqa_graph.tools import cap_text, format_passages, node_info_tool
 
 from . import baselines_prompts as P
@@ -68,8 +68,7 @@ def _reply(ctx: BaselineContext, system: str, user: str) -> dict:
                                          HumanMessage(user)])
     except ModelError as exc:
         return {"raw": "", "answer": "", "error": f"ModelError: {exc}"}
-    tagged = extract_tag(text, "answer")
-    answer = clean_answer(tagged if tagged is not None else text)
+    answer = clean_answer(final_answer(text))
     return {"raw": text, "answer": answer, "error": None if answer else "MalformedOutput: the reply has no answer"}
 
 

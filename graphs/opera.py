@@ -24,7 +24,7 @@ from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import EntityNotFound, ModelError, StoreError
-from mhqa_graph.parsing import extract_json, strip_think
+from mhqa_graph.parsing import extract_json, final_answer, strip_think
 from mhqa_graph.store.base import MAX_K
 from mhqa_graph.tools import MAX_FACTS, format_passages
 from mhqa_graph.types import PassageHit
@@ -176,7 +176,7 @@ def parse_final(text: str) -> str:
     value = extract_json(text, dict)
     if value is not None and value.get("answer") is not None:
         return clean_answer(str(value["answer"]))
-    return clean_answer(text)
+    return clean_answer(final_answer(text))
 
 
 # -- retrieval ---------------------------------------------------------------------------

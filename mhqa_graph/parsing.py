@@ -29,6 +29,21 @@ def extract_tag(text: str, tag: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+_ANSWER_IS = re.compile(r"(?:final answer|the answer is|answer)\s*(?:is)?\s*[:：]\s*(.+)", re.IGNORECASE)
+
+
+def final_answer(text: str) -> str:
+    """The answer a reply gives: a non-empty <answer> tag; else the last "the answer is: X" /
+    "Answer: X" line, even inside an unclosed <think>; else the reply without think blocks."""
+    tagged = extract_tag(text, "answer")
+    if tagged:
+        return tagged
+    stated = _ANSWER_IS.findall(re.sub(r"</?answer>", " ", text))
+    if stated and stated[-1].strip():
+        return stated[-1].strip()
+    return strip_think(re.sub(r"<answer>\s*</answer>", "", text))
+
+
 def _scan(text: str, start: int) -> tuple[int | None, list[str], bool]:
     """Walk the bracketed value starting at `start`, respecting strings. Returns (index of the
     closing bracket or None, closers still open, inside a string); a mismatched bracket gives

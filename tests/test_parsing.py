@@ -2,7 +2,7 @@
 
 import pytest
 
-from mhqa_graph.parsing import close_json, extract_json, extract_tag, strip_think, think_text
+from mhqa_graph.parsing import close_json, extract_json, extract_tag, final_answer, strip_think, think_text
 
 
 @pytest.mark.parametrize("text, want", [
@@ -40,3 +40,15 @@ def test_tags_and_think():
     assert strip_think("<think>hmm</think> Paris") == "Paris"
     assert strip_think("<think>never closed") == ""
     assert think_text("<think>a</think>x<think>b</think>") == "a\nb"
+
+
+@pytest.mark.parametrize("text, want", [
+    ("<think>reasoning</think><answer>Tulsa</answer>", "Tulsa"),
+    ("<think>1. The passage says...\nTherefore, the answer is:\nRed Herring", "Red Herring"),
+    ("<think>so the answer is: 1968", "1968"),
+    ("reasoning...\nAnswer: Barclays Premier League", "Barclays Premier League"),
+    ("<think></think>\nJörgen Smit was a teacher.\n<answer></answer>", "Jörgen Smit was a teacher."),
+    ("Paris", "Paris"),
+])
+def test_final_answer(text, want):
+    assert final_answer(text).strip() == want
