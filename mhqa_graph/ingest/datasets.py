@@ -205,7 +205,7 @@ _PQ_KB = {"PQ-2H": "2H-kb.txt", "PQ-3H": "3H-kb.txt", "PQL-2H": "PQL2-KB.txt", "
 def _is_pathquestion_questions(path: StrPath) -> bool:
     """Question lines end with a `#`-separated path; KB lines never contain `#`."""
     for item in iter_lines(path):
-        if not isinstance(item, IngestError) and item[1].strip():
+        if not isinstance(item, IngestError):
             return "#" in item[1].split("\t")[-1]
     return False
 
@@ -305,8 +305,6 @@ def _pathquestion_questions(path: StrPath) -> Iterator[QAItem | IngestError]:
             yield item
             continue
         n, text = item
-        if not text.strip():
-            continue
         fields = text.split("\t")
         if len(fields) != 3 or not all(f.strip() for f in fields) or "#" not in fields[2]:
             yield IngestError(f"expected 'question<TAB>answer(alt1/alt2)<TAB>path', got {text!r:.200}", str(path), n)
@@ -337,7 +335,7 @@ def questions(dataset: str, path: StrPath, *, yield_errors: bool = False) -> Ite
 
 def detect_dataset(path: StrPath) -> str | None:
     """Best guess of the dataset of a file from its first row, or None."""
-    first = next((x for x in iter_lines(path) if not isinstance(x, IngestError) and x[1].strip()), None)
+    first = next((x for x in iter_lines(path) if not isinstance(x, IngestError)), None)
     if first is None:
         return None
     if first[1].lstrip()[0] not in "[{" and len(first[1].split("\t")) == 3:

@@ -38,7 +38,7 @@ def checked(items: Iterable[T | IngestError], yield_errors: bool) -> Iterator[T 
 
 
 def iter_lines(path: StrPath) -> Iterator[tuple[int, str] | IngestError]:
-    """(1-based line number, line without its newline) of a UTF-8 text file."""
+    """(1-based line number, line without its newline) of each non-blank line of a UTF-8 text file."""
     try:
         f = open(path, "rb")
     except OSError as e:
@@ -50,7 +50,9 @@ def iter_lines(path: StrPath) -> Iterator[tuple[int, str] | IngestError]:
             except UnicodeDecodeError:
                 yield IngestError("not valid UTF-8", str(path), n)
                 continue
-            yield n, (text.lstrip("\ufeff") if n == 1 else text).rstrip("\r\n")
+            text = (text.lstrip("\ufeff") if n == 1 else text).rstrip("\r\n")
+            if text.strip():
+                yield n, text
 
 
 def _first_char(path: StrPath) -> str:
@@ -90,8 +92,6 @@ def iter_json(path: StrPath) -> Iterator[tuple[int, Any] | IngestError]:
             yield item
             continue
         n, text = item
-        if not text.strip():
-            continue
         try:
             yield n, json.loads(text)
         except json.JSONDecodeError as e:
@@ -127,8 +127,6 @@ def _tsv_triples(path: StrPath) -> Iterator[Triple | IngestError]:
             yield item
             continue
         n, text = item
-        if not text.strip():
-            continue
         try:
             yield triple(text.split("\t"))
         except ValueError:
