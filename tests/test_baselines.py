@@ -37,7 +37,8 @@ class UntouchableStore(KnowledgeStore):
     def _fail(self, *args, **kwargs):
         raise AssertionError("the store was used")
 
-    _add_triples = _add_passages = _match_entities = _node_info = _search = _passages = _stats = _fail
+    _add_triples = _add_passages = _match_entities = _node_info = _search = _passages = _stats = \
+        _collection_names = _fail
 
 
 def user_prompt(model: FakeChatModel) -> str:

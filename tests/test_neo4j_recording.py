@@ -70,6 +70,7 @@ def exercise(store: Neo4jStore, text: str) -> None:
         store.search(text, text, mode=mode)
     list(store.passages(text))
     store.stats()
+    store.graphs()
     store.namespace = text
     store.drop_namespace()
 
@@ -242,6 +243,13 @@ def test_stats() -> None:
     stats = store.stats()
     assert (stats.backend, stats.graphs, stats.corpora) == ("neo4j", {"g": {"entities": 3, "triples": 2}},
                                                            {"c": {"passages": 5}})
+
+
+def test_collection_names_do_not_count_contents() -> None:
+    store, driver = make_store(COLLECTION_NAMES=lambda params: [{"name": f"{params['kind']}-a"}])
+    opened = len(driver.calls)
+    assert store.graphs() == ["graph-a"] and store.corpora() == ["corpus-a"]
+    assert [(c.query, c.access_mode) for c in driver.calls[opened:]] == [(cypher.COLLECTION_NAMES, "READ")] * 2
 
 
 def test_unknown_graph_and_corpus() -> None:

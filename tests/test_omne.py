@@ -353,7 +353,8 @@ def test_store_failures_are_recorded_not_raised():
         def _down(self, *args, **kwargs):
             raise StoreUnavailable("connection refused")
 
-        _add_triples = _add_passages = _match_entities = _node_info = _search = _passages = _stats = _down
+        _add_triples = _add_passages = _match_entities = _node_info = _search = _passages = _stats = \
+            _collection_names = _down
 
     model = FakeChatModel(responses=[call("entity_matcher", query="Inception"), "<answer>x</answer>"])
     out = graph.invoke({"question": Q}, context=OmneContext(llm=model, store=DownStore()))  # graphs from the store

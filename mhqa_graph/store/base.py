@@ -117,10 +117,12 @@ class KnowledgeStore(ABC):
         return self._stats()
 
     def graphs(self) -> list[str]:
-        return sorted(self.stats().graphs)
+        """Names of the graphs, sorted (without counting their contents, unlike `stats`)."""
+        return self._collection_names("graph")
 
     def corpora(self) -> list[str]:
-        return sorted(self.stats().corpora)
+        """Names of the corpora, sorted."""
+        return self._collection_names("corpus")
 
     def as_retriever(self, corpus: str, k: int = 5, mode: SearchMode = "hybrid") -> StoreRetriever:
         """A LangChain `BaseRetriever` over `corpus`."""
@@ -159,6 +161,9 @@ class KnowledgeStore(ABC):
 
     @abstractmethod
     def _passages(self, corpus: str) -> Iterator[Passage]: ...
+
+    @abstractmethod
+    def _collection_names(self, kind: str) -> list[str]: ...
 
     @abstractmethod
     def _stats(self) -> StoreStats: ...

@@ -60,6 +60,7 @@ MERGE (c:Collection {key: $collection})
   ON CREATE SET c.kind = $kind, c.namespace = $namespace, c.name = $name, c.scope = $scope,
                 c.embedder = $embedder, c.dim = $dim, c.next_seq = 0
 RETURN c.embedder AS embedder, c.dim AS dim"""
+COLLECTION_NAMES = "MATCH (c:Collection {namespace: $namespace, kind: $kind}) RETURN c.name AS name ORDER BY name"
 STATS = """\
 MATCH (c:Collection {namespace: $namespace})
 RETURN c.kind AS kind, c.name AS name,

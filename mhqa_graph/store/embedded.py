@@ -416,6 +416,10 @@ class EmbeddedStore(KnowledgeStore):
         for pid, title, text in cursor:
             yield Passage(id=pid, title=title, text=text)
 
+    def _collection_names(self, kind: str) -> list[str]:
+        return [n for (n,) in self._read().execute(
+            "SELECT name FROM collections WHERE kind = ? ORDER BY name", (kind,))]
+
     def _stats(self) -> StoreStats:
         db = self._read()
         graphs = {n: {"entities": 0, "triples": 0} for (n,) in db.execute(

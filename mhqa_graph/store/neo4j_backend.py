@@ -297,6 +297,10 @@ class Neo4jStore(KnowledgeStore):
                 return
             after = rows[-1]["seq"]
 
+    def _collection_names(self, kind: str) -> list[str]:
+        rows = self._read(_run, cypher.COLLECTION_NAMES, {"namespace": self.namespace, "kind": kind})
+        return [r["name"] for r in rows]
+
     def _stats(self) -> StoreStats:
         rows = self._read(_run, cypher.STATS, {"namespace": self.namespace})
         graphs = {r["name"]: {"entities": r["entities"], "triples": r["triples"]} for r in rows if r["kind"] == "graph"}
