@@ -48,7 +48,7 @@ def main() -> int:
 
     store_dir = Path(args.store) if args.store else Path(tempfile.mkdtemp(prefix="mhqa-retrieval-"))
     store = open_store(f"embedded://{store_dir.resolve()}", embedder=args.embedder)
-    print(f"store {store_dir}  embedder {store.describe()['embedder']}")
+    print(f"store {store_dir}  embedder {store.embedder.spec}")
 
     start = time.perf_counter()
     report = ingest_dataset(store, args.dataset, args.file, CORPUS, skip_bad=True)

@@ -16,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from .errors import MhqaError
-from .store import KnowledgeStore, open_store
+from .store import open_store
 from .types import SEARCH_MODES
 
 app = typer.Typer(help="Multi-hop QA agents on LangGraph over one knowledge store.", no_args_is_help=True,
@@ -134,14 +134,10 @@ def ingest_extract_cmd(
 
 
 # -- query ---------------------------------------------------------------------------
-def _open_read(store: str | None) -> KnowledgeStore:
-    return open_store(store)
-
-
 @query_app.command("node")
 def query_node(graph: str, name: str, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """A node's outgoing and incoming edges."""
-    with _open_read(store) as st:
+    with open_store(store) as st:
         info = st.node_info(graph, name)
     _print_json(info) if as_json else out.print(info.as_text(), markup=False, highlight=False)
 
@@ -150,7 +146,7 @@ def query_node(graph: str, name: str, store: StoreOpt = None, as_json: JsonOpt =
 def query_match(graph: str, text: str, k: Annotated[int, typer.Option("-k")] = 5,
                 store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Entities whose names match TEXT."""
-    with _open_read(store) as st:
+    with open_store(store) as st:
         hits = st.match_entities(graph, text, k=k)
     if as_json:
         return _print_json(hits)
@@ -163,7 +159,7 @@ def query_search(corpus: str, query: str, k: Annotated[int, typer.Option("-k")] 
                  mode: Annotated[str, typer.Option("--mode", help=" | ".join(SEARCH_MODES))] = "hybrid",
                  store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Top passages of CORPUS for QUERY."""
-    with _open_read(store) as st:
+    with open_store(store) as st:
         hits = st.search(corpus, query, k=k, mode=mode)  # type: ignore[arg-type]
     if as_json:
         return _print_json(hits)
@@ -175,7 +171,7 @@ def query_search(corpus: str, query: str, k: Annotated[int, typer.Option("-k")] 
 @app.command("stats")
 def stats_cmd(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Graphs and corpora in a store."""
-    with _open_read(store) as st:
+    with open_store(store) as st:
         stats = st.stats()
         uri = st.uri
     if as_json:

@@ -445,7 +445,3 @@ class EmbeddedStore(KnowledgeStore):
         self._db.close()
         self._graph_db.close()
 
-    def describe(self) -> dict[str, str]:
-        return {"uri": self.uri, "embedder": self.embedder.spec, "format": FORMAT_VERSION}
-
-
