@@ -277,7 +277,8 @@ def eval_cmd(
     out_dir: Annotated[Path, typer.Option("--out", help="Run folder (results.jsonl, summary.json); reruns resume.")],
     llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: best installed pack).")] = None,
     store: StoreOpt = None,
-    limit: Annotated[int | None, typer.Option("--limit", help="Only the first N questions.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Only N questions.")] = None,
+    start: Annotated[int, typer.Option("--start", help="Skip the first N questions (a disjoint slice).")] = 0,
     concurrency: Annotated[int, typer.Option("--concurrency", "-k", help="Questions in flight.")] = 4,
 ) -> None:
     """Evaluate an agent on a benchmark file (the store gets the file's corpus/graph first)."""
@@ -287,7 +288,7 @@ def eval_cmd(
     if dataset not in DATASETS:
         raise MhqaError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
     run_eval(agent, dataset, file, llm, store, out_dir, limit=limit, concurrency=concurrency,
-             progress=True)
+             progress=True, start=start)
 
 
 @app.command("report")

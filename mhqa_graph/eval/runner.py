@@ -108,18 +108,20 @@ def cut_torn_line(path: Path) -> int:
         return size - keep
 
 
-def load_questions(dataset: str, path: str | Path, limit: int | None = None) -> list[QAItem]:
-    """The first `limit` questions of the file (all if None), unique ids, malformed rows skipped."""
+def load_questions(dataset: str, path: str | Path, limit: int | None = None, start: int = 0) -> list[QAItem]:
+    """`limit` questions of the file (all if None) from the `start`-th unique id on; malformed rows skipped."""
+    if start < 0:
+        raise InvalidInput(f"start must be >= 0, got {start}")
     items: dict[str, QAItem] = {}
     for item in questions(dataset, path, yield_errors=True):
         if isinstance(item, IngestError):
             continue
         items.setdefault(item.id, item)
-        if limit is not None and len(items) >= limit:
+        if limit is not None and len(items) >= start + limit:
             break
-    if not items:
-        raise InvalidInput(f"no questions in {path} as {dataset}")
-    return list(items.values())
+    if len(items) <= start:
+        raise InvalidInput(f"no questions in {path} as {dataset}" + (f" from #{start} on" if start else ""))
+    return list(items.values())[start:]
 
 
 def _inputs(item: QAItem, dataset: str) -> dict:
@@ -174,8 +176,8 @@ async def _run_all(graph: Any, agent: str, context: Any, dataset: str, todo: Ite
 
 def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatModel | None, store_uri: str | None,
              out_dir: str | Path, limit: int | None = None, concurrency: int = 4,
-             context_overrides: dict | None = None, progress: bool = True) -> Summary:
-    """Evaluate `agent` on the first `limit` questions of a dataset file and return the summary.
+             context_overrides: dict | None = None, progress: bool = True, start: int = 0) -> Summary:
+    """Evaluate `agent` on `limit` questions of a dataset file (from the `start`-th on) and return the summary.
 
     The store gets the dataset's environment first (see `environments.prepare`). Results go to
     `out_dir/results.jsonl` (resumed if present) and the summary to `out_dir/summary.json`.
@@ -189,7 +191,7 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / RESULTS
-    items = load_questions(dataset, path, limit)
+    items = load_questions(dataset, path, limit, start)
     graph = build_graph(agent)
     started = time.perf_counter()
     with open_store(store_uri) as store:

@@ -62,6 +62,14 @@ class TransformersChatModel(BaseChatModel):
     def _name(self) -> str:
         return self.model_name or Path(self.model_path).name
 
+    @classmethod
+    def from_loaded(cls, model: Any, tokenizer: Any, model_name: str = "", **kwargs: Any) -> TransformersChatModel:
+        """Chat over a model already in memory (e.g. a PEFT model under training): generation sees its
+        current weights. Callers must not train it while a call is running."""
+        chat = cls(model_path=getattr(model, "name_or_path", "") or "in-memory", model_name=model_name, **kwargs)
+        chat._model, chat._tokenizer = model, tokenizer
+        return chat
+
     def _load(self) -> None:
         try:
             import torch

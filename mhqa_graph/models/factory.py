@@ -1,25 +1,30 @@
 """Turn a model spec string into a LangChain chat model or embeddings object.
 
 Chat specs: a pack name ("smollm2-135m"), "hf:<folder or cached hub id>",
-"openai:<base url>[#model]", "fake" or "fake:<json list of responses>".
+"llamacpp:<pack name or .gguf file>[?threads=N&ctx=N]" (llama.cpp; needs the
+`llamacpp` extra; faster than transformers on the CPU), "openai:<base url>[#model]",
+"fake" or "fake:<json list of responses>".
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import BaseChatModel
 
 from ..embeddings import Embedder, load_embedder
 from ..errors import ModelError, ModelNotInstalled
-from .packs import PACKS, pack_installed, pack_path
+from .packs import PACKS, gguf_path, pack_installed, pack_path
 
 CHAT_PREFERENCE = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m")
 REQUEST_TIMEOUT_S = 60.0  # per HTTP request to an openai-compatible server
+LLAMACPP_OPTIONS = {"threads": "n_threads", "ctx": "n_ctx"}  # llamacpp: spec query -> LlamaCppChatModel field
 
 
 def best_installed_chat_pack() -> str | None:
@@ -36,12 +41,15 @@ def load_chat_model(spec: str, **kwargs: Any) -> BaseChatModel:
         return _openai(rest, **kwargs)
     if scheme == "hf" and rest:
         return _transformers(_hf_location(rest), **kwargs)
+    if scheme == "llamacpp":
+        return _llamacpp(rest, **kwargs)
     if spec in PACKS:
         if PACKS[spec].kind != "chat":
             raise ModelError(f"{spec!r} is an embedding pack, not a chat model")
         return _transformers(str(pack_path(spec)), model_name=spec, **kwargs)
     raise ModelError(f"unknown chat model spec {spec!r}; use a pack name ({', '.join(CHAT_PREFERENCE)}), "
-                     "'hf:<folder or hub id>', 'openai:<base url>#<model>' or 'fake[:<json list>]'")
+                     "'hf:<folder or hub id>', 'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N]', "
+                     "'openai:<base url>#<model>' or 'fake[:<json list>]'")
 
 
 def _fake(rest: str, **kwargs: Any) -> BaseChatModel:
@@ -74,6 +82,32 @@ def _openai(rest: str, **kwargs: Any) -> BaseChatModel:
     kwargs.setdefault("timeout", REQUEST_TIMEOUT_S)
     kwargs.setdefault("max_retries", 0)  # get_llm retries transient failures itself, with backoff
     return ChatOpenAI(base_url=base_url, model=model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), **kwargs)
+
+
+def _llamacpp(rest: str, **kwargs: Any) -> BaseChatModel:
+    """'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N]'; a pack's GGUF is assembled and kept once."""
+    ref, _, query = rest.partition("?")
+    for key, value in parse_qsl(query, keep_blank_values=True, separator="&"):
+        if key not in LLAMACPP_OPTIONS:
+            raise ModelError(f"llamacpp: unknown option {key!r}; known: {', '.join(LLAMACPP_OPTIONS)}")
+        if not value.isdigit() or int(value) < 1:
+            raise ModelError(f"llamacpp: {key} must be a positive integer, got {value!r}")
+        kwargs[LLAMACPP_OPTIONS[key]] = int(value)
+    if importlib.util.find_spec("llama_cpp") is None:  # fail before assembling a pack's GGUF
+        raise ModelNotInstalled("llamacpp: models need llama-cpp-python; pip install 'mhqa-graph[llamacpp]'")
+    if ref in PACKS:
+        if PACKS[ref].kind != "chat":
+            raise ModelError(f"{ref!r} is an embedding pack, not a chat model")
+        path = gguf_path(ref)
+        kwargs.setdefault("model_name", ref)
+    elif ref.endswith(".gguf") and Path(ref).expanduser().is_file():
+        path = Path(ref).expanduser()
+    else:
+        raise ModelError(f"llamacpp: expects a chat pack name ({', '.join(CHAT_PREFERENCE)}) or an existing "
+                         f".gguf file, got {ref!r}")
+    from .llamacpp import LlamaCppChatModel
+
+    return LlamaCppChatModel(model_path=str(path), **kwargs)
 
 
 def _hf_location(ref: str) -> str:

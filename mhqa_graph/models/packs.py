@@ -2,8 +2,9 @@
 
 A chat pack is a GGUF file (split over one or more wheels) that `pull` assembles,
 checks against its pinned sha256 and converts once to a bf16 transformers folder
-in the cache ($MHQA_CACHE/models, else the user cache dir). An embedding pack is
-a sentence-transformers folder used where it is installed.
+in the cache ($MHQA_CACHE/models, else the user cache dir); `gguf_path` instead
+keeps the verified GGUF there, for llama.cpp. An embedding pack is a
+sentence-transformers folder used where it is installed.
 """
 
 from __future__ import annotations
@@ -187,6 +188,26 @@ def _convert(gguf: Path, dest: Path, sha256: str) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _gguf_kept(pack: Pack) -> bool:
+    """True when the pack's verified GGUF is kept in the cache (by `gguf_path`)."""
+    gguf = cache_dir() / f"{pack.name}.gguf"
+    marker = gguf.with_name(gguf.name + ".sha256")
+    return gguf.is_file() and marker.is_file() and marker.read_text().strip() == pack.sha256
+
+
+def gguf_path(name: str, progress: Progress | None = None) -> Path:
+    """The chat pack's GGUF file, for llama.cpp: assembled and verified into the cache once, then kept."""
+    pack = get_pack(name)
+    if pack.kind != "chat":
+        raise ModelError(f"{name!r} is an embedding pack; only chat packs have a GGUF file")
+    dest = cache_dir() / f"{pack.name}.gguf"
+    with _pull_lock:
+        if not _gguf_kept(pack):
+            assemble(_installed_files(pack), dest, pack.sha256, progress)
+            dest.with_name(dest.name + ".sha256").write_text(pack.sha256 + "\n")
+    return dest
+
+
 def pull(name: str, progress: Progress | None = None) -> Path:
     """Make the pack loadable and return its folder. Chat packs are assembled, verified and converted once."""
     pack = get_pack(name)
@@ -196,8 +217,10 @@ def pull(name: str, progress: Progress | None = None) -> Path:
     with _pull_lock:
         if pack_pulled(name):
             return dest
-        parts = _installed_files(pack)
-        gguf = assemble(parts, cache_dir() / f"{pack.name}.gguf", pack.sha256, progress)
+        kept = _gguf_kept(pack)  # a GGUF kept for llama.cpp is used and left in place
+        gguf = cache_dir() / f"{pack.name}.gguf"
+        if not kept:
+            assemble(_installed_files(pack), gguf, pack.sha256, progress)
         try:
             if progress:
                 progress("convert", 0, 1)
@@ -205,7 +228,8 @@ def pull(name: str, progress: Progress | None = None) -> Path:
             if progress:
                 progress("convert", 1, 1)
         finally:
-            gguf.unlink(missing_ok=True)  # the wheels still hold the parts
+            if not kept:
+                gguf.unlink(missing_ok=True)  # the wheels still hold the parts
     return dest
 
 

@@ -1,0 +1,135 @@
+"""A LangChain chat model running a GGUF file with llama.cpp (llama-cpp-python) on the CPU.
+
+Faster than `TransformersChatModel` on quantized packs: the weights stay Q4 and llama.cpp reuses
+the KV cache of a prompt prefix shared with the previous call (agents resend the same system prompt).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from pydantic import PrivateAttr
+
+from ..errors import ModelError, ModelNotInstalled
+from .chat import _ROLES, CUT_MARKER, fit_prompt
+
+DEFAULT_CTX = 8192  # tokens; the KV cache of a model's full training context can take gigabytes
+
+
+class LlamaCppChatModel(BaseChatModel):
+    """Chat over a GGUF file with its own chat template. Loads on first use; one call at a time."""
+
+    model_path: str
+    model_name: str = ""
+    max_new_tokens: int = 512
+    temperature: float = 0.0  # 0 = greedy
+    stop: list[str] | None = None
+    n_ctx: int = 0  # tokens of prompt + reply; 0 = the smaller of DEFAULT_CTX and the model's training context
+    n_threads: int = 0  # 0 = all cores
+
+    _llm: Any = PrivateAttr(default=None)
+    _window: int = PrivateAttr(default=0)  # as opened: llama.cpp pads its own n_ctx() up to a multiple of 256
+    _template: Any = PrivateAttr(default=None)  # renders a chat with the generation prompt
+    _head_template: Any = PrivateAttr(default=None)  # renders the system message alone
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @property
+    def _llm_type(self) -> str:
+        return "mhqa-llamacpp"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model_name": self._name, "model_path": self.model_path, "max_new_tokens": self.max_new_tokens,
+                "temperature": self.temperature, "n_ctx": self.n_ctx, "n_threads": self.n_threads}
+
+    @property
+    def _name(self) -> str:
+        return self.model_name or Path(self.model_path).stem
+
+    def _open(self, n_ctx: int) -> Any:
+        from llama_cpp import Llama
+
+        threads = self.n_threads or os.cpu_count() or 1
+        try:
+            return Llama(model_path=self.model_path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                         verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"cannot load GGUF model {self.model_path!r}: {exc}") from exc
+
+    def _load(self) -> None:
+        try:
+            from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        except ImportError as exc:
+            raise ModelNotInstalled(f"llamacpp: models need llama-cpp-python ({exc}); "
+                                    "pip install 'mhqa-graph[llamacpp]'") from None
+        if not Path(self.model_path).is_file():
+            raise ModelError(f"no GGUF file at {self.model_path!r}")
+        window = self.n_ctx or DEFAULT_CTX
+        llm = self._open(window)
+        meta = llm.metadata
+        trained = int(meta.get(f"{meta.get('general.architecture')}.context_length", 0) or 0)
+        if not self.n_ctx and 0 < trained < window:
+            window = trained
+            llm = self._open(window)
+        template = meta.get("tokenizer.chat_template")
+        if not template:
+            raise ModelError(f"{self._name}: the GGUF file has no chat template")
+        eos, bos = llm.token_eos(), llm.token_bos()
+        eos_text = llm.detokenize([eos], special=True).decode("utf-8", "replace") if eos != -1 else ""
+        bos_text = llm.detokenize([bos], special=True).decode("utf-8", "replace") if bos != -1 else ""
+        self._template = Jinja2ChatFormatter(template, eos_text, bos_text)
+        self._head_template = Jinja2ChatFormatter(template, eos_text, bos_text, add_generation_prompt=False)
+        self._llm, self._window = llm, window
+
+    def _tokens(self, formatter: Any, chat: list[dict[str, str]]) -> list[int]:
+        text = formatter(messages=chat).prompt
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    def _prompt_ids(self, chat: list[dict[str, str]], max_new: int) -> tuple[list[int], int]:
+        """The templated prompt, cut to the context window minus `max_new` like `TransformersChatModel`
+        does: the system message and the end of the conversation stay. Also returns the tokens cut."""
+        ids = self._tokens(self._template, chat)
+        window = self._window
+        if len(ids) + max_new <= window:
+            return ids, 0
+        if window - max_new < 1:
+            raise ModelError(f"max_new_tokens={max_new} leaves no room for a prompt in the {window}-token "
+                             f"context window of {self._name}")
+        head = 0
+        if chat and chat[0]["role"] == "system":
+            system = self._tokens(self._head_template, chat[:1])
+            head = len(system) if ids[:len(system)] == system else 0
+        marker = self._llm.tokenize(CUT_MARKER.encode("utf-8"), add_bos=False, special=False)
+        return fit_prompt(ids, window - max_new, head, marker)
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        stops = [s for s in (stop or self.stop or []) if s]
+        max_new = int(kwargs.get("max_new_tokens", self.max_new_tokens))
+        temperature = float(kwargs.get("temperature", self.temperature))
+        chat = [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
+        with self._lock:
+            if self._llm is None:
+                self._load()
+            ids, cut = self._prompt_ids(chat, max_new)
+            try:
+                out = self._llm.create_completion(prompt=ids, max_tokens=max_new, temperature=temperature,
+                                                  stop=stops or None)
+            except (ValueError, RuntimeError) as exc:
+                raise ModelError(f"{self._name}: llama.cpp failed: {exc}") from exc
+        choice, usage = out["choices"][0], out["usage"]
+        n_in, n_out = usage["prompt_tokens"], usage["completion_tokens"]
+        message = AIMessage(
+            content=choice["text"],
+            usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out},
+            response_metadata={"model_name": self._name, "finish_reason": choice["finish_reason"] or "stop",
+                               "truncated_tokens": cut},
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])

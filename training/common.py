@@ -1,0 +1,146 @@
+"""What the trainers share: the model to train (LoRA or full), configs from YAML, rollouts through the
+agent graphs with the model under training.
+
+    model, tokenizer = load_model(ModelConfig(name="qwen2.5-coder-0.5b", lora=True))
+    llm = chat_model_for(model, tokenizer, temperature=0.7)          # the agents' `llm`, current weights
+    records = rollouts(RolloutConfig(agent="mujica", dataset="2wiki", path=...), llm, "runs/mygo/iter1")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mhqa_graph.errors import InvalidInput, ModelNotInstalled
+from mhqa_graph.eval.report import RESULTS, read_records
+from mhqa_graph.models.chat import TransformersChatModel
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class ModelConfig:
+    """The policy: a chat pack name, a transformers folder, or "tiny" (a random tiny Qwen2, for tests)."""
+
+    name: str = "qwen2.5-coder-0.5b"
+    lora: bool = True  # False: full fine-tuning
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
+    dtype: str = "float32"  # float32 trains and generates fastest on CPUs; bfloat16 on GPUs
+    seed: int = 0
+
+
+@dataclass
+class RolloutConfig:
+    """Which questions the policy answers, with which agent, over which store."""
+
+    agent: str = "mujica"
+    dataset: str = "2wiki"  # hotpotqa | 2wiki | musique | pathquestion
+    path: str = ""  # the benchmark file
+    store: str | None = None  # store URI; the dataset's corpus/KG is ingested once
+    limit: int | None = None  # questions (None = all)
+    start: int = 0  # skip the first N questions: keeps train and dev slices disjoint
+    samples: int = 1  # trajectories per question
+    temperature: float = 0.7
+    max_new_tokens: int = 256
+    context: dict[str, Any] = field(default_factory=dict)  # more agent settings: top_k, max_rounds, ...
+
+
+def load_model(config: ModelConfig) -> tuple[Any, Any]:
+    """(model, tokenizer) ready to train: wrapped in a PEFT LoRA adapter when `config.lora`."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as exc:
+        raise ModelNotInstalled(f"training needs torch and transformers ({exc}); "
+                                "pip install 'mhqa-graph[train]'") from None
+    if config.name == "tiny":
+        from .tiny import tiny_model_and_tokenizer
+
+        model, tokenizer = tiny_model_and_tokenizer(seed=config.seed)
+    else:
+        from mhqa_graph.models.packs import PACKS, pack_path
+
+        path = str(pack_path(config.name)) if config.name in PACKS else config.name
+        if not Path(path).is_dir():
+            raise InvalidInput(f"model {config.name!r} is neither a chat pack nor a model folder")
+        torch.manual_seed(config.seed)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.dtype), local_files_only=True)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if config.lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha,
+                                                 lora_dropout=config.lora_dropout, task_type="CAUSAL_LM",
+                                                 target_modules=list(config.target_modules)))
+    return model, tokenizer
+
+
+def chat_model_for(model: Any, tokenizer: Any, temperature: float = 0.0, max_new_tokens: int = 256,
+                   name: str = "policy") -> TransformersChatModel:
+    """The model under training as a LangChain chat model, for the agents' `llm` / `role_llms`."""
+    return TransformersChatModel.from_loaded(model, tokenizer, model_name=name, temperature=temperature,
+                                             max_new_tokens=max_new_tokens)
+
+
+def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path,
+             role_llms: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Run the agent `config.samples` times over the questions with `llm` (a chat model or spec) and
+    return the eval records (each with its trace, em, f1 and `sample`). Sample j is the resumable eval
+    run `out_dir/sample{j}`, so an interrupted rollout continues where it stopped."""
+    from mhqa_graph.eval import run_eval
+
+    model = getattr(llm, "_model", None)
+    if model is not None:
+        model.eval()
+    overrides = {**config.context, "llm": llm, "max_new_tokens": config.max_new_tokens,
+                 **({"role_llms": role_llms} if role_llms else {})}
+    records = []
+    for j in range(config.samples):
+        out = Path(out_dir) / f"sample{j}"
+        run_eval(config.agent, config.dataset, config.path, llm, config.store, out, limit=config.limit,
+                 start=config.start, concurrency=1, context_overrides=overrides, progress=False)
+        records += [r | {"sample": j} for r in read_records(out / RESULTS)]
+    return records
+
+
+T = TypeVar("T")
+
+
+def from_dict(cls: type[T], values: dict[str, Any], where: str = "config") -> T:
+    """`cls(**values)` with nested dataclass fields built from dicts; unknown keys raise InvalidInput."""
+    if not isinstance(values, dict):
+        raise InvalidInput(f"{where} must be a mapping, got {type(values).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(values) - known
+    if unknown:
+        raise InvalidInput(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
+    kwargs = {}
+    for key, value in values.items():
+        hint = hints.get(key)
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            value = from_dict(hint, value, f"{where}.{key}")
+        kwargs[key] = value
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{where}: {exc}") from None
+
+
+def load_config(cls: type[T], path: str | Path) -> T:
+    """A trainer config (`cls`) from a YAML file; nested sections are nested dataclasses or dicts."""
+    import yaml
+
+    try:
+        values = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise InvalidInput(f"cannot read config {path}: {exc}") from None
+    return from_dict(cls, values, str(path))
