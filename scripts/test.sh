@@ -3,7 +3,7 @@
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh models,neo4j,studio,train,openai,dev
+bash scripts/install.sh models,neo4j,studio,train,openai,llamacpp,dev
 # shellcheck disable=SC1091
 . .venv/bin/activate
 (cd scripts && npm ci --silent --no-audit --no-fund)

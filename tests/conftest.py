@@ -35,3 +35,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("neo4j_live"):
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models' matmuls are too small to share between threads: one thread is ~100x faster on a busy machine."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

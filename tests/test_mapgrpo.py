@@ -1,0 +1,332 @@
+"""MAPGRPO on a tiny random Qwen2, a hash-embedder store and a tiny HotpotQA file: the role rewards run
+the real OPERA graph and store, an expert completion joins its GRPO group and is trained on, and the
+three roles train progressively end to end (LoRA and full fine-tuning)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from mhqa_graph.training import mapgrpo  # noqa: E402
+from mhqa_graph.training.common import RolloutConfig, load_config, rollouts  # noqa: E402
+from mhqa_graph.training.mapgrpo import (  # noqa: E402
+    ExpertGRPOTrainer,
+    MAPGRPOConfig,
+    MAPGRPOTrainer,
+    RoleRewards,
+    grpo_args,
+    load_expert,
+    prompt_key,
+)
+from mhqa_graph.training.rewards import AnalysisRewardConfig, PlanRewardConfig, RewriteRewardConfig  # noqa: E402
+from mhqa_graph.training.tiny import tiny_model_and_tokenizer  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+from test_eval import ROWS, write_dataset  # noqa: E402
+
+from mhqa_graph.errors import InvalidInput  # noqa: E402
+from mhqa_graph.eval import environment_name, prepare  # noqa: E402
+from mhqa_graph.eval.runner import load_questions  # noqa: E402
+from mhqa_graph.export import export  # noqa: E402
+from mhqa_graph.store import open_store  # noqa: E402
+from mhqa_graph.testing.fakes import FakeChatModel  # noqa: E402
+
+YAML = Path(__file__).resolve().parent.parent / "configs" / "train" / "mapgrpo.yaml"
+CONTEXT = {"max_rounds": 2, "max_rewrites": 1}
+GOLD = {question: answer for question, answer, _, _ in ROWS.values()}
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict:
+    """The tiny HotpotQA file and a hash-embedder store holding its corpus."""
+    root = tmp_path_factory.mktemp("mapgrpo")
+    data = write_dataset(root / "tiny.jsonl")
+    uri = f"embedded://{root}/s?embedder=hash"
+    with open_store(uri) as store:
+        corpus = prepare(store, "hotpotqa", data, environment_name("hotpotqa", data))["corpus"]
+    return {"root": root, "data": data, "store": uri, "corpus": corpus}
+
+
+def expert_model() -> FakeChatModel:
+    """A scripted strong OPERA: plans the question as one sub-goal, finds the evidence insufficient on the
+    first attempt (so it rewrites) and answers right after the rewrite."""
+    seen: set[str] = set()
+
+    def respond(messages) -> str:
+        system, user = messages[0].text, messages[-1].text
+        question = user.split("Question: ", 1)[-1].split("\n", 1)[0].strip()
+        if system.startswith("You are the Plan agent"):
+            return json.dumps({"subgoals": [question]})
+        if system.startswith("You are the Analysis-Answer agent"):
+            if question not in seen:
+                seen.add(question)
+                return json.dumps({"reasoning": "not stated", "sufficient": False, "answer": ""})
+            return json.dumps({"reasoning": "stated", "sufficient": True, "answer": GOLD.get(question, "")})
+        if system.startswith("You are the Rewrite agent"):
+            return json.dumps({"query": f"{question} {GOLD.get(question, '')}"})
+        return GOLD.get(question, "unknown")
+
+    return FakeChatModel(respond=respond)
+
+
+@pytest.fixture(scope="module")
+def expert_dir(env) -> Path:
+    """`mhqa export --format roles` of the scripted expert's run over the first two questions."""
+    cfg = RolloutConfig(agent="opera", dataset="hotpotqa", path=str(env["data"]), store=env["store"], limit=2,
+                        context=CONTEXT)
+    records = rollouts(cfg, expert_model(), env["root"] / "expert_run")
+    assert [r["f1"] for r in records] == [1.0, 1.0]
+    counts = export(env["root"] / "expert_run" / "sample0", "roles", env["root"] / "expert")
+    assert counts == {"plan": 2, "analysis": 4, "rewrite": 2}
+    return env["root"] / "expert"
+
+
+def config(env, out: Path, **changes) -> MAPGRPOConfig:
+    """The example YAML made tiny: rollouts of one question; one epoch of GRPO steps of one group each."""
+    cfg = load_config(MAPGRPOConfig, YAML)
+    cfg.model.name, cfg.model.lora_r = "tiny", 4
+    cfg.rollout.dataset, cfg.rollout.path, cfg.rollout.store = "hotpotqa", str(env["data"]), env["store"]
+    cfg.rollout.limit, cfg.rollout.max_new_tokens, cfg.rollout.context = 1, 12, dict(CONTEXT)
+    cfg.grpo = dict(num_generations=2, beta=0.0, per_device_train_batch_size=2, num_train_epochs=1, learning_rate=0.05,
+                    max_completion_length=12)
+    cfg.output_dir = str(out)
+    for key, value in changes.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+# -- config --------------------------------------------------------------------------------------
+def test_example_config_loads_with_the_issue_weights():
+    cfg = load_config(MAPGRPOConfig, YAML)
+    assert cfg.plan_reward == PlanRewardConfig(logic=0.4, structure=0.2, execution=0.4)
+    assert cfg.analysis_reward == AnalysisRewardConfig(sufficiency=0.3, accuracy=0.5, format=0.2)
+    assert cfg.rewrite_reward == RewriteRewardConfig(gain=0.8, format=0.2, metric="recall")
+    assert cfg.roles == ["plan", "analysis", "rewrite"] and cfg.rollout.agent == "opera"
+    args = grpo_args(cfg, "/tmp/unused")
+    assert (args.num_generations, args.beta) == (cfg.grpo["num_generations"], cfg.grpo["beta"]) == (4, 0.04)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"roles": ["analysis", "plan"]}, "progressively"),
+    ({"roles": ["plan", "plan"]}, "progressively"),
+    ({"roles": ["answer"]}, "roles must be"),
+    ({"roles": []}, "roles must be"),
+    ({"grpo": {"num_generations": 1, "per_device_train_batch_size": 1}}, "at least 2 generations"),
+    ({"grpo": {"beta": -0.1}}, "beta"),
+    ({"grpo": {"no_such_argument": 1}}, "grpo"),
+    ({"grpo": {"num_generations": 3, "per_device_train_batch_size": 4}}, "grpo"),  # batch not a multiple of G
+    ({"plan_reward": PlanRewardConfig(logic=-1.0)}, "non-negative"),
+    ({"rewrite_reward": RewriteRewardConfig(metric="map")}, "recall or ndcg"),
+    ({"expert": "/no/such/folder"}, "expert"),
+    ({"executor": ""}, "executor"),
+])
+def test_bad_configs_raise_invalid_input(env, tmp_path, change, message):
+    with pytest.raises(InvalidInput, match=message):
+        MAPGRPOTrainer(config(env, tmp_path, **change))
+
+
+def test_bad_yaml_raises_invalid_input(env, tmp_path):
+    (tmp_path / "a.yaml").write_text(YAML.read_text() + "\nlearning_rate: 0.1\n")
+    with pytest.raises(InvalidInput, match="unknown key"):
+        load_config(MAPGRPOConfig, tmp_path / "a.yaml")
+    (tmp_path / "b.yaml").write_text(YAML.read_text().replace("agent: opera", "agent: rag"))
+    with pytest.raises(InvalidInput, match="opera"):
+        MAPGRPOTrainer(load_config(MAPGRPOConfig, tmp_path / "b.yaml"))
+
+
+# -- rewards -------------------------------------------------------------------------------------
+def executor_model() -> FakeChatModel:
+    """Finds the answer only for the sub-goal that names Alpha; the synthesis repeats the findings' answer."""
+    def respond(messages) -> str:
+        system, user = messages[0].text, messages[-1].text
+        if system.startswith("You are the Analysis-Answer agent"):
+            found = "Current sub-goal: Which city did the band Alpha" in user
+            return json.dumps({"reasoning": "", "sufficient": found, "answer": "Tulsa" if found else ""})
+        if system.startswith("You are the Rewrite agent"):
+            return json.dumps({"query": "something else"})
+        return "Tulsa" if "-> Tulsa" in user else "unknown"
+
+    return FakeChatModel(respond=respond)
+
+
+def test_plan_reward_executes_the_plan_through_opera(env, tmp_path):
+    cfg = config(env, tmp_path)
+    executor = executor_model()
+    question = "Which city did the band Alpha first perform in?"
+    plans = [json.dumps({"subgoals": [question]}), json.dumps({"subgoals": ["Who founded Gamma Records?"]}),
+             "no plan at all"]
+    logged = {}
+    with open_store(env["store"], read_only=True) as store:
+        rewards = RoleRewards(cfg, store, env["corpus"], None, executor)
+        scores = rewards.plan([[{"role": "assistant", "content": p}] for p in plans], question=[question] * 3,
+                              answers=[["Tulsa"]] * 3, log_metric=logged.__setitem__)
+        # right plan: logic + structure + execution; wrong sub-goal: no answer; no plan: OPERA plans the
+        # question as its only sub-goal, which answers it, so only the execution share
+        assert scores == pytest.approx([1.0, 0.6, 0.4])
+        assert logged["plan/execution"] == pytest.approx(2 / 3) and rewards.executions == 3
+        asked = [m[-1].text for m in executor.calls if m[0].text.startswith("You are the Analysis-Answer")]
+        assert any("Current sub-goal: Who founded Gamma Records?" in text for text in asked)
+        calls = len(executor.calls)
+        assert rewards.plan([plans[0]], question=[question], answers=[["Tulsa"]]) == pytest.approx([1.0])
+        assert len(executor.calls) == calls and rewards.executions == 3  # cached
+
+
+def test_rewrite_reward_is_the_retrieval_gain_in_the_store(env, tmp_path):
+    cfg = config(env, tmp_path)
+    cfg.rollout.context = {"top_k": 1}
+    gold = list(load_questions("hotpotqa", env["data"])[0].supporting_ids)  # Page q1, about Tulsa
+    with open_store(env["store"], read_only=True) as store:
+        rewards = RoleRewards(cfg, store, env["corpus"], None, None)
+        assert rewards.search("In which year was Delta born?") != gold
+        assert rewards.search("Which city did the band Alpha first perform in?") == gold
+        completions = ['{"query": "Which city did the band Alpha first perform in?"}',
+                       '{"query": "In which year was Delta born?"}', "Alpha first perform city?"]
+        logged = {}
+        scores = rewards.rewrite(completions, query=["In which year was Delta born?"] * 3,
+                                 supporting_ids=[gold] * 3, log_metric=logged.__setitem__)
+    assert scores[:2] == pytest.approx([1.0, 0.2]) and scores[2] in (0.0, pytest.approx(0.8))
+    assert logged["rewrite/gain"] > 0
+
+
+def test_expert_rows_load_from_the_export_folder(expert_dir):
+    plan = load_expert(expert_dir, "plan", min_score=1.0)
+    assert len(plan) == 2 and all(json.loads(e["expert"])["subgoals"] for e in plan.values())
+    jsonl = expert_dir.parent / "expert_jsonl"
+    jsonl.mkdir()
+    (jsonl / "rewrite.jsonl").write_text((expert_dir / "rewrite.jsonl").read_text())
+    rewrite = load_expert(jsonl, "rewrite")
+    assert len(rewrite) == 2 and all(e["row"]["query"] and e["row"]["supporting_ids"] for e in rewrite.values())
+    assert load_expert(jsonl, "plan") == {} and load_expert(expert_dir, "plan", min_score=2.0) == {}
+
+
+# -- expert injection ----------------------------------------------------------------------------
+def completion_logp(model, tokenizer, prompt: list[dict], ids: list[int]) -> float:
+    prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"]
+    inputs = torch.tensor([prompt_ids + ids])
+    with torch.no_grad():
+        logps = torch.log_softmax(model(input_ids=inputs).logits[0, :-1], dim=-1)
+    return sum(logps[len(prompt_ids) - 1 + i, t].item() for i, t in enumerate(ids))
+
+
+def test_expert_completion_joins_its_group_and_is_trained_on(tmp_path):
+    model, tokenizer = tiny_model_and_tokenizer(seed=5)
+    with_expert = [{"role": "user", "content": "Who directed Inception?"}]
+    without = [{"role": "user", "content": "Where was Nolan born?"}]
+    expert = '{"subgoals": ["Who directed Inception?"]}'
+    expert_ids = tokenizer(expert, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    group = 4
+    seen = []
+
+    def reward(completions, **_):
+        texts = [c[0]["content"] for c in completions]
+        seen.append(texts)
+        return [float(t == expert) for t in texts]
+
+    args = grpo_args(MAPGRPOConfig(grpo={"num_generations": group, "per_device_train_batch_size": 2 * group,
+                                         "max_steps": 1, "learning_rate": 0.05, "max_completion_length": 8}),
+                     tmp_path)
+    trainer = ExpertGRPOTrainer(model, reward_funcs=[reward], args=args,
+                                train_dataset=Dataset.from_list([{"prompt": with_expert}, {"prompt": without}]),
+                                processing_class=tokenizer, experts={prompt_key(with_expert): expert})
+    batches = []
+    score_batch = trainer._generate_and_score_completions
+
+    def capture(inputs):
+        batches.append((inputs, score_batch(inputs)))
+        return batches[-1][1]
+
+    trainer._generate_and_score_completions = capture
+    before = completion_logp(model, tokenizer, with_expert, expert_ids)
+    trainer.train()
+    after = completion_logp(trainer.model, tokenizer, with_expert, expert_ids)
+
+    (inputs, out), = batches
+    prompts = [x["prompt"] for x in inputs]
+    texts = seen[0]
+    rows = [i for i, t in enumerate(texts) if t == expert]
+    assert len(rows) == 1 and prompts[rows[0]] == with_expert  # one member of that group, none elsewhere
+    members = [i for i, p in enumerate(prompts) if p == with_expert]
+    assert len(members) == group and rows[0] in members
+    i = rows[0]
+    assert out["completion_ids"][i][:len(expert_ids)].tolist() == expert_ids
+    assert out["completion_mask"][i].sum().item() == len(expert_ids)  # its tokens are in the loss
+    rewards = torch.tensor([float(texts[j] == expert) for j in members])
+    expected = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    torch.testing.assert_close(out["advantages"][members], expected, atol=1e-4, rtol=0)
+    assert out["advantages"][i] > 0
+    assert after > before  # the positive advantage made the expert completion more likely
+
+
+# -- end to end ----------------------------------------------------------------------------------
+def log_entries(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+
+
+def test_progressive_lora_training_end_to_end(env, expert_dir, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    cfg = config(env, out, expert=str(expert_dir), expert_min_score=1.0)
+    cfg.grpo["beta"] = 0.04  # KL to TRL's "ref" copy of the adapter, dropped after each stage
+    trainer = MAPGRPOTrainer(cfg)
+    seen = []
+
+    def watched(cfg, llm, out_dir, role_llms=None):  # the weights each stage's rollouts run with
+        assert llm._model is trainer.model and cfg.agent == "opera"
+        seen.append({k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k})
+        return rollouts(cfg, llm, out_dir, role_llms)
+
+    monkeypatch.setattr(mapgrpo, "rollouts", watched)
+    summary = trainer.train()
+
+    assert list(summary["roles"]) == ["plan", "analysis", "rewrite"]
+    for stage in summary["roles"].values():
+        # the policy's prompts of one question plus the expert's prompts of the other one
+        assert stage["steps"] == stage["prompts"] > stage["expert_prompts"] > 0
+    assert summary["roles"]["plan"]["plan_executions"] > 0
+    # LoRA B starts at zero; each stage's rollouts see what the earlier stages trained
+    assert all(not v.any() for v in seen[0].values())
+    assert any(v.any() for v in seen[1].values()) and any(not torch.equal(seen[1][k], seen[2][k]) for k in seen[1])
+    logs = log_entries(out)
+    for role, stage in summary["roles"].items():
+        steps = [e for e in logs if e.get("role") == role and f"rewards/{role}/mean" in e]
+        assert len(steps) == stage["steps"]
+        assert all(k in e for e in steps for k in ("loss", "reward", "reward_std", "kl", "expert/injected"))
+        assert sum(e["expert/injected"] for e in steps) == stage["expert_prompts"]  # once in each expert's group
+        assert all(e["reward_std"] > 0 for e in steps if e["expert/injected"])
+        assert [e["event"] for e in logs if e.get("role") == role and "event" in e] == ["rollouts"]
+    assert any("plan/execution" in e for e in logs) and any("rewrite/gain" in e for e in logs)
+    final = Path(summary["final"])
+    assert (final / "adapter_config.json").is_file() and not (final / "ref").exists()
+    weights = load_file(final / "adapter_model.safetensors")
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in weights.items())
+
+
+def test_a_role_with_too_few_prompts_for_a_step_is_skipped(env, tmp_path):
+    out = tmp_path / "run"
+    cfg = config(env, out, roles=["rewrite"])
+    cfg.grpo["per_device_train_batch_size"] = 200
+    summary = MAPGRPOTrainer(cfg).train()
+    assert summary["roles"]["rewrite"]["steps"] == 0
+    assert [e["event"] for e in log_entries(out)] == ["rollouts", "skipped", "saved"]
+    assert (Path(summary["final"]) / "adapter_config.json").is_file()
+
+
+def test_full_finetuning_with_kl_end_to_end(env, expert_dir, tmp_path):
+    out = tmp_path / "run"
+    cfg = config(env, out, expert=str(expert_dir), roles=["analysis", "rewrite"])
+    cfg.model.lora = False
+    cfg.grpo |= {"beta": 0.1, "max_steps": 2, "per_device_train_batch_size": 4}
+    summary = MAPGRPOTrainer(cfg).train()
+    assert [s["steps"] for s in summary["roles"].values()] == [2, 2]
+    start, _ = tiny_model_and_tokenizer(seed=cfg.model.seed)
+    final = load_file(Path(summary["final"]) / "model.safetensors")
+    changed = [k for k, v in start.state_dict().items() if k in final and not torch.equal(v, final[k])]
+    assert changed
+    logs = log_entries(out)
+    assert all("kl" in e for e in logs if "reward" in e) and not (out / "analysis" / "reference").exists()

@@ -1,0 +1,103 @@
+"""MyGO end to end on a tiny random Qwen2: rollouts through the real graphs, rising τ, SFT on what is kept."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+from mhqa_graph.training.common import load_config  # noqa: E402
+from mhqa_graph.training.mygo import MyGOConfig, MyGOTrainer, kept, sft_rows  # noqa: E402
+from test_eval import scripted, write_dataset  # noqa: E402
+
+from mhqa_graph.errors import InvalidInput  # noqa: E402
+from mhqa_graph.eval import run_eval  # noqa: E402
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "train" / "mygo.yaml"
+# yes/no questions: a warm-up on "yes" teaches even a tiny random model answers that score
+YES = {"y1": ("Are Alpha and Beta both rock bands?", "yes", "comparison", "<answer>yes</answer>"),
+       "y2": ("Is Gamma older than Delta?", "yes", "comparison", "<answer>yes</answer>"),
+       "y3": ("Was Epsilon founded before Zeta?", "no", "comparison", "<answer>yes</answer>")}
+
+
+def tiny_config(tmp_path: Path, **overrides) -> MyGOConfig:
+    config = load_config(MyGOConfig, CONFIG)
+    config.model.name, config.model.lora = "tiny", overrides.pop("lora", True)
+    config.rollout.agent, config.rollout.dataset = overrides.pop("agent", "rag"), "hotpotqa"
+    config.rollout.path = str(write_dataset(tmp_path / "tiny.jsonl", YES))
+    config.rollout.store = f"embedded://{tmp_path}/s?embedder=hash"
+    config.rollout.limit, config.rollout.samples, config.rollout.max_new_tokens = 3, 2, 12
+    config.rollout.temperature = 0.0  # the warmed-up tiny model is right only at its mode
+    config.output_dir = str(tmp_path / "out")
+    config.sft = {"learning_rate": 1e-2, "gradient_accumulation_steps": 1, "max_length": 512}
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    return config
+
+
+def record(rid: str, f1: float, sample: int = 0, failed: bool = False) -> dict:
+    return {"id": rid, "f1": f1, "em": float(f1 == 1.0), "sample": sample, "failed": failed}
+
+
+def test_kept_needs_a_positive_reward_at_least_tau():
+    records = [record("a", 1.0), record("b", 0.4), record("c", 0.0), record("d", 0.9, failed=True)]
+    assert [r["id"] for r in kept(records, 0.0)] == ["a", "b"]
+    assert [r["id"] for r in kept(records, 0.5)] == ["a"]
+    assert [r["id"] for r in kept(records, 0.5, reward="em")] == ["a"]
+
+
+def test_config_from_yaml_and_bad_configs(tmp_path):
+    config = load_config(MyGOConfig, CONFIG)
+    assert config.rollout.agent == "mujica" and config.model.lora and config.rollout.samples == 4
+    bad = tmp_path / "bad.yaml"
+    for text in ("iterations: 0", "reward: bleu", "tau_0: 2", "rollout: {samples: 0}", "nope: 1",
+                 "model: {lora_rank: 4}", "[1, 2]"):
+        bad.write_text(text)
+        with pytest.raises(InvalidInput):
+            load_config(MyGOConfig, bad)
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_warmup_then_iterations_train_on_kept_trajectories(tmp_path, lora):
+    """A warm-up on a scripted model's correct trajectories teaches the tiny model to answer, so its
+    own rollouts score > 0, τ rises, and the kept ones are trained on."""
+    config = tiny_config(tmp_path, lora=lora, iterations=2)
+    warm = tmp_path / "warm"
+    run_eval("rag", "hotpotqa", config.rollout.path, None, config.rollout.store, warm,
+             context_overrides={"llm": scripted(YES)}, progress=False)
+    config.warmup_run, config.warmup_min_reward = str(warm), 1.0
+    config.sft["num_train_epochs"] = 20
+    trainer = MyGOTrainer(config)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+    summary = trainer.train()
+    log = [json.loads(line) for line in (Path(config.output_dir) / "log.jsonl").read_text().splitlines()]
+    assert log[0]["iteration"] == 0 and log[0]["warmup_rows"] == 2  # y1 and y2 are the scripted correct ones
+    iters = log[1:]
+    assert [r["iteration"] for r in iters] == [1, 2] and all(r["trajectories"] == 6 for r in iters)
+    assert iters[0]["tau"] <= iters[1]["tau"] == summary["tau"]
+    assert any(r["mean_reward"] > 0 for r in iters)  # the warmed-up model answers some questions
+    trained = [r for r in iters if r["kept"]]
+    assert trained and all(r["loss"] is not None and r["sft_rows"] >= 1 for r in trained)
+    for r in iters:
+        assert r["kept_fraction"] == r["kept"] / r["trajectories"]
+    changed = [n for n, p in trainer.model.named_parameters() if p.requires_grad and not p.equal(before[n])]
+    assert changed and (all("lora_" in n for n in changed) if lora else True)
+    assert (Path(summary["final"]) / ("adapter_config.json" if lora else "config.json")).is_file()
+    rollout = Path(config.output_dir) / "iter1" / "rollouts" / "sample1" / "results.jsonl"
+    assert len(rollout.read_text().splitlines()) == 3
+
+
+def test_rows_are_the_agents_own_turns(tmp_path):
+    config = tiny_config(tmp_path)
+    run_eval("rag", "hotpotqa", config.rollout.path, None, config.rollout.store, tmp_path / "warm",
+             context_overrides={"llm": scripted(YES)}, progress=False)
+    from mhqa_graph.export import read_records
+
+    rows = sft_rows(kept(read_records(tmp_path / "warm"), 1.0))
+    assert {r["id"] for r in rows} == {"y1", "y2"}
+    for row in rows:
+        trained = [(m["role"], s["weight"]) for m in row["messages"] for s in m.get("segments") or []
+                   if s["weight"] > 0]
+        assert trained and all(t == ("assistant", 1.0) for t in trained)

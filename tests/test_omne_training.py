@@ -1,0 +1,253 @@
+"""Omne's training stages on a tiny random Qwen2 over a hash-embedder store with a handful of 2Wiki
+evidence triples: episodes are runs of the Omne graph whose tool-result tokens are masked from the GRPO
+loss, each stage trains end to end (LoRA and full fine-tuning), stage 3 penalises repeated calls."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl")
+import torch  # noqa: E402
+from mhqa_graph.training.common import ModelConfig, load_config  # noqa: E402
+from mhqa_graph.training.omne import (  # noqa: E402
+    LOG,
+    EpisodeModel,
+    OmneConfig,
+    OmneEnvironment,
+    OmneTrainer,
+    stage_rewards,
+)
+from mhqa_graph.training.rewards import OmneRewardConfig, omne_reward  # noqa: E402
+from mhqa_graph.training.tiny import CHATML  # noqa: E402
+
+from mhqa_graph.errors import InvalidInput, MhqaError  # noqa: E402
+from mhqa_graph.export import export  # noqa: E402
+from mhqa_graph.store import open_store  # noqa: E402
+
+YAML = Path(__file__).resolve().parents[1] / "configs" / "train" / "omne.yaml"
+GRAPH = "2wiki-dev_evidences"
+TINY_GRPO = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False, "max_steps": 1, "num_generations": 2,
+             "per_device_train_batch_size": 2, "max_completion_length": 1024, "learning_rate": 0.05,
+             "disable_tqdm": True}
+TINY_SFT = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False, "max_steps": 2,
+            "per_device_train_batch_size": 2, "learning_rate": 0.05, "max_length": 1024, "disable_tqdm": True}
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def wiki_row(rid: str) -> dict:
+    return {"_id": rid, "type": "compositional", "question": f"Who is the father of Ann {rid}?",
+            "answer": f"Bob {rid}", "supporting_facts": [[f"Ann {rid}", 0]],
+            "evidences": [[f"Ann {rid}", "father", f"Bob {rid}"], [f"Bob {rid}", "spouse", f"Cat {rid}"]]}
+
+
+def call(name: str, arg: str, value: str) -> str:
+    return f'<tool_call>{{"name": "{name}", "arguments": {{"{arg}": "{value}", "graph_type": "{GRAPH}"}}}}</tool_call>'
+
+
+def replies(rid: str, answer: str, repeat: bool = False) -> list[str]:
+    """An episode in the graph's protocol: find the entity, read its facts (or repeat the search), answer."""
+    second = call("entity_matcher", "query", f"Ann {rid}") if repeat else call("node_info", "entity", f"Ann {rid}")
+    return [f"<think>Find Ann {rid}.</think>{call('entity_matcher', 'query', f'Ann {rid}')}",
+            f"<think>Read the facts of Ann {rid}.</think>{second}",
+            f"<think>The father is known.</think><answer>{answer}</answer>"]
+
+
+def script(model, tokenizer, monkeypatch, repeat: bool = False) -> list[str]:
+    """Make `model.generate` write scripted episodes: the reply of turn n (assistant turns in its input),
+    with the right answer in every other episode so that GRPO groups have different rewards."""
+    inputs, finished = [], [0]
+
+    def generate(input_ids, max_new_tokens, **kwargs):
+        text = tokenizer.decode(input_ids[0])
+        inputs.append(text)
+        rid = text.split("father of Ann ")[1].split("?")[0]
+        turn = text.count("<|im_start|>assistant") - 1
+        answer = f"Bob {rid}" if finished[0] % 2 == 0 else "Nobody"
+        reply = replies(rid, answer, repeat)[turn]
+        finished[0] += turn == 2
+        new = tokenizer.encode(reply, add_special_tokens=False)[:max_new_tokens - 1] + [tokenizer.eos_token_id]
+        return torch.cat([input_ids, torch.tensor([new])], dim=1)
+
+    monkeypatch.setattr(model, "generate", generate)
+    return inputs
+
+
+@pytest.fixture
+def config(tmp_path) -> OmneConfig:
+    data = tmp_path / "dev_evidences.json"
+    data.write_text(json.dumps([wiki_row("1"), wiki_row("2")]))
+    cfg = load_config(OmneConfig, YAML)
+    rollout = dataclasses.replace(cfg.rollout, path=str(data), store=f"embedded://{tmp_path}/s?embedder=hash",
+                                  limit=None, max_new_tokens=160)
+    return dataclasses.replace(cfg, model=ModelConfig(name="tiny", lora=True), rollout=rollout,
+                               output_dir=str(tmp_path / "out"), grpo=TINY_GRPO, grpo_stage3={}, sft=TINY_SFT,
+                               sft_min_reward=None)
+
+
+def weights(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def changed(before: dict, model) -> bool:
+    return any(not torch.equal(before[n], p.detach()) for n, p in model.named_parameters() if n in before)
+
+
+def log_records(cfg: OmneConfig) -> list[dict]:
+    return [json.loads(line) for line in (Path(cfg.output_dir) / LOG).read_text().splitlines()]
+
+
+def test_yaml_config_loads_and_bad_configs_raise(tmp_path):
+    cfg = load_config(OmneConfig, YAML)
+    assert cfg.stages == [1, 2, 3] and cfg.rollout.agent == "omne" and cfg.think_weight == 0.001
+    assert cfg.grpo["num_generations"] == 4 and cfg.grpo["beta"] == 0.0 and cfg.reward.result_floor == 0.1
+    for bad in ({"stages": [3, 1]}, {"stages": [4]}, {"stages": []}, {"rollout": {"agent": "mujica", "path": "x"}},
+                {"rollout": {"agent": "omne"}}, {"grpo": {"temperature": 0}}, {"grpo_stage3": {"use_vllm": True}},
+                {"sft": {"output_dir": "elsewhere"}}, {"think_weight": -1}, {"reward": {"result_floor": 2}},
+                {"reward": {"think": False}},
+                {"no_such_key": 1}):
+        path = tmp_path / "bad.yaml"
+        path.write_text(json.dumps({"rollout": {"agent": "omne", "path": "x"}} | bad))
+        with pytest.raises(InvalidInput):
+            load_config(OmneConfig, path)
+
+
+def test_bad_trl_arguments_raise_invalid_input(config):
+    with pytest.raises(InvalidInput, match="stage 1"):
+        OmneTrainer(dataclasses.replace(config, stages=[1], grpo={**TINY_GRPO, "no_such_argument": 1})).train()
+
+
+def test_episodes_run_the_omne_graph_and_mask_tool_results(config, monkeypatch):
+    trainer = OmneTrainer(config)
+    seen = script(trainer.model, trainer.tokenizer, monkeypatch)
+    chats, template = [], EpisodeModel._template
+
+    def spy(self, chat, generation_prompt):
+        chats.append(chat)
+        return template(self, chat, generation_prompt)
+
+    monkeypatch.setattr(EpisodeModel, "_template", spy)
+    tok = trainer.tokenizer
+    with open_store(config.rollout.store) as store:
+        env = OmneEnvironment(config.rollout, store)
+        prompt = next(iter(env.questions))
+        ep = env.episode(trainer.model, tok, prompt, budget=1024)
+    assert ep["turns"] == replies("1", "Bob 1") and ep["episode_rounds"] == 3 and ep["episode_tool_calls"] == 2
+    ids, mask = ep["completion_ids"], ep["env_mask"]
+    assert len(ids) == len(mask) and mask[0] == 1 and mask[-1] == 1
+    model_text = tok.decode([i for i, m in zip(ids, mask) if m])
+    graph_text = tok.decode([i for i, m in zip(ids, mask) if not m])
+    assert model_text == "".join(t + "<|im_end|>" for t in ep["turns"])
+    assert "<tool_response>\nEntity: Ann 1\n- (Ann 1) -[father]-> (Bob 1)\n</tool_response>" in graph_text
+    assert "<tool_response>" not in model_text
+    # each reply was generated from the episode's sequence, which reads exactly as the prompt the Omne graph
+    # built for that turn (its system prompt, question, replies and tool results)
+    assert seen[0].startswith("<|im_start|>system\nYou answer multi-hop questions") and prompt in seen[0]
+    assert seen[-1] == tok.apply_chat_template(chats[-1], add_generation_prompt=True, tokenize=False)
+    assert seen[-1] == tok.decode(ep["prompt_ids"] + ids[:len(ids) - len(tok.encode(ep["turns"][-1])) - 1])
+
+
+def test_episode_budget_ends_the_graph_and_a_changing_template_stops_training(config, monkeypatch):
+    trainer = OmneTrainer(config)
+    script(trainer.model, trainer.tokenizer, monkeypatch)
+    tok = trainer.tokenizer
+    with open_store(config.rollout.store) as store:
+        env = OmneEnvironment(config.rollout, store)
+        prompt = next(iter(env.questions))
+        short = env.episode(trainer.model, tok, prompt, budget=100)
+        assert len(short["turns"]) == 1 and len(short["completion_ids"]) <= 100
+        assert omne_reward(short["turns"], ["Bob 1"]) == 0.0  # no answer: the format fails
+        # a template that drops the <think> of earlier turns: the sequence is no longer what the graph shows
+        monkeypatch.setattr(tok, "chat_template", CHATML.replace(
+            "{{ m['content'] }}", "{{ m['content'].split('</think>')[-1] if m['role'] == 'assistant' and not loop.last "
+                                  "else m['content'] }}"))
+        with pytest.raises(MhqaError, match="renders the conversation differently"):
+            env.episode(trainer.model, tok, prompt, budget=1024)
+
+
+def test_tool_result_tokens_get_no_gradient(config, monkeypatch):
+    trainer = OmneTrainer(dataclasses.replace(config, model=ModelConfig(name="tiny", lora=False)))
+    script(trainer.model, trainer.tokenizer, monkeypatch)
+    with open_store(config.rollout.store) as store:
+        env = OmneEnvironment(config.rollout, store)
+        grpo = trainer.grpo_trainer(1, env)
+        row = env.dataset()[0]
+        inputs = grpo._generate_and_score_completions([dict(row), dict(row)])
+    assert inputs["advantages"].abs().min() > 0  # one right and one wrong answer in the group
+    mask = inputs["completion_mask"] * inputs["tool_mask"]
+    assert (inputs["tool_mask"] == 0).any()
+    logps = []
+    original = grpo._get_per_token_logps_and_entropies
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        if out[0].requires_grad:
+            out[0].retain_grad()
+            logps.append(out[0])
+        return out
+
+    monkeypatch.setattr(grpo, "_get_per_token_logps_and_entropies", spy)
+    grpo.model.train()
+    grpo.current_gradient_accumulation_steps = 1  # set by the training loop otherwise
+    grpo.compute_loss(grpo.model, inputs).backward()
+    grad = logps[-1].grad
+    assert torch.all(grad[mask == 0] == 0) and torch.all(grad[mask == 1] != 0)
+
+
+def test_stage3_reward_is_lower_for_repeated_identical_calls():
+    golds = ["Bob 1"]
+    distinct, repeated = replies("1", "Bob 1"), replies("1", "Bob 1", repeat=True)
+    cfg = OmneRewardConfig()
+
+    def total(stage: int, turns: list[str]) -> float:
+        return sum(f(prompts=[None], completions=[None], turns=[turns], answers=[golds])[0]
+                   for f in stage_rewards(stage, cfg, repetition_weight=0.25))
+
+    assert total(1, distinct) == total(1, repeated) == pytest.approx(1.0)
+    assert total(3, distinct) == pytest.approx(1.0)
+    assert total(3, repeated) == pytest.approx(0.75)
+    assert total(3, ["<tool_call>{}</tool_call>", "<answer>Bob 1</answer>"]) == 0.0  # no <think>: format fails
+
+
+@pytest.mark.parametrize("lora", [True, False])
+def test_rl_stages_train_end_to_end(config, monkeypatch, lora):
+    cfg = dataclasses.replace(config, stages=[1, 3], model=ModelConfig(name="tiny", lora=lora))
+    trainer = OmneTrainer(cfg)
+    script(trainer.model, trainer.tokenizer, monkeypatch, repeat=True)
+    before = weights(trainer.model)
+    summary = trainer.train()
+    assert [s["stage"] for s in summary["stages"]] == [1, 3] and all(s["steps"] == 1 for s in summary["stages"])
+    assert changed(before, trainer.model)
+    logs = log_records(cfg)
+    first = next(r for r in logs if r["stage"] == 1 and "loss" in r)
+    third = next(r for r in logs if r["stage"] == 3 and "loss" in r)
+    assert first["episodes/format"] == 1.0 and first["episodes/repeated_calls"] == 1.0
+    assert "rewards/repetition/mean" not in first and third["rewards/repetition/mean"] == pytest.approx(-0.1)
+    assert (Path(summary["final"]) / ("adapter_config.json" if lora else "config.json")).is_file()
+
+
+def test_all_stages_with_the_tiny_policy_and_a_teacher_for_sft(config, tmp_path):
+    teacher = "fake:" + json.dumps(replies("1", "Bob 1"))
+    cfg = dataclasses.replace(config, sft_teacher=teacher, grpo={**TINY_GRPO, "max_completion_length": 128},
+                              rollout=dataclasses.replace(config.rollout, limit=1, max_new_tokens=16))
+    trainer = OmneTrainer(cfg)
+    rows = trainer.sft_data()
+    assert len(rows) == 1 and [m["role"] for m in rows[0]["messages"]] == ["system", "user", "assistant", "user",
+                                                                             "assistant", "user", "assistant"]
+    before = weights(trainer.model)
+    summary = trainer.train()
+    assert [s["kind"] for s in summary["stages"]] == ["grpo", "sft", "grpo"] and changed(before, trainer.model)
+    logs = log_records(cfg)
+    assert {r["stage"] for r in logs} == {1, 2, 3}
+    assert any(r["stage"] == 2 and "loss" in r for r in logs) and any("rewards/omne/mean" in r for r in logs)
+    think = [seg for m in rows[0]["messages"] for seg in m["segments"] if seg["text"].startswith("<think>")]
+    assert len(think) == 3 and all(seg["weight"] == 0.001 for seg in think)
+    # the teacher's run, exported as the CLI does, is read back as stage 2's given dataset
+    export(Path(cfg.output_dir) / "stage2" / "rollouts" / "sample0", "sft", tmp_path / "sft")
+    for path in (tmp_path / "sft", tmp_path / "sft" / "sft.jsonl"):
+        given = OmneTrainer(dataclasses.replace(cfg, stages=[2], sft_data=str(path))).sft_data()
+        assert [m["content"] for m in given[0]["messages"]] == [m["content"] for m in rows[0]["messages"]]
