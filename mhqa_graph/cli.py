@@ -322,6 +322,24 @@ def export_cmd(
     out.print(", ".join(f"{name}: {n} rows" for name, n in counts.items()) + f" -> {out_dir}", highlight=False)
 
 
+@app.command("train")
+def train_cmd(
+    method: Annotated[str, typer.Argument(help="mygo | mapgrpo | omne")],
+    config: Annotated[Path, typer.Option("--config", exists=True, dir_okay=False, help="YAML config "
+                                         "(examples in configs/train/).")],
+    out_dir: Annotated[str | None, typer.Option("--out", help="Override the config's output_dir.")] = None,
+) -> None:
+    """Train a model: MyGO (Mujica), MAPGRPO (OPERA) or Omne's stages; logs and the model go to output_dir."""
+    from .training import train
+
+    def brief(value: Any) -> Any:  # the summary without the per-step logs (they are in log.jsonl)
+        if isinstance(value, dict):
+            return {k: brief(v) for k, v in value.items() if k not in ("log", "plan_executions")}
+        return [brief(v) for v in value] if isinstance(value, list) else value
+
+    _print_json(brief(train(method, config, out_dir)))
+
+
 @app.command("demo")
 def demo_cmd(
     store: StoreOpt = None,

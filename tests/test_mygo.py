@@ -101,3 +101,23 @@ def test_rows_are_the_agents_own_turns(tmp_path):
         trained = [(m["role"], s["weight"]) for m in row["messages"] for s in m.get("segments") or []
                    if s["weight"] > 0]
         assert trained and all(t == ("assistant", 1.0) for t in trained)
+
+
+def test_cli_train_runs_a_yaml_config(tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from mhqa_graph.cli import app
+
+    config = tiny_config(tmp_path, iterations=1)
+    path = tmp_path / "mygo.yaml"
+    path.write_text(yaml.safe_dump({"iterations": 1, "model": {"name": "tiny"}, "sft": config.sft,
+                                    "rollout": {k: getattr(config.rollout, k) for k in
+                                                ("agent", "dataset", "path", "store", "limit", "samples",
+                                                 "temperature", "max_new_tokens")}}))
+    result = CliRunner().invoke(app, ["train", "mygo", "--config", str(path), "--out", str(tmp_path / "cli")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout[result.stdout.index("{"):])
+    assert summary["iterations"][0]["trajectories"] == 6 and summary["final"] == str(tmp_path / "cli" / "final")
+    bad = CliRunner().invoke(app, ["train", "ppo", "--config", str(path)])
+    assert bad.exit_code != 0 and "unknown training method" in str(bad.exception)

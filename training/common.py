@@ -9,6 +9,7 @@ agent graphs with the model under training.
 from __future__ import annotations
 
 import dataclasses
+import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +110,31 @@ def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path,
                  start=config.start, concurrency=1, context_overrides=overrides, progress=False)
         records += [r | {"sample": j} for r in read_records(out / RESULTS)]
     return records
+
+
+def write_log(path: Path, entry: dict[str, Any]) -> None:
+    """Append `entry` as one JSON line to a trainer's log.jsonl."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(entry, ensure_ascii=False, default=float) + "\n")
+
+
+def jsonl_log(path: Path, **tags: Any) -> Any:
+    """A TRL/transformers callback appending every log entry (loss, rewards, ...) with `tags` and the step
+    to `path`; the entries are also kept in its `entries` list."""
+    from transformers import TrainerCallback
+
+    class JsonlLog(TrainerCallback):
+        entries: list[dict[str, Any]] = []
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+            entry = {**tags, "step": state.global_step, **(logs or {})}
+            self.entries.append(entry)
+            write_log(path, entry)
+
+    log = JsonlLog()
+    log.entries = []
+    return log
 
 
 T = TypeVar("T")

@@ -42,7 +42,6 @@ import torch
 from datasets import Dataset, load_from_disk
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs.opera import parse_rewrite, retrieve_contexts
-from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
 from mhqa_graph.errors import InvalidInput
@@ -51,7 +50,7 @@ from mhqa_graph.export import OPERA_ROLES, role_rows
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 
-from .common import ModelConfig, RolloutConfig, chat_model_for, load_model, rollouts
+from .common import ModelConfig, RolloutConfig, chat_model_for, jsonl_log, load_model, rollouts, write_log
 from .rewards import (
     AnalysisRewardConfig,
     PlanRewardConfig,
@@ -299,23 +298,6 @@ class RoleRewards:
 
 
 # -- the trainer ---------------------------------------------------------------------------------
-class JsonlLog(TrainerCallback):
-    """Appends every Trainer log entry, tagged with the role, to a JSONL file (and to `entries`)."""
-
-    def __init__(self, path: Path, role: str) -> None:
-        self.path, self.role, self.entries = path, role, []
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
-        entry = {"role": self.role, "step": state.global_step, **(logs or {})}
-        self.entries.append(entry)
-        write_log(self.path, entry)
-
-
-def write_log(path: Path, entry: dict[str, Any]) -> None:
-    with path.open("a", encoding="utf-8") as f:
-        f.write(json.dumps(entry, ensure_ascii=False, default=float) + "\n")
-
-
 def environment(records: list[dict[str, Any]]) -> tuple[str | None, str | None]:
     """The corpus and graph the rollouts searched."""
     trace = next((r["trace"] for r in records if r.get("trace")), None) or {}
@@ -364,7 +346,7 @@ class MAPGRPOTrainer:
                                   "reason": f"{len(rows)} prompts; one GRPO step takes {needed}"})
             return info | {"steps": 0, "log": []}
         corpus, graph = environment(records)
-        log = JsonlLog(out / LOG, role)
+        log = jsonl_log(out / LOG, role=role)
         with open_store(cfg.rollout.store, read_only=True) as store:
             policy = cfg.executor == "policy"
             executor = chat_model_for(self.model, self.tokenizer, 0.0, cfg.rollout.max_new_tokens) if policy \

@@ -21,7 +21,7 @@ from typing import Any
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.export import mygo_rows, read_records, reward_of
 
-from .common import ModelConfig, RolloutConfig, chat_model_for, load_model, rollouts
+from .common import ModelConfig, RolloutConfig, chat_model_for, load_model, rollouts, write_log
 from .rewards import keep, next_tau
 
 SFT_DEFAULTS: dict[str, Any] = {"learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 1,
@@ -74,11 +74,6 @@ class MyGOTrainer:
         self.model, self.tokenizer = model, tokenizer
         self.tau = config.tau_0
 
-    def log(self, row: dict[str, Any]) -> None:
-        self.out.mkdir(parents=True, exist_ok=True)
-        with (self.out / "log.jsonl").open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
-
     def sft(self, rows: list[dict[str, Any]], out_dir: Path) -> float:
         """One plain-SFT pass over `rows`; returns the mean training loss."""
         from datasets import Dataset
@@ -118,11 +113,11 @@ class MyGOTrainer:
                 raise InvalidInput(f"warm-up run {cfg.warmup_run} has no trajectory with "
                                    f"{cfg.reward} >= {cfg.warmup_min_reward}")
             row = {"iteration": 0, "warmup_rows": len(rows), "loss": self.sft(rows, self.out / "warmup")}
-            self.log(row)
+            write_log(self.out / "log.jsonl", row)
             history.append(row)
         for k in range(1, cfg.iterations + 1):
             row = self.iteration(k)
-            self.log(row)
+            write_log(self.out / "log.jsonl", row)
             history.append(row)
         self.model.save_pretrained(self.out / "final")
         self.tokenizer.save_pretrained(self.out / "final")

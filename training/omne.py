@@ -32,7 +32,6 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs import omne_prompts as P
 from pydantic import PrivateAttr
-from transformers import TrainerCallback
 
 from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
 from mhqa_graph.eval.environments import environment_name, prepare
@@ -41,7 +40,7 @@ from mhqa_graph.export import THINK_WEIGHT, sft_rows
 from mhqa_graph.models.chat import _ROLES, TransformersChatModel
 from mhqa_graph.store import open_store
 
-from .common import ModelConfig, RolloutConfig, chat_model_for, load_model, rollouts
+from .common import ModelConfig, RolloutConfig, chat_model_for, jsonl_log, load_model, rollouts
 from .rewards import OmneRewardConfig, format_reward, omne_reward, repetition_penalty, tool_calls
 
 STAGES = {1: "grpo", 2: "sft", 3: "grpo"}
@@ -271,19 +270,6 @@ def stage_rewards(stage: int, reward: OmneRewardConfig, repetition_weight: float
 
 
 # -- the trainer ---------------------------------------------------------------------------
-class JsonlLog(TrainerCallback):
-    """Appends every TRL log (loss, rewards, episode metrics) with its stage and step to `path`."""
-
-    def __init__(self, path: Path, stage: int) -> None:
-        self.path, self.stage, self.records = path, stage, []
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
-        record = {"stage": self.stage, "step": state.global_step, **(logs or {})}
-        self.records.append(record)
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, default=float) + "\n")
-
-
 def read_sft_data(path: str) -> list[dict[str, Any]]:
     """Rows of an exported sft dataset: a `save_to_disk` folder or a JSONL file of rows with `messages`."""
     source = Path(path)
@@ -322,7 +308,7 @@ class OmneTrainer:
                            reward_funcs=stage_rewards(stage, self.config.reward, self.config.repetition_weight),
                            train_dataset=env.dataset(), rollout_func=env.rollout_func(), callbacks=callbacks)
 
-    def _grpo(self, stage: int, log: JsonlLog) -> Any:
+    def _grpo(self, stage: int, log: Any) -> Any:
         with open_store(self.config.rollout.store) as store:
             trainer = self.grpo_trainer(stage, OmneEnvironment(self.config.rollout, store), [log])
             trainer.train()
@@ -344,7 +330,7 @@ class OmneTrainer:
             raise InvalidInput("stage 2 has no trajectories to train on (check sft_data / sft_min_reward)")
         return rows
 
-    def _sft(self, stage: int, log: JsonlLog) -> Any:
+    def _sft(self, stage: int, log: Any) -> Any:
         from datasets import Dataset
 
         from .weighted_sft import WeightedSFTConfig, WeightedSFTTrainer
@@ -360,10 +346,10 @@ class OmneTrainer:
         self.out.mkdir(parents=True, exist_ok=True)
         summary: dict[str, Any] = {"stages": []}
         for stage in self.config.stages:
-            log = JsonlLog(self.out / LOG, stage)
+            log = jsonl_log(self.out / LOG, stage=stage)
             trainer = (self._grpo if STAGES[stage] == "grpo" else self._sft)(stage, log)
             summary["stages"].append({"stage": stage, "kind": STAGES[stage], "steps": trainer.state.global_step,
-                                      "log": log.records})
+                                      "log": log.entries})
         final = self.out / "final"
         self.model.save_pretrained(final)
         self.tokenizer.save_pretrained(final)
