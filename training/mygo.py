@@ -26,8 +26,8 @@ from .rewards import keep, next_tau
 
 SFT_DEFAULTS: dict[str, Any] = {"learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 1,
                                 "gradient_accumulation_steps": 4, "max_length": 2048, "logging_steps": 1,
-                                "report_to": [], "save_strategy": "no", "use_cpu": True, "bf16": False,
-                                "gradient_checkpointing": False}
+                                "report_to": [], "save_strategy": "no", "bf16": False,
+                                "gradient_checkpointing": False}  # use_cpu: when there is no CUDA device
 
 
 @dataclass
@@ -76,11 +76,13 @@ class MyGOTrainer:
 
     def sft(self, rows: list[dict[str, Any]], out_dir: Path) -> float:
         """One plain-SFT pass over `rows`; returns the mean training loss."""
+        import torch
         from datasets import Dataset
 
         from .weighted_sft import WeightedSFTConfig, WeightedSFTTrainer
 
-        args = WeightedSFTConfig(output_dir=str(out_dir), think_weight=1.0, **{**SFT_DEFAULTS, **self.config.sft})
+        defaults = SFT_DEFAULTS | {"use_cpu": not torch.cuda.is_available()}
+        args = WeightedSFTConfig(output_dir=str(out_dir), think_weight=1.0, **(defaults | self.config.sft))
         dataset = Dataset.from_list([{"messages": r["messages"]} for r in rows])
         trainer = WeightedSFTTrainer(model=self.model, args=args, train_dataset=dataset,
                                      processing_class=self.tokenizer)
