@@ -37,7 +37,7 @@ from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
 from mhqa_graph.eval.environments import environment_name, prepare
 from mhqa_graph.eval.runner import TOPIC_ENTITY_DATASETS, load_questions
 from mhqa_graph.export import THINK_WEIGHT, sft_rows
-from mhqa_graph.models.chat import _ROLES, TransformersChatModel
+from mhqa_graph.models.chat import TransformersChatModel, chat_dicts
 from mhqa_graph.store import open_store
 
 from .common import ModelConfig, RolloutConfig, chat_model_for, jsonl_log, load_model, rollouts
@@ -150,7 +150,7 @@ class EpisodeModel(TransformersChatModel):
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         import torch
 
-        chat = [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
+        chat = chat_dicts(messages)
         if not self._prompt:
             self._prompt = self._template(chat, True)
         else:

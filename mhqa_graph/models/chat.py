@@ -18,6 +18,11 @@ _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"
 CUT_MARKER = "\n[...]\n"  # stands where a prompt too long for the context window was cut
 
 
+def chat_dicts(messages: list[BaseMessage]) -> list[dict[str, str]]:
+    """LangChain messages as chat-template dicts ({role, content}); unknown message types count as user."""
+    return [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
+
+
 def fit_prompt(ids: list[int], budget: int, keep_head: int = 0,
                marker: list[int] | None = None) -> tuple[list[int], int]:
     """`ids` cut to at most `budget` tokens: the first `keep_head` (the system prompt; at most half the
@@ -119,7 +124,7 @@ class TransformersChatModel(BaseChatModel):
         stops = [s for s in (stop or self.stop or []) if s]
         max_new = int(kwargs.get("max_new_tokens", self.max_new_tokens))
         temperature = float(kwargs.get("temperature", self.temperature))
-        chat = [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
+        chat = chat_dicts(messages)
         with self._lock:
             if self._model is None:
                 self._load()

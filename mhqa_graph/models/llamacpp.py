@@ -18,7 +18,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import PrivateAttr
 
 from ..errors import ModelError, ModelNotInstalled
-from .chat import _ROLES, CUT_MARKER, fit_prompt
+from .chat import CUT_MARKER, chat_dicts, fit_prompt
 
 DEFAULT_CTX = 8192  # tokens; the KV cache of a model's full training context can take gigabytes
 
@@ -114,7 +114,7 @@ class LlamaCppChatModel(BaseChatModel):
         stops = [s for s in (stop or self.stop or []) if s]
         max_new = int(kwargs.get("max_new_tokens", self.max_new_tokens))
         temperature = float(kwargs.get("temperature", self.temperature))
-        chat = [{"role": _ROLES.get(m.type, "user"), "content": m.text} for m in messages]
+        chat = chat_dicts(messages)
         with self._lock:
             if self._llm is None:
                 self._load()
