@@ -89,6 +89,7 @@ class MyGOTrainer:
         return float(trainer.train().training_loss)
 
     def iteration(self, k: int) -> dict[str, Any]:
+        """Rollouts, τ, keep, SFT; the iteration's metrics, also appended to log.jsonl."""
         cfg = self.config
         started = time.perf_counter()
         llm = chat_model_for(self.model, self.tokenizer, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
@@ -99,10 +100,12 @@ class MyGOTrainer:
         rows = sft_rows(good, cfg.reward)
         rollout_s = time.perf_counter() - started
         loss = self.sft(rows, self.out / f"iter{k}" / "sft") if rows else None
-        return {"iteration": k, "tau": self.tau, "mean_reward": sum(rewards) / len(rewards),
-                "trajectories": len(records), "kept": len(good), "kept_fraction": len(good) / len(records),
-                "sft_rows": len(rows), "loss": loss, "failures": sum(bool(r.get("failed")) for r in records),
-                "rollout_s": round(rollout_s, 1), "sft_s": round(time.perf_counter() - started - rollout_s, 1)}
+        row = {"iteration": k, "tau": self.tau, "mean_reward": sum(rewards) / len(rewards),
+               "trajectories": len(records), "kept": len(good), "kept_fraction": len(good) / len(records),
+               "sft_rows": len(rows), "loss": loss, "failures": sum(bool(r.get("failed")) for r in records),
+               "rollout_s": round(rollout_s, 1), "sft_s": round(time.perf_counter() - started - rollout_s, 1)}
+        write_log(self.out / "log.jsonl", row)
+        return row
 
     def train(self) -> dict[str, Any]:
         cfg = self.config
@@ -117,10 +120,7 @@ class MyGOTrainer:
             row = {"iteration": 0, "warmup_rows": len(rows), "loss": self.sft(rows, self.out / "warmup")}
             write_log(self.out / "log.jsonl", row)
             history.append(row)
-        for k in range(1, cfg.iterations + 1):
-            row = self.iteration(k)
-            write_log(self.out / "log.jsonl", row)
-            history.append(row)
+        history += [self.iteration(k) for k in range(1, cfg.iterations + 1)]
         self.model.save_pretrained(self.out / "final")
         self.tokenizer.save_pretrained(self.out / "final")
         return {"iterations": history, "tau": self.tau, "final": str(self.out / "final")}
