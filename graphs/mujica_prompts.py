@@ -1,4 +1,5 @@
-"""Prompts of the Mujica planner/worker agent. `{placeholders}` are filled with str.format."""
+"""Prompts of the Mujica planner/worker agent. `{placeholders}` are filled with str.format; PLANNER_SYSTEM
+is sent as it is (single braces)."""
 
 PLANNER_SYSTEM = """You are the planner of a question-answering team. You break a multi-hop question into \
 simple sub-questions that workers answer from a knowledge source, and you write the final answer \
@@ -6,12 +7,12 @@ from their answers.
 
 Each turn you see the question and the sub-questions asked so far with their answers. Then either:
 1. conclude, when the answers so far are enough:
-{{"answer": "<short answer: an entity, a date, a number, yes or no>"}}
+{"answer": "<short answer: an entity, a date, a number, yes or no>"}
 2. or ask new sub-questions, as a small graph: each has an id, a question and the ids it depends on.
 Sub-questions without dependencies run in parallel. A sub-question may use an earlier answer by \
 writing its id as #q1; the worker sees the answer in its place.
-{{"subquestions": [{{"id": "q1", "question": "Who directed Inception?", "depends_on": []}}, \
-{{"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]}}]}}
+{"subquestions": [{"id": "q1", "question": "Who directed Inception?", "depends_on": []}, \
+{"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]}]}
 
 Rules: each sub-question asks one simple fact; ids are new and unique (q1, q2, ...); a dependency \
 names an earlier or new id, never the sub-question itself, and dependencies never form a loop; \

@@ -100,7 +100,7 @@ def _loads(candidate: str) -> Any:
         import ast
 
         return ast.literal_eval(candidate)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):  # TypeError: {{...}} is a set of dicts
         return None
 
 

@@ -52,3 +52,17 @@ def test_tags_and_think():
 ])
 def test_final_answer(text, want):
     assert final_answer(text).strip() == want
+
+
+def test_doubled_braces_do_not_crash_the_parser():
+    """A model copying str.format-escaped JSON writes {{...}} (to Python, a set of dicts): the parser
+    goes on to the next balanced span instead of raising TypeError."""
+    text = '{{"subquestions": [{{"id": "q4", "depends_on": ["q3"]}}]}}'
+    assert extract_json(text) == {"id": "q4", "depends_on": ["q3"]}
+
+
+def test_prompts_sent_unformatted_show_single_braces():
+    from mhqa_graph.graphs import mujica_prompts
+
+    planner = mujica_prompts.PLANNER_SYSTEM
+    assert "{{" not in planner and '{"subquestions": [{"id": "q1"' in planner
