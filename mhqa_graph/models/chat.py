@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,24 @@ def fit_prompt(ids: list[int], budget: int, keep_head: int = 0,
         marker = []
     tail = budget - head - len(marker)
     return list(ids[:head]) + marker + list(ids[len(ids) - tail:]), len(ids) - head - tail
+
+
+def fit_chat(ids: list[int], chat: list[dict[str, str]], window: int | None, max_new: int, name: str,
+             system_ids: Callable[[], list[int]], marker_ids: Callable[[], list[int]]) -> tuple[list[int], int]:
+    """A templated chat's `ids` cut to fit `window` with `max_new` tokens of reply: the system message
+    (`system_ids()`, when the prompt starts with it) and the end of the conversation stay, `marker_ids()`
+    stands where the oldest tokens went. Returns the ids and how many tokens were cut; ModelError when
+    `max_new` leaves no room. The callables run only when the prompt must be cut."""
+    if window is None or len(ids) + max_new <= window:
+        return ids, 0
+    if window - max_new < 1:
+        raise ModelError(f"max_new_tokens={max_new} leaves no room for a prompt in the {window}-token "
+                         f"context window of {name}")
+    head = 0
+    if chat and chat[0]["role"] == "system":
+        system = system_ids()
+        head = len(system) if ids[:len(system)] == system else 0
+    return fit_prompt(ids, window - max_new, head, marker_ids())
 
 
 class TransformersChatModel(BaseChatModel):
@@ -105,17 +124,9 @@ class TransformersChatModel(BaseChatModel):
         many tokens were cut."""
         tok = self._tokenizer
         ids = tok.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)["input_ids"]
-        window = self._window()
-        if window is None or len(ids) + max_new <= window:
-            return ids, 0
-        if window - max_new < 1:
-            raise ModelError(f"max_new_tokens={max_new} leaves no room for a prompt in the {window}-token "
-                             f"context window of {self._name}")
-        head = 0
-        if chat and chat[0]["role"] == "system":
-            system = tok.apply_chat_template(chat[:1], return_dict=True)["input_ids"]
-            head = len(system) if ids[:len(system)] == system else 0
-        return fit_prompt(ids, window - max_new, head, tok.encode(CUT_MARKER, add_special_tokens=False))
+        return fit_chat(ids, chat, self._window(), max_new, self._name,
+                        lambda: tok.apply_chat_template(chat[:1], return_dict=True)["input_ids"],
+                        lambda: tok.encode(CUT_MARKER, add_special_tokens=False))
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:

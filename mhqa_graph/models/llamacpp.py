@@ -18,7 +18,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import PrivateAttr
 
 from ..errors import ModelError, ModelNotInstalled
-from .chat import CUT_MARKER, chat_dicts, fit_prompt
+from .chat import CUT_MARKER, chat_dicts, fit_chat
 
 DEFAULT_CTX = 8192  # tokens; the KV cache of a model's full training context can take gigabytes
 
@@ -95,19 +95,9 @@ class LlamaCppChatModel(BaseChatModel):
     def _prompt_ids(self, chat: list[dict[str, str]], max_new: int) -> tuple[list[int], int]:
         """The templated prompt, cut to the context window minus `max_new` like `TransformersChatModel`
         does: the system message and the end of the conversation stay. Also returns the tokens cut."""
-        ids = self._tokens(self._template, chat)
-        window = self._window
-        if len(ids) + max_new <= window:
-            return ids, 0
-        if window - max_new < 1:
-            raise ModelError(f"max_new_tokens={max_new} leaves no room for a prompt in the {window}-token "
-                             f"context window of {self._name}")
-        head = 0
-        if chat and chat[0]["role"] == "system":
-            system = self._tokens(self._head_template, chat[:1])
-            head = len(system) if ids[:len(system)] == system else 0
-        marker = self._llm.tokenize(CUT_MARKER.encode("utf-8"), add_bos=False, special=False)
-        return fit_prompt(ids, window - max_new, head, marker)
+        return fit_chat(self._tokens(self._template, chat), chat, self._window, max_new, self._name,
+                        lambda: self._tokens(self._head_template, chat[:1]),
+                        lambda: self._llm.tokenize(CUT_MARKER.encode("utf-8"), add_bos=False, special=False))
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
