@@ -185,8 +185,36 @@ def test_2wiki_context_as_jsonl_and_json_list(tmp_path: Path) -> None:
     triples = list(dataset_triples("2wiki", listed))
     assert triples == list(dict.fromkeys(tuple(e) for r in rows for e in r["evidences"]))
     item = next(iter(questions("2wiki", jsonl)))
-    assert item.topic_entities == tuple(dict.fromkeys(e[0] for e in rows[0]["evidences"]))
+    # the compared films are named in the question; their directors (bridge entities) are not given away
+    assert item.topic_entities == ("Forbidden Ground", "Free Guy")
     assert item.hops == len(rows[0]["evidences"]) and item.supporting_ids
+
+
+@needs_data
+def test_2wiki_gold_chain_has_a_hop_per_evidence_with_its_passage(tmp_path: Path) -> None:
+    rows = head_rows("2wikimultihopqa/dev_context.jsonl", 20)
+    items = list(questions("2wiki", write_jsonl(tmp_path / "c.jsonl", rows)))
+    for row, item in zip(rows, items):
+        assert [h.triples[0] for h in item.chain] == [tuple(e) for e in row["evidences"]]
+        assert [h.answer for h in item.chain] == [e[2] for e in row["evidences"]]
+        assert all(set(h.passage_ids) <= set(item.supporting_ids) for h in item.chain)
+    with_passages = sum(all(h.passage_ids for h in i.chain) for i in items)
+    assert with_passages >= 15  # a supporting paragraph per hop where the subject has its own paragraph
+
+
+@needs_data
+def test_2wiki_train_qa_pairs_give_sub_questions(tmp_path: Path) -> None:
+    rows = head_rows("2wikimultihopqa/train_context.json", 5)
+    item = next(iter(questions("2wiki", write_json(tmp_path / "t.json", rows))))
+    assert [h.question for h in item.chain] == [p["question"] for p in rows[0]["qa_pairs"]]
+    assert [h.answer for h in item.chain] == ["Dillon Francis", "October 5, 1987"]
+
+
+@needs_data
+def test_hotpotqa_chain_is_the_supporting_paragraphs(tmp_path: Path) -> None:
+    item = next(iter(questions("hotpotqa", DATA / "hotpotqa" / "dev_b.jsonl")))
+    assert [h.passage_ids[0] for h in item.chain] == list(item.supporting_ids)
+    assert len(item.chain) == 2 and all(h.answer is None for h in item.chain)
 
 
 @needs_data
@@ -232,6 +260,9 @@ def test_musique(tmp_path: Path) -> None:
     assert first.supporting_titles == ("Walkman", "Sony")
     assert first.supporting_ids == tuple(p.id for p in passages[:2])
     assert second.supporting_ids == (passages[2].id,)
+    assert [(h.question, h.answer, h.passage_ids) for h in first.chain] == [
+        ("Walkman >> manufacturer", "Sony", (passages[0].id,)), ("who founded #1", "Masaru Ibuka", (passages[1].id,))]
+    assert second.chain == ()
     assert list(dataset_triples("musique", path)) == []
     assert detect_dataset(path) == "musique"
 
@@ -267,6 +298,10 @@ def test_pathquestion_question_file_uses_sibling_kb(tmp_path: Path) -> None:
     item = next(iter(questions("pathquestion", qfile)))
     assert item.hops == 2 and item.id == "PQ-2H-1"
     assert "_" not in item.question and item.topic_entities[0] in item.question
+    spouse, nationality = item.chain  # frederica#spouse#ernest_augustus_i#nationality#united_kingdom
+    assert spouse.triples == (("frederica of mecklenburg-strelitz", "spouse", "ernest augustus i of hanover"),)
+    assert spouse.answer == "ernest augustus i of hanover" and nationality.answer == "united kingdom"
+    assert nationality.triples[0][0] == spouse.answer
     assert detect_dataset(qfile) == "pathquestion"
 
 

@@ -35,7 +35,7 @@ from pydantic import PrivateAttr
 
 from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
 from mhqa_graph.eval.environments import environment_name, prepare
-from mhqa_graph.eval.runner import TOPIC_ENTITY_DATASETS, load_questions
+from mhqa_graph.eval.runner import load_questions
 from mhqa_graph.export import THINK_WEIGHT, sft_rows
 from mhqa_graph.models.chat import TransformersChatModel, chat_dicts
 from mhqa_graph.store import open_store
@@ -200,9 +200,7 @@ class OmneEnvironment:
             raise InvalidInput(f"{config.path} gives no knowledge graph as {config.dataset}; Omne needs a KG "
                                "dataset (2wiki evidences, pathquestion)")
         items = load_questions(config.dataset, config.path, config.limit, config.start)
-        with_entities = config.dataset in TOPIC_ENTITY_DATASETS
-        self.questions = {q.prompt: q for q in (Question(i.question, list(i.answers),
-                                                         list(i.topic_entities) if with_entities else [])
+        self.questions = {q.prompt: q for q in (Question(i.question, list(i.answers), list(i.topic_entities))
                                                 for i in items)}
         self.context = make_context("omne", store=store, graph=env["graph"], **config.context)
         self.graph = build_graph("omne")

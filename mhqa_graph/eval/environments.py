@@ -7,10 +7,9 @@ both give both. Corpus and graph share one name, by default `<dataset>-<file ste
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
-from ..ingest.datasets import dataset_passages, dataset_triples, pathquestion_kb
+from ..ingest.datasets import benchmark, dataset_passages, dataset_triples
 from ..ingest.runner import ingest_dataset
 from ..store.base import KnowledgeStore
 
@@ -18,8 +17,7 @@ from ..store.base import KnowledgeStore
 def environment_name(dataset: str, path: str | Path) -> str:
     """`hotpotqa-dev_a`; a PathQuestion question file is named after its KB (`pathquestion-2H-kb`),
     so the question files of one KB share one graph."""
-    path = pathquestion_kb(path) if dataset == "pathquestion" else Path(path)
-    return re.sub(r"[^\w.-]+", "_", f"{dataset}-{path.stem}")
+    return benchmark(dataset).environment_name(path)
 
 
 def _count(items) -> int:

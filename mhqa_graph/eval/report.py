@@ -12,6 +12,9 @@ from typing import Any
 
 from rich.table import Table
 
+from .diagnostics import FAILURE_CLASSES, failure_summary
+from .health import health_summary
+
 RESULTS, SUMMARY = "results.jsonl", "summary.json"
 
 
@@ -71,6 +74,8 @@ class Summary:
     file: str | None = None
     environment: dict[str, Any] = field(default_factory=dict)  # corpus / graph used, whether ingested now
     wall_time: float | None = None  # seconds of the latest invocation
+    diagnostics: dict[str, Any] = field(default_factory=dict)  # failure classes, evidence recall (diagnostics.py)
+    health: dict[str, Any] = field(default_factory=dict)  # protocol health totals (health.py)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -110,6 +115,8 @@ def summarize(records: list[dict], **meta: Any) -> Summary:
         latency_p50=percentile(latencies, 50), latency_p90=percentile(latencies, 90),
         tokens_per_question=sum(r["tokens"]["total"] for r in records) / len(records) if records else 0.0,
         llm_calls_per_question=_mean(records, "llm_calls"),
+        diagnostics=failure_summary(records),
+        health=health_summary(r.get("health") for r in records),
         **meta,
     )
 
@@ -132,8 +139,17 @@ def summary_table(summary: Summary, title: str | None = None) -> Table:
     table.caption = (f"failures {summary.failures}, with error {summary.with_error}, latency p50 "
                      f"{summary.latency_p50:.2f}s p90 {summary.latency_p90:.2f}s, "
                      f"{summary.tokens_per_question:.0f} tokens and {summary.llm_calls_per_question:.1f} "
-                     "LLM calls per question")
+                     "LLM calls per question" + _diagnostics_caption(summary))
     return table
+
+
+def _diagnostics_caption(summary: Summary) -> str:
+    d = summary.diagnostics
+    if not d.get("questions"):
+        return ""
+    recall = "-" if d.get("evidence_recall") is None else _pct(d["evidence_recall"])
+    classes = ", ".join(f"{k} {d['failures'].get(k, 0)}" for k in FAILURE_CLASSES if d["failures"].get(k))
+    return f"\nmisses: {classes or 'none'}; gold evidence seen {recall}%"
 
 
 # -- comparing runs --------------------------------------------------------------------------
@@ -176,6 +192,11 @@ def compare_table(summaries: dict[str, Summary]) -> Table:
     table.add_row("failures", *[str(s.failures) for s in runs])
     table.add_row("latency p50 / p90 (s)", *[f"{s.latency_p50:.2f} / {s.latency_p90:.2f}" for s in runs])
     table.add_row("tokens / question", *[f"{s.tokens_per_question:.0f}" for s in runs])
+    if any(s.diagnostics.get("questions") for s in runs):
+        table.add_row("gold evidence seen %", *["-" if s.diagnostics.get("evidence_recall") is None
+                                                 else _pct(s.diagnostics["evidence_recall"]) for s in runs])
+        for k in FAILURE_CLASSES:
+            table.add_row(f"{k} misses", *[str(s.diagnostics.get("failures", {}).get(k, 0)) for s in runs])
     for name, groups_of in _panels():
         keys = _ordered(k for s in runs for k in groups_of(s))
         for key in keys:

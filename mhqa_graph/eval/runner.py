@@ -26,14 +26,11 @@ from ..errors import IngestError, InvalidInput
 from ..ingest.datasets import QAItem, questions
 from ..store import open_store
 from ..traces import Trace, TraceRecorder
+from .diagnostics import chain_json, diagnose
 from .environments import environment_name, prepare
+from .health import health
 from .report import RESULTS, SUMMARY, Summary, read_records, summarize, summary_table
 from .scoring import score
-
-# Datasets whose question comes with its topic entity as part of the task (KGQA practice). The 2Wiki
-# loader's topic entities are the subjects of all gold evidence triples, bridge entities included,
-# so they would leak the reasoning chain and are not given to the agent.
-TOPIC_ENTITY_DATASETS = ("pathquestion",)
 
 
 def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace, error: str | None = None) -> dict:
@@ -42,7 +39,7 @@ def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace,
     usage = trace.usage()
     prediction = (output or {}).get("answer") or ""
     em, f1 = score(prediction, item.answers) if error is None else (0.0, 0.0)
-    return {
+    record = {
         "id": item.id,
         "question": item.question,
         "answers": list(item.answers),
@@ -60,8 +57,12 @@ def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace,
         "supporting_ids": list(item.supporting_ids),
         "supporting_titles": list(item.supporting_titles),
         "topic_entities": list(item.topic_entities),
+        "chain": chain_json(item.chain),
+        "diagnostics": diagnose(item.chain, trace, em, f1, failed=error is not None),
         "trace": trace.model_dump(mode="json"),
     }
+    record["health"] = health(record, trace)
+    return record
 
 
 class ResultsWriter:
@@ -124,8 +125,10 @@ def load_questions(dataset: str, path: str | Path, limit: int | None = None, sta
     return list(items.values())[start:]
 
 
-def _inputs(item: QAItem, dataset: str) -> dict:
-    if dataset in TOPIC_ENTITY_DATASETS and item.topic_entities:
+def graph_inputs(item: QAItem) -> dict:
+    """The graph input of a question: the question, and the entities it names where the dataset
+    knows them (KGQA practice; never bridge entities, which would give the chain away)."""
+    if item.topic_entities:
         return {"question": item.question, "topic_entities": list(item.topic_entities)}
     return {"question": item.question}
 
@@ -137,7 +140,7 @@ def _progress(enabled: bool) -> Progress:
     return Progress(*columns, console=Console(stderr=True), disable=not enabled)
 
 
-async def _run_all(graph: Any, agent: str, context: Any, dataset: str, todo: Iterable[QAItem], done: list[dict],
+async def _run_all(graph: Any, agent: str, context: Any, todo: Iterable[QAItem], done: list[dict],
                    writer: ResultsWriter, concurrency: int, bar: Progress, task: Any) -> None:
     # Sync graph nodes run in the loop's default executor: give it room for K questions and
     # their parallel branches (the default pool is only cpu_count + 4 threads).
@@ -156,7 +159,7 @@ async def _run_all(graph: Any, agent: str, context: Any, dataset: str, todo: Ite
             start = time.perf_counter()
             output, error = None, None
             try:
-                output = await graph.ainvoke(_inputs(item, dataset), context=context,
+                output = await graph.ainvoke(graph_inputs(item), context=context,
                                              config={"callbacks": [recorder]})
             except Exception as exc:  # any failure of one question is recorded, the run goes on
                 error = f"{type(exc).__name__}: {exc}"
@@ -208,7 +211,7 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
             with _progress(progress) as bar:
                 task = bar.add_task(f"{agent} {Path(path).name}", total=len(items), completed=len(done),
                                     failed=0, em=0.0, f1=0.0)
-                asyncio.run(_run_all(graph, agent, context, dataset, todo, done, writer, concurrency, bar, task))
+                asyncio.run(_run_all(graph, agent, context, todo, done, writer, concurrency, bar, task))
         finally:
             writer.close()
     records = [r for r in read_records(results) if r["id"] in wanted]

@@ -1,4 +1,6 @@
-"""Readers for the four benchmark datasets: pooled passages, knowledge-graph triples and questions.
+"""The four benchmark datasets, each with one home: a `Benchmark` adapter that knows its questions
+(with gold answers and gold chain), its environment (pooled passages, knowledge-graph triples) and
+the name of that environment in a store. `benchmark(name)` returns the adapter.
 
 - hotpotqa: JSON list or JSONL, Hugging Face layout (`context: {title: [...], sentences: [[...]]}`)
   or the original layout (`context: [[title, [sentence, ...]], ...]`). Passages only.
@@ -7,6 +9,11 @@
 - musique: JSONL, `paragraphs: [{idx, title, paragraph_text, is_supporting}]`. Passages only.
 - pathquestion: a KB file (`subject<TAB>relation<TAB>object`) or a question file
   (`question<TAB>answer(alt1/alt2)<TAB>path`), whose KB is found next to it. Triples only.
+
+A question's gold chain (`QAItem.chain`) is one `Hop` per reasoning step, with the sub-question and
+sub-answer where the data has them and the evidence (passage ids, triples) that step needs:
+2Wiki `evidences` (+ `qa_pairs` in train files), MuSiQue `question_decomposition`, HotpotQA
+`supporting_facts` (evidence only), PathQuestion gold paths. Diagnostics and training rewards read it.
 
 Passages are deduplicated by `passage_id(title, text)`, so equal paragraphs of different rows
 collapse and ingesting a file twice adds nothing. With `yield_errors=True` a malformed row is
@@ -32,9 +39,18 @@ from ..errors import IngestError, InvalidInput
 from ..types import Passage, Triple
 from .files import StrPath, checked, iter_json, iter_lines, make_passage, read_triples_file, triple
 
-DATASETS = ("hotpotqa", "2wiki", "musique", "pathquestion")
-
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One step of a question's gold chain: the sub-question and sub-answer where the data has them,
+    and the evidence the step needs (passage ids as ingested, triples in their stored form)."""
+
+    question: str | None = None
+    answer: str | None = None
+    passage_ids: tuple[str, ...] = ()
+    triples: tuple[Triple, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -43,7 +59,8 @@ class QAItem:
 
     `hops` is the number of gold steps: 2 for HotpotQA, the evidence triples for 2Wiki, the
     sub-questions for MuSiQue, the path's relations for PathQuestion. `supporting_ids` are the
-    passage ids (as ingested) of the supporting paragraphs.
+    passage ids (as ingested) of the supporting paragraphs; `chain` the gold steps (see `Hop`).
+    `topic_entities` are the entities the question names (KGQA practice: given to the agent).
     """
 
     id: str
@@ -55,6 +72,7 @@ class QAItem:
     supporting_titles: tuple[str, ...] = ()
     supporting_ids: tuple[str, ...] = ()
     topic_entities: tuple[str, ...] = ()
+    chain: tuple[Hop, ...] = ()
 
 
 def pathquestion_name(original: str) -> str:
@@ -65,12 +83,6 @@ def pathquestion_name(original: str) -> str:
 def pathquestion_original(readable: str) -> str:
     """`ludwig ii of bavaria` -> `ludwig_ii_of_bavaria` (the form of the PathQuestion files)."""
     return readable.replace(" ", "_")
-
-
-def _dataset(dataset: str) -> str:
-    if dataset not in DATASETS:
-        raise InvalidInput(f"dataset must be one of {DATASETS}, got {dataset!r}")
-    return dataset
 
 
 def _unique(items: Iterable[str]) -> tuple[str, ...]:
@@ -107,6 +119,14 @@ def _per_row(path: StrPath, parse: Callable[[dict], list[T]]) -> Iterator[list[T
             yield IngestError(f"malformed row: {e}", str(path), line)
 
 
+def _flat(items: Iterator[list[T] | IngestError]) -> Iterator[T | IngestError]:
+    for item in items:
+        if isinstance(item, IngestError):
+            yield item
+        else:
+            yield from item
+
+
 def _str(value: Any, what: str) -> str:
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a string, got {type(value).__name__}")
@@ -134,60 +154,10 @@ def _context(ctx: Any) -> list[tuple[str, list[str]]]:
     return out
 
 
-# HotpotQA sentences carry their own leading spaces (" They play ..."), so "" restores the
-# original paragraph; 2Wiki sentences have none and are joined with " ".
-_JOIN = {"hotpotqa": "", "2wiki": " "}
-
-
-def _context_passages(dataset: str, row: dict) -> list[Passage]:
-    if dataset == "2wiki" and "context" not in row:
-        return []
-    out = []
-    for title, sents in _context(row["context"]):
-        text = _JOIN[dataset].join(sents).strip()
-        if text:
-            out.append(make_passage(title, text))
-    return out
-
-
-def _musique_passages(row: dict) -> list[Passage]:
-    paragraphs = row["paragraphs"]
-    if not isinstance(paragraphs, list) or not all(isinstance(p, dict) for p in paragraphs):
-        raise ValueError("paragraphs must be a list of objects")
-    out = []
-    for p in paragraphs:
-        text = _str(p["paragraph_text"], "paragraph_text").strip()
-        if text:
-            out.append(make_passage(_str(p.get("title", ""), "title").strip(), text))
-    return out
-
-
-def _row_passages(dataset: str) -> Callable[[dict], list[Passage]]:
-    if dataset == "musique":
-        return _musique_passages
-    return lambda row: _context_passages(dataset, row)
-
-
-def dataset_passages(dataset: str, path: StrPath, *, yield_errors: bool = False) -> Iterator[Passage | IngestError]:
-    """The pooled context paragraphs of a dataset file, each once. PathQuestion has none."""
-    if _dataset(dataset) == "pathquestion":
-        return iter(())
-
-    def passages() -> Iterator[Passage | IngestError]:
-        seen: set[str] = set()
-        for item in _per_row(path, _row_passages(dataset)):
-            if isinstance(item, IngestError):
-                yield item
-                continue
-            for p in item:
-                if p.id not in seen:
-                    seen.add(p.id)
-                    yield p
-
-    return checked(passages(), yield_errors)
-
-
-# -- triples ---------------------------------------------------------------------------------
+def _supporting_titles(facts: Any) -> tuple[str, ...]:
+    if isinstance(facts, dict):  # HotpotQA HF layout: {title: [...], sent_id: [...]}
+        return _unique(facts.get("title", []))
+    return _unique(f[0] for f in facts or [])
 
 
 def _evidences(row: dict) -> list[Triple]:
@@ -197,9 +167,182 @@ def _evidences(row: dict) -> list[Triple]:
     return [triple(e) for e in evidences]
 
 
+def _words(text: str) -> str:
+    return " " + " ".join(re.findall(r"\w+", text.lower())) + " "
+
+
+def _named_in(question: str, names: Iterable[str]) -> tuple[str, ...]:
+    """The names that the question spells out (case-insensitive, as whole words)."""
+    text = _words(question)
+    return _unique(n for n in names if _words(n).strip() and _words(n) in text)
+
+
+# -- the benchmarks ----------------------------------------------------------------------------
+
+
+class Benchmark:
+    """A benchmark dataset: its questions, the environment (passages, triples) its files give, and
+    that environment's name in a store. Readers yield an `IngestError` for a malformed row."""
+
+    name: str = ""
+
+    def questions(self, path: StrPath) -> Iterator[QAItem | IngestError]:
+        raise NotImplementedError
+
+    def passages(self, path: StrPath) -> Iterator[Passage | IngestError]:
+        return iter(())
+
+    def triples(self, path: StrPath) -> Iterator[Triple | IngestError]:
+        return iter(())
+
+    def environment_name(self, path: StrPath) -> str:
+        """`hotpotqa-dev_a`: the corpus and graph name of a file's environment."""
+        return re.sub(r"[^\w.-]+", "_", f"{self.name}-{Path(path).stem}")
+
+
+class _ContextBenchmark(Benchmark):
+    """HotpotQA and 2Wiki: rows with a `context` of titled paragraphs."""
+
+    joiner = ""  # HotpotQA sentences carry their leading spaces; 2Wiki sentences are joined with " "
+
+    def row_passages(self, row: dict) -> list[Passage]:
+        out = []
+        for title, sents in _context(row["context"]):
+            text = self.joiner.join(sents).strip()
+            if text:
+                out.append(make_passage(title, text))
+        return out
+
+    def passages(self, path: StrPath) -> Iterator[Passage | IngestError]:
+        return _flat(_per_row(path, self.row_passages))
+
+    def item(self, row: dict) -> QAItem:
+        raise NotImplementedError
+
+    def questions(self, path: StrPath) -> Iterator[QAItem | IngestError]:
+        return _flat(_per_row(path, lambda row: [self.item(row)]))
+
+
+class HotpotQA(_ContextBenchmark):
+    """JSON list or JSONL, Hugging Face layout (`context: {title: [...], sentences: [[...]]}`) or the
+    original layout (`context: [[title, [sentence, ...]], ...]`). Passages only; the gold chain is
+    one hop per supporting paragraph, without sub-answers."""
+
+    name = "hotpotqa"
+
+    def item(self, row: dict) -> QAItem:
+        titles = _supporting_titles(row.get("supporting_facts"))
+        by_title = {p.title: p.id for p in self.row_passages(row)}
+        return QAItem(
+            id=str(row.get("id", row.get("_id", ""))),
+            question=_str(row["question"], "question"),
+            answers=_unique([_str(row["answer"], "answer").strip()]),
+            type=row.get("type"),
+            level=row.get("level"),
+            hops=2,
+            supporting_titles=titles,
+            supporting_ids=_unique(by_title.get(t, "") for t in titles),
+            chain=tuple(Hop(passage_ids=(by_title[t],)) for t in titles if t in by_title),
+        )
+
+
+class TwoWiki(_ContextBenchmark):
+    """2WikiMultihopQA, original layout. Passages from `context` and triples from `evidences` of every
+    row; a row without one of these fields offers nothing of that kind. One hop per evidence triple,
+    its object the sub-answer, its passage the supporting paragraph about its subject; train files'
+    `qa_pairs` give the sub-questions. Topic entities: evidence subjects the question names."""
+
+    name = "2wiki"
+    joiner = " "
+
+    def row_passages(self, row: dict) -> list[Passage]:
+        return super().row_passages(row) if "context" in row else []
+
+    def triples(self, path: StrPath) -> Iterator[Triple | IngestError]:
+        return _flat(_per_row(path, _evidences))
+
+    def item(self, row: dict) -> QAItem:
+        question = _str(row["question"], "question")
+        evidences = _evidences(row)
+        titles = _supporting_titles(row.get("supporting_facts"))
+        by_title = {p.title: p.id for p in self.row_passages(row) if p.title in titles}
+        pairs = row.get("qa_pairs") if isinstance(row.get("qa_pairs"), list) else []
+        pairs = pairs if len(pairs) == len(evidences) else []
+
+        def passages_about(subject: str) -> tuple[str, ...]:
+            key = subject.lower()
+            return tuple(pid for title, pid in by_title.items()
+                         if title.lower() == key or title.lower().startswith(key + " ("))
+
+        chain = tuple(Hop(question=pairs[i].get("question") if pairs and isinstance(pairs[i], dict) else None,
+                          answer=o, passage_ids=passages_about(s), triples=((s, r, o),))
+                      for i, (s, r, o) in enumerate(evidences))
+        return QAItem(
+            id=str(row.get("_id", row.get("id", ""))),
+            question=question,
+            answers=_unique([_str(row["answer"], "answer").strip()]),
+            type=row.get("type"),
+            hops=len(evidences) or None,
+            supporting_titles=titles,
+            supporting_ids=tuple(by_title.values()),
+            topic_entities=_named_in(question, (s for s, _, _ in evidences)),
+            chain=chain,
+        )
+
+
+class MuSiQue(Benchmark):
+    """JSONL, `paragraphs: [{idx, title, paragraph_text, is_supporting}]`. Passages only; one hop per
+    `question_decomposition` step, with its sub-question, sub-answer and supporting paragraph."""
+
+    name = "musique"
+
+    @staticmethod
+    def row_passages(row: dict) -> list[Passage]:
+        paragraphs = row["paragraphs"]
+        if not isinstance(paragraphs, list) or not all(isinstance(p, dict) for p in paragraphs):
+            raise ValueError("paragraphs must be a list of objects")
+        out = []
+        for p in paragraphs:
+            text = _str(p["paragraph_text"], "paragraph_text").strip()
+            if text:
+                out.append(make_passage(_str(p.get("title", ""), "title").strip(), text))
+        return out
+
+    def passages(self, path: StrPath) -> Iterator[Passage | IngestError]:
+        return _flat(_per_row(path, self.row_passages))
+
+    def item(self, row: dict) -> QAItem:
+        aliases = row.get("answer_aliases") or []
+        supporting = [p for p in row["paragraphs"] if p.get("is_supporting")]
+        titles = _unique(p.get("title", "").strip() for p in supporting)
+        ids = {p.get("idx", i): make_passage(p.get("title", "").strip(), p["paragraph_text"].strip()).id
+               for i, p in enumerate(row["paragraphs"]) if p["paragraph_text"].strip()}
+        steps = row.get("question_decomposition") or []
+        chain = tuple(Hop(question=step.get("question"), answer=step.get("answer"),
+                          passage_ids=(ids[step["paragraph_support_idx"]],)
+                          if step.get("paragraph_support_idx") in ids else ())
+                      for step in steps if isinstance(step, dict))
+        rid = str(row["id"])
+        return QAItem(
+            id=rid,
+            question=_str(row["question"], "question"),
+            answers=_unique([_str(a, "answer").strip() for a in [row["answer"], *aliases]]),
+            type=rid.split("__")[0] if "__" in rid else None,
+            hops=len(steps) or None,
+            supporting_titles=titles,
+            supporting_ids=_unique(make_passage(p.get("title", "").strip(), p["paragraph_text"].strip()).id
+                                   for p in supporting),
+            chain=chain,
+        )
+
+    def questions(self, path: StrPath) -> Iterator[QAItem | IngestError]:
+        return _flat(_per_row(path, lambda row: [self.item(row)]))
+
+
 # Question file stem -> its KB file, as in the PathQuestion readme.
 _PQ_KB = {"PQ-2H": "2H-kb.txt", "PQ-3H": "3H-kb.txt", "PQL-2H": "PQL2-KB.txt", "PQL-3H": "PQL3-KB.txt",
           "PQL-3H_more": "PQL3-KB.txt"}
+_PQ_ANSWER = re.compile(r"(.*?)\((.*)\)")
 
 
 def _is_pathquestion_questions(path: StrPath) -> bool:
@@ -222,115 +365,88 @@ def pathquestion_kb(path: StrPath) -> Path:
     return kb
 
 
-def _pathquestion_triples(path: StrPath) -> Iterator[list[Triple] | IngestError]:
-    for item in read_triples_file(pathquestion_kb(path), yield_errors=True):
-        if isinstance(item, IngestError):
-            yield item
-        else:
-            s, r, o = (pathquestion_name(x) for x in item)
-            yield [(s, r, o)]
+class PathQuestion(Benchmark):
+    """A KB file (`subject<TAB>relation<TAB>object`) or a question file
+    (`question<TAB>answer(alt1/alt2)<TAB>path`), whose KB is found next to it. Triples only, in
+    readable names (see the module docstring); the environment is named after the KB, so the question
+    files of one KB share one graph. One hop per relation of the gold path; the topic entity is the
+    path's start."""
+
+    name = "pathquestion"
+
+    def triples(self, path: StrPath) -> Iterator[Triple | IngestError]:
+        for item in read_triples_file(pathquestion_kb(path), yield_errors=True):
+            yield item if isinstance(item, IngestError) else tuple(pathquestion_name(x) for x in item)
+
+    def environment_name(self, path: StrPath) -> str:
+        return super().environment_name(pathquestion_kb(path))
+
+    def questions(self, path: StrPath) -> Iterator[QAItem | IngestError]:
+        stem = Path(path).stem
+        for item in iter_lines(path):
+            if isinstance(item, IngestError):
+                yield item
+                continue
+            n, text = item
+            fields = text.split("\t")
+            if len(fields) != 3 or not all(f.strip() for f in fields) or "#" not in fields[2]:
+                yield IngestError(f"expected 'question<TAB>answer(alt1/alt2)<TAB>path', got {text!r:.200}",
+                                  str(path), n)
+                continue
+            question, answer, gold_path = (f.strip() for f in fields)
+            m = _PQ_ANSWER.fullmatch(answer)
+            answers = [m.group(1), *m.group(2).split("/")] if m else [answer]
+            steps = gold_path.split("#")
+            if "<end>" in steps:
+                steps = steps[: steps.index("<end>")]
+            names = [pathquestion_name(x) for x in steps]
+            chain = tuple(Hop(answer=names[i + 2], triples=((names[i], names[i + 1], names[i + 2]),))
+                          for i in range(0, len(names) - 2, 2))
+            yield QAItem(
+                id=f"{stem}-{n}",
+                question=pathquestion_name(question),
+                answers=_unique(pathquestion_name(a.strip()) for a in answers),
+                hops=len(steps) // 2 or None,
+                topic_entities=(names[0],),
+                chain=chain,
+            )
+
+
+BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (HotpotQA(), TwoWiki(), MuSiQue(), PathQuestion())}
+DATASETS = tuple(BENCHMARKS)
+
+
+def benchmark(name: str) -> Benchmark:
+    """The adapter of a dataset name; InvalidInput for an unknown one."""
+    if name not in BENCHMARKS:
+        raise InvalidInput(f"dataset must be one of {DATASETS}, got {name!r}")
+    return BENCHMARKS[name]
+
+
+def _deduplicated(items: Iterator[T | IngestError], key: Callable[[T], Any]) -> Iterator[T | IngestError]:
+    seen: set = set()
+    for item in items:
+        if not isinstance(item, IngestError):
+            if key(item) in seen:
+                continue
+            seen.add(key(item))
+        yield item
+
+
+def dataset_passages(dataset: str, path: StrPath, *, yield_errors: bool = False) -> Iterator[Passage | IngestError]:
+    """The pooled context paragraphs of a dataset file, each once. PathQuestion has none."""
+    return checked(_deduplicated(benchmark(dataset).passages(path), lambda p: p.id), yield_errors)
 
 
 def dataset_triples(dataset: str, path: StrPath, *, yield_errors: bool = False) -> Iterator[Triple | IngestError]:
     """The knowledge-graph triples a dataset file offers, each once: 2Wiki `evidences` of every
     row, PathQuestion KB facts (readable names, see the module docstring). Others have none."""
-    if _dataset(dataset) in ("hotpotqa", "musique"):
-        return iter(())
-
-    def triples() -> Iterator[Triple | IngestError]:
-        seen: set[Triple] = set()
-        source = _pathquestion_triples(path) if dataset == "pathquestion" else _per_row(path, _evidences)
-        for item in source:
-            if isinstance(item, IngestError):
-                yield item
-                continue
-            for t in item:
-                if t not in seen:
-                    seen.add(t)
-                    yield t
-
-    return checked(triples(), yield_errors)
-
-
-# -- questions -------------------------------------------------------------------------------
-
-
-def _supporting_titles(facts: Any) -> tuple[str, ...]:
-    if isinstance(facts, dict):  # HotpotQA HF layout: {title: [...], sent_id: [...]}
-        return _unique(facts.get("title", []))
-    return _unique(f[0] for f in facts or [])
-
-
-def _hotpot_2wiki_item(dataset: str, row: dict) -> QAItem:
-    titles = _supporting_titles(row.get("supporting_facts"))
-    evidences = _evidences(row)
-    passages = _context_passages(dataset, row) if "context" in row else []
-    return QAItem(
-        id=str(row.get("id", row.get("_id", ""))),
-        question=_str(row["question"], "question"),
-        answers=_unique([_str(row["answer"], "answer").strip()]),
-        type=row.get("type"),
-        level=row.get("level"),
-        hops=2 if dataset == "hotpotqa" else len(evidences) or None,
-        supporting_titles=titles,
-        supporting_ids=_unique(p.id for p in passages if p.title in titles),
-        topic_entities=_unique(s for s, _, _ in evidences),
-    )
-
-
-def _musique_item(row: dict) -> QAItem:
-    aliases = row.get("answer_aliases") or []
-    supporting = [p for p in row["paragraphs"] if p.get("is_supporting")]
-    titles = _unique(p.get("title", "").strip() for p in supporting)
-    rid = str(row["id"])
-    return QAItem(
-        id=rid,
-        question=_str(row["question"], "question"),
-        answers=_unique([_str(a, "answer").strip() for a in [row["answer"], *aliases]]),
-        type=rid.split("__")[0] if "__" in rid else None,
-        hops=len(row.get("question_decomposition") or []) or None,
-        supporting_titles=titles,
-        supporting_ids=_unique(make_passage(p.get("title", "").strip(), p["paragraph_text"].strip()).id
-                               for p in supporting),
-    )
-
-
-_PQ_ANSWER = re.compile(r"(.*?)\((.*)\)")
-
-
-def _pathquestion_questions(path: StrPath) -> Iterator[QAItem | IngestError]:
-    stem = Path(path).stem
-    for item in iter_lines(path):
-        if isinstance(item, IngestError):
-            yield item
-            continue
-        n, text = item
-        fields = text.split("\t")
-        if len(fields) != 3 or not all(f.strip() for f in fields) or "#" not in fields[2]:
-            yield IngestError(f"expected 'question<TAB>answer(alt1/alt2)<TAB>path', got {text!r:.200}", str(path), n)
-            continue
-        question, answer, gold_path = (f.strip() for f in fields)
-        m = _PQ_ANSWER.fullmatch(answer)
-        answers = [m.group(1), *m.group(2).split("/")] if m else [answer]
-        steps = gold_path.split("#")
-        if "<end>" in steps:
-            steps = steps[: steps.index("<end>")]
-        yield QAItem(
-            id=f"{stem}-{n}",
-            question=pathquestion_name(question),
-            answers=_unique(pathquestion_name(a.strip()) for a in answers),
-            hops=len(steps) // 2 or None,
-            topic_entities=(pathquestion_name(steps[0]),),
-        )
+    return checked(_deduplicated(benchmark(dataset).triples(path), lambda t: t), yield_errors)
 
 
 def questions(dataset: str, path: StrPath, *, yield_errors: bool = False) -> Iterator[QAItem | IngestError]:
-    """The questions of a dataset file with gold answers (all aliases) and evidence."""
-    if _dataset(dataset) == "pathquestion":
-        return checked(_pathquestion_questions(path), yield_errors)
-    parse = _musique_item if dataset == "musique" else (lambda row: _hotpot_2wiki_item(dataset, row))
-    source = (x if isinstance(x, IngestError) else x[0] for x in _per_row(path, lambda row: [parse(row)]))
-    return checked(source, yield_errors)
+    """The questions of a dataset file with gold answers (all aliases), evidence and gold chain."""
+    return checked(benchmark(dataset).questions(path), yield_errors)
 
 
 def detect_dataset(path: StrPath) -> str | None:

@@ -1,0 +1,72 @@
+"""Protocol health: whether an agent did what its design says, read from the trace of an eval record.
+
+Per question:
+- `acted`: the design's own action happened. Omne ran at least one tool call that returned a result
+  (not an error, not a repeat); Mujica dispatched at least one worker; OPERA retrieved for at least
+  one sub-goal; rag retrieved. None for `direct`, which has no action.
+- `invented`: tool results the model wrote itself (`<tool_response>` in its own replies).
+- `malformed`: the run ended with a MalformedOutput error.
+- `repairs`: model calls that answered a repair or nudge message (a reply could not be used).
+- `forced`: model calls that had to answer because a cap was reached.
+- `bad_answer`: the answer is empty or longer than 10 words.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ..traces import Trace
+
+MAX_ANSWER_WORDS = 10
+# what the graphs say to the model when a reply could not be used, or when it must answer now
+REPAIR_MARKERS = ("That reply could not be used", "Your reply had neither a tool call nor an answer")
+FORCE_MARKERS = ("You cannot call tools any more", "No more sub-questions can be asked")
+INVENTED = "<tool_response>"
+
+
+def _last_user(call: Any) -> str:
+    return next((m.content for m in reversed(call.messages) if m.role != "assistant"), "")
+
+
+def acted(trace: Trace) -> bool | None:
+    agent = trace.agent
+    if agent == "omne":
+        calls = trace.design.get("tool_calls") or []
+        return any(not c.get("repeated") and not str(c.get("result_preview", "")).startswith("Error")
+                   for c in calls if isinstance(c, dict))
+    if agent == "mujica":
+        return any(c.role == "worker" for c in trace.llm_calls)
+    if agent in ("opera", "rag"):
+        return any(step.retrieved for step in trace.steps)
+    return None
+
+
+def health(record: dict, trace: Trace) -> dict[str, Any]:
+    """The protocol health of one eval record (see the module docstring)."""
+    answer = (record.get("prediction") or "").split()
+    return {
+        "acted": acted(trace),
+        "invented": sum(c.output.count(INVENTED) for c in trace.llm_calls),
+        "malformed": "MalformedOutput" in (record.get("error") or ""),
+        "repairs": sum(any(m in _last_user(c) for m in REPAIR_MARKERS) for c in trace.llm_calls),
+        "forced": sum(any(m in _last_user(c) for m in FORCE_MARKERS) for c in trace.llm_calls),
+        "bad_answer": not answer or len(answer) > MAX_ANSWER_WORDS,
+    }
+
+
+def health_summary(rows: Iterable[dict]) -> dict[str, Any]:
+    """Totals over the `health` fields of records: questions where the agent acted (and of how many it
+    could), invented results, malformed runs, repairs, forced answers, bad answers."""
+    rows = [r for r in rows if isinstance(r, dict)]
+    applicable = [r for r in rows if r.get("acted") is not None]
+    return {
+        "questions": len(rows),
+        "acted": sum(bool(r["acted"]) for r in applicable),
+        "acted_of": len(applicable),
+        "invented": sum(r.get("invented", 0) for r in rows),
+        "malformed": sum(bool(r.get("malformed")) for r in rows),
+        "repairs": sum(r.get("repairs", 0) for r in rows),
+        "forced": sum(r.get("forced", 0) for r in rows),
+        "bad_answers": sum(bool(r.get("bad_answer")) for r in rows),
+    }
