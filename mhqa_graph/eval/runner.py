@@ -24,10 +24,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..errors import IngestError, InvalidInput
 from ..ingest.datasets import QAItem, questions
-from ..store import open_store
 from ..traces import Trace, TraceRecorder
 from .diagnostics import chain_json, diagnose
-from .environments import environment_name, prepare
+from .environments import open_environment
 from .health import health
 from .report import RESULTS, SUMMARY, Summary, read_records, summarize, summary_table
 from .scoring import score
@@ -197,8 +196,7 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
     items = load_questions(dataset, path, limit, start)
     graph = build_graph(agent)
     started = time.perf_counter()
-    with open_store(store_uri) as store:
-        env = prepare(store, dataset, path, environment_name(dataset, path))
+    with open_environment(store_uri, dataset, path) as (store, env):
         settings = {"llm": llm, "corpus": env["corpus"], "graph": env["graph"], **(context_overrides or {})}
         context = make_context(agent, store=store, **settings)
         cut_torn_line(results)

@@ -69,3 +69,29 @@ class FakeChatModel(BaseChatModel):
         if self.latency:
             await asyncio.sleep(self.latency)
         return self._reply(messages)
+
+
+class FakeToolCallingModel(FakeChatModel):
+    """A scripted chat model with native tool calling: `bind_tools` records the tools (in `tools`) and
+    each reply is the next of `messages` (AIMessages, which may carry `tool_calls`, or plain strings)."""
+
+    messages: list[Any] = Field(default_factory=list)  # AIMessage or str
+    tools: list[Any] = Field(default_factory=list)
+
+    @property
+    def _llm_type(self) -> str:
+        return "mhqa-fake-tools"
+
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        self.tools = list(tools)
+        return self
+
+    def _reply(self, messages: list[BaseMessage]) -> ChatResult:
+        with self._lock:
+            self.calls.append(list(messages))
+            if self._index >= len(self.messages):
+                raise ModelError(f"FakeToolCallingModel: scripted replies exhausted after {self._index} calls")
+            reply = self.messages[self._index]
+            self._index += 1
+        message = reply if isinstance(reply, AIMessage) else AIMessage(content=reply)
+        return ChatResult(generations=[ChatGeneration(message=message)])

@@ -1,0 +1,206 @@
+"""Every agent side by side on the same dev questions, with a real model: quality, cost and protocol health.
+
+    python bench/agents.py --quick                       # 4 questions on PQ-2H and HotpotQA dev_b (~20 min)
+    python bench/agents.py --env pq2h --env hotpot --limit 20 [--start 0] [--agents rag,omne]
+                           [--llm llamacpp:qwen2.5-coder-1.5b] [--jobs 2] [--out bench/out]
+
+Each (environment, agent) pair is one `mhqa eval` run in `OUT/runs/<llm>/<env>/<agent>`, so a rerun
+resumes where it stopped and reuses finished questions. `--jobs` runs that many evals at once, each
+with one llama.cpp thread. The tables compare agents on the questions all of them answered:
+EM, F1, ΔF1 against `rag` measured in the same run, seconds and LLM calls per question, protocol
+health (the agent acted as designed, invented tool results, malformed runs, repairs, forced
+answers, empty or over-long answers) and the failure classes of the misses (eval/diagnostics.py).
+They go to stdout, `OUT/agents.md` and `OUT/agents.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
+from mhqa_graph.eval.environments import open_environment
+from mhqa_graph.eval.health import health_summary
+from mhqa_graph.eval.report import RESULTS, read_records
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+AGENTS = ("direct", "rag", "opera", "mujica", "omne")
+KG_ONLY = {"omne"}  # agents that need a knowledge graph
+
+
+@dataclass(frozen=True)
+class Env:
+    dataset: str
+    file: str  # relative to the data folder
+    kind: str  # "kg" or "text"
+
+
+ENVIRONMENTS = {
+    "pq2h": Env("pathquestion", "pathquestion/PQ-2H.txt", "kg"),
+    "pq3h": Env("pathquestion", "pathquestion/PQ-3H.txt", "kg"),
+    "2wiki-kg": Env("2wiki", "2wikimultihopqa/dev_evidences.json", "kg"),
+    "hotpot": Env("hotpotqa", "hotpotqa/dev_b.jsonl", "text"),
+    "2wiki-text": Env("2wiki", "2wikimultihopqa/dev_context.jsonl", "text"),
+}
+QUICK = (("pq2h", "hotpot"), 4)
+
+
+def run_dir(out: Path, llm: str, env: str, agent: str) -> Path:
+    return out / "runs" / re.sub(r"[^\w.-]+", "_", llm) / env / agent
+
+
+def eval_command(args: argparse.Namespace, env: str, agent: str) -> list[str]:
+    spec = ENVIRONMENTS[env]
+    llm = args.llm if "?" in args.llm or not args.llm.startswith("llamacpp:") else f"{args.llm}?threads=1"
+    mhqa = str(Path(sys.executable).with_name("mhqa"))
+    return [mhqa, "eval", str(args.data / spec.file), "--dataset", spec.dataset, "--agent", agent,
+            "--llm", llm, "--store", args.store, "--limit", str(args.limit), "--start", str(args.start),
+            "--concurrency", "1", "--out", str(run_dir(args.out, args.llm, env, agent))]
+
+
+def run_all(args: argparse.Namespace, jobs: list[tuple[str, str]]) -> None:
+    """The evals of `jobs`, `args.jobs` at a time; each one's output goes to its run folder's eval.log.
+    The environments are built first, so that the evals open the shared store read-only side by side."""
+    for env in dict.fromkeys(env for env, _ in jobs):
+        spec = ENVIRONMENTS[env]
+        with open_environment(args.store, spec.dataset, args.data / spec.file) as (_, built):
+            print(f"  environment {env}: {'ingested' if built['ingested'] else 'ready'}", file=sys.stderr)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for _ in pool.map(lambda job: _run(eval_command(args, *job), run_dir(args.out, args.llm, *job)), jobs):
+            pass
+
+
+def _run(cmd: list[str], folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with (folder / "eval.log").open("a", encoding="utf-8") as log:
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "160"})
+    print(f"  {folder.parent.name}/{folder.name}: exit {code} after {time.perf_counter() - started:.0f}s",
+          file=sys.stderr, flush=True)
+
+
+# -- tables ----------------------------------------------------------------------------------
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def env_rows(args: argparse.Namespace, env: str, agents: list[str]) -> tuple[int, list[dict]]:
+    """(questions shared by all agents' runs, one row of metrics per agent over those questions)."""
+    records = {a: {r["id"]: r for r in read_records(run_dir(args.out, args.llm, env, a) / RESULTS)} for a in agents}
+    records = {a: r for a, r in records.items() if r}
+    if not records:
+        return 0, []
+    shared = set.intersection(*(set(r) for r in records.values()))
+    rag_f1 = _mean([records["rag"][i]["f1"] for i in shared]) if "rag" in records else None
+    rows = []
+    for agent, by_id in records.items():
+        recs = [by_id[i] for i in sorted(shared)]
+        f1 = _mean([r["f1"] for r in recs])
+        health = health_summary(r.get("health") for r in recs)
+        diags = failure_summary(recs)
+        rows.append({
+            "agent": agent, "n": len(recs), "em": 100 * _mean([r["em"] for r in recs]), "f1": 100 * f1,
+            "df1": None if rag_f1 is None else 100 * (f1 - rag_f1),
+            "sec": _mean([r["latency"] for r in recs]), "calls": _mean([r["llm_calls"] for r in recs]),
+            "tokens": _mean([r["tokens"]["total"] for r in recs]),
+            "acted": f"{health['acted']}/{health['acted_of']}" if health["acted_of"] else "-",
+            "invented": health["invented"], "malformed": health["malformed"], "repairs": health["repairs"],
+            "forced": health["forced"], "bad": health["bad_answers"],
+            "recall": diags["evidence_recall"], "failures": diags["failures"],
+        })
+    return len(shared), rows
+
+
+def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
+    spec = ENVIRONMENTS[env]
+    head = (f"### {env}: {spec.dataset} `{Path(spec.file).name}` ({spec.kind}), {n} questions, `{llm}`\n\n"
+            "| agent | EM | F1 | ΔF1 vs rag | s/q | LLM calls/q | tokens/q | acted | invented | malformed | "
+            "repairs | forced | empty/long | evidence seen | misses (retrieval/reasoning/format/error) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for r in rows:
+        df1 = "-" if r["df1"] is None or r["agent"] == "rag" else f"{r['df1']:+.1f}"
+        recall = "-" if r["recall"] is None else f"{100 * r['recall']:.0f}%"
+        misses = "/".join(str(r["failures"][k]) for k in FAILURE_CLASSES[:4])
+        lines.append(f"| {r['agent']} | {r['em']:.1f} | {r['f1']:.1f} | {df1} | {r['sec']:.1f} | {r['calls']:.1f} | "
+                     f"{r['tokens']:.0f} | {r['acted']} | {r['invented']} | {r['malformed']} | {r['repairs']} | "
+                     f"{r['forced']} | {r['bad']} | {recall} | {misses} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def plot(tables: dict[str, list[dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = [e for e, rows in tables.items() if rows]
+    if not envs:
+        return
+    fig, axes = plt.subplots(1, len(envs), figsize=(4.5 * len(envs), 4), squeeze=False)
+    for ax, env in zip(axes[0], envs):
+        rows = tables[env]
+        ax.bar([r["agent"] for r in rows], [r["f1"] for r in rows], color="tab:blue")
+        for i, r in enumerate(rows):
+            ax.text(i, r["f1"] + 1, f"{r['sec']:.0f}s", ha="center", fontsize=8)
+        ax.set_title(f"{env} (n={rows[0]['n']})")
+        ax.set_ylim(0, 100)
+        ax.tick_params(axis="x", rotation=30)
+    axes[0][0].set_ylabel("F1 (%), seconds per question above the bars")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--env", action="append", choices=sorted(ENVIRONMENTS), help="repeatable; default: all")
+    parser.add_argument("--agents", default=",".join(AGENTS), help="comma-separated")
+    parser.add_argument("--llm", default="llamacpp:qwen2.5-coder-1.5b")
+    parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="4 questions on pq2h and hotpot")
+    parser.add_argument("--jobs", type=int, default=2, help="evals at once (one model thread each)")
+    parser.add_argument("--store", default=None, help="store URI (default: embedded store in OUT/store)")
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
+    parser.add_argument("--report-only", action="store_true", help="tables from finished runs, run nothing")
+    args = parser.parse_args()
+    envs = args.env or list(ENVIRONMENTS)
+    if args.quick:
+        envs, args.limit = list(QUICK[0]), QUICK[1]
+    args.store = args.store or f"embedded://{(args.out / 'store').resolve()}"
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    unknown = sorted(set(agents) - set(AGENTS))
+    if unknown:
+        parser.error(f"unknown agents {unknown}; choose from {', '.join(AGENTS)}")
+    jobs = [(env, a) for env in envs for a in agents if not (a in KG_ONLY and ENVIRONMENTS[env].kind != "kg")]
+    started = time.perf_counter()
+    if not args.report_only:
+        run_all(args, jobs)
+    last = args.start + args.limit - 1
+    tables, text = {}, [f"## Agents side by side: `{args.llm}`, questions {args.start}..{last}\n"]
+    for env in envs:
+        n, rows = env_rows(args, env, [a for e, a in jobs if e == env])
+        tables[env] = rows
+        if rows:
+            text.append(markdown(env, n, rows, args.llm))
+    report = "\n".join(text)
+    print(report)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "agents.md").write_text(report, encoding="utf-8")
+    plot(tables, args.out / "agents.png")
+    print(f"wrote {args.out / 'agents.md'} and {args.out / 'agents.png'} in {time.perf_counter() - started:.0f}s",
+          file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
