@@ -114,7 +114,8 @@ COLLECTION_NAMES = "MATCH (c:Collection {namespace: $namespace, kind: $kind}) RE
 STATS = """\
 MATCH (c:Collection {namespace: $namespace})
 OPTIONAL MATCH (s:Entity) WHERE c.kind = 'graph' AND s.graph = c.scope
-WITH c, count(s) AS entities, sum(COUNT { (s)-[:REL]->() }) AS triples
+WITH c, s, COUNT { (s)-[:REL]->() } AS degree
+WITH c, count(s) AS entities, sum(degree) AS triples
 RETURN c.kind AS kind, c.name AS name, entities, triples,
   CASE c.kind WHEN 'corpus' THEN COUNT { MATCH (p:Passage) WHERE p.corpus = c.scope } ELSE 0 END AS passages"""
 ENTITY_TOTAL = "MATCH (e:Entity) RETURN count(e) AS total"
@@ -166,7 +167,7 @@ UNWIND $rows AS row
 MATCH (e:Entity {key: row.key})
 WHERE e.embedding IS NULL
 CALL db.create.setNodeVectorProperty(e, 'embedding', row.embedding)
-RETURN count(e) AS set"""
+RETURN count(e) AS updated"""
 ADD_TRIPLES = """\
 UNWIND $rows AS row
 MATCH (s:Entity {key: row.subject})
@@ -234,7 +235,7 @@ UNWIND $rows AS row
 MATCH (p:Passage {key: row.key})
 WHERE p.embedding IS NULL
 CALL db.create.setNodeVectorProperty(p, 'embedding', row.embedding)
-RETURN count(p) AS set"""
+RETURN count(p) AS updated"""
 PASSAGES_PAGE = """\
 MATCH (p:Passage)
 WHERE p.corpus = $corpus AND p.seq > $after

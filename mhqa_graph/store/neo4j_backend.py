@@ -1,4 +1,4 @@
-"""The knowledge store on a Neo4j server (5.15 or later), through the official `neo4j` driver.
+"""The knowledge store on a Neo4j server (5.18 or later), through the official `neo4j` driver.
 
 Every statement is a constant of `cypher.py`; user data travels only in parameters.
 Reads run in `execute_read`, writes in `execute_write`, in batches of `BATCH` rows, all in
@@ -76,7 +76,7 @@ def _driver_errors(uri: str, credentials: str) -> Iterator[None]:
     except AuthError as e:
         raise StoreUnavailable(
             f"Neo4j at {uri} is unavailable: it refused the credentials ({credentials}); set NEO4J_USER / "
-            f"NEO4J_PASSWORD to a user and password of this server ({e.code}: {e.message})") from e
+            "NEO4J_PASSWORD to a user and password of this server") from e
     except (ServiceUnavailable, SessionExpired) as e:
         raise StoreUnavailable(
             f"Neo4j at {uri} is unavailable ({type(e).__name__}: {e}); is the server up (see neo4j/README.md) "
@@ -90,7 +90,7 @@ def _driver_errors(uri: str, credentials: str) -> Iterator[None]:
                 "NEO4J_PASSWORD to the new one") from e
         if _TOO_MANY_CLAUSES.search(e.message or ""):
             raise _TooManyClauses(f"Neo4j at {uri}: full-text query too long: {e.message}") from e
-        raise StoreError(f"Neo4j at {uri}: {type(e).__name__} {e.code}: {e.message}") from e
+        raise StoreError(f"Neo4j at {uri}: {type(e).__name__}: {e}") from e
     except DriverError as e:
         raise StoreError(f"Neo4j at {uri}: {type(e).__name__}: {e}") from e
 
