@@ -321,23 +321,23 @@ class Neo4jStore(KnowledgeStore):
 
     def _refresh_populating(self) -> dict[str, float]:
         """Re-read which of this store's indexes are not ONLINE yet; StoreError for a FAILED one."""
-        ours = set(self._indexes.values())
-        self.populating = {}
+        ours, populating = set(self._indexes.values()), {}
         for row in self._read(_run, cypher.SHOW_INDEXES, {}):
             if row["name"] not in ours or row["state"] == "ONLINE":
                 continue
             if row["state"] == "FAILED":
                 raise StoreError(f"index {row['name']!r} of {self.uri} FAILED to populate; drop it (DROP INDEX "
                                  f"{row['name']}) and open the store again to recreate it")
-            self.populating[row["name"]] = float(row.get("populationPercent") or 0.0)
-        return self.populating
+            populating[row["name"]] = float(row.get("populationPercent") or 0.0)
+        self.populating = populating
+        return populating
 
     def _text_index(self, role: str, required: bool) -> str | None:
         """The full-text index for `role`; None while it populates (or StoreUnavailable if `required`)."""
-        name = self._indexes[role]
-        if name not in self.populating:
+        name, populating = self._indexes[role], self.populating  # one snapshot: other threads refresh it
+        if name not in populating:
             return name
-        state = f"full-text index {name!r} of {self.uri} is still populating ({self.populating[name]:.0f}%)"
+        state = f"full-text index {name!r} of {self.uri} is still populating ({populating[name]:.0f}%)"
         if required:
             raise StoreUnavailable(f"{state}; bm25 search works once it is ONLINE (SHOW INDEXES), dense and hybrid "
                                    "search work now")
