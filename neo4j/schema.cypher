@@ -11,8 +11,8 @@ CREATE INDEX entity_folded IF NOT EXISTS FOR (e:Entity) ON (e.graph, e.folded);
 CREATE INDEX passage_corpus IF NOT EXISTS FOR (p:Passage) ON (p.corpus);
 CREATE INDEX passage_order IF NOT EXISTS FOR (p:Passage) ON (p.corpus, p.seq);
 
-CREATE FULLTEXT INDEX entity_name_ft IF NOT EXISTS FOR (e:Entity) ON EACH [e.name];
-CREATE FULLTEXT INDEX passage_text_ft IF NOT EXISTS FOR (p:Passage) ON EACH [p.title, p.text];
+CREATE FULLTEXT INDEX entity_name_ft IF NOT EXISTS FOR (e:Entity) ON EACH [e.gid, e.name];
+CREATE FULLTEXT INDEX passage_text_ft IF NOT EXISTS FOR (p:Passage) ON EACH [p.gid, p.title, p.text];
 
 CREATE VECTOR INDEX entity_embedding IF NOT EXISTS
 FOR (e:Entity) ON (e.embedding)

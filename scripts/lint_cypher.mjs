@@ -13,7 +13,8 @@ const schema = {
   relationshipTypes: [...mock.relationshipTypes, 'REL'],
   propertyKeys: [
     ...mock.propertyKeys,
-    'key', 'kind', 'namespace', 'name', 'scope', 'embedder', 'dim', 'next_seq', 'graph', 'folded', 'embedding',
+    'key', 'kind', 'namespace', 'name', 'scope', 'embedder', 'dim', 'gid', 'size', 'next_seq', 'graph', 'folded',
+    'embedding',
     'relation',
     'corpus', 'pid', 'seq', 'title', 'text', 'subject', 'object', 'i',
   ],

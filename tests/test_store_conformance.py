@@ -5,8 +5,8 @@ import uuid
 
 import pytest
 
-from mhqa_graph import open_store
-from mhqa_graph.testing.conformance import StoreConformance
+from mhqa_graph import EmbedderMismatch, Passage, open_store
+from mhqa_graph.testing.conformance import PASSAGES, StoreConformance
 
 
 class TestEmbeddedStore(StoreConformance):
@@ -29,11 +29,7 @@ class TestLiveNeo4jStore(StoreConformance):
 
     @pytest.fixture
     def store(self):
-        from mhqa_graph.store.neo4j_backend import Neo4jStore
-
-        store = open_store(os.environ["NEO4J_URI"], embedder="hash")
-        assert isinstance(store, Neo4jStore)
-        store.namespace = f"t{uuid.uuid4().hex[:8]}"
+        store = _live_store()
         yield store
         store.drop_namespace()
         store.close()
@@ -47,3 +43,62 @@ class TestLiveNeo4jStore(StoreConformance):
             again.namespace = namespace
             return again
         return _reopen
+
+
+def _live_store(embedder: str = "hash"):
+    from mhqa_graph.store.neo4j_backend import Neo4jStore
+
+    store = open_store(os.environ["NEO4J_URI"], embedder=embedder)
+    assert isinstance(store, Neo4jStore)
+    store.namespace = f"t{uuid.uuid4().hex[:8]}"
+    return store
+
+
+@pytest.mark.neo4j_live
+class TestLiveNeo4jPopulated:
+    """A database that holds more than the collection under test, as production ones do."""
+
+    @pytest.fixture(scope="class")
+    def populated(self):
+        """50,000 passages in corpus `big`, all about the question's words, then the 5 passages of `small`."""
+        store = _live_store()
+        big = [Passage(f"b{i}", f"Andrzej Żuławski {i}",
+                       f"Andrzej Żuławski, the Polish film director, was born in the city of Lviv ({i}).")
+               for i in range(50_000)]
+        store.add_passages("big", big)
+        store.add_passages("small", PASSAGES)
+        yield store
+        store.drop_namespace()
+        store.close()
+
+    @pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
+    def test_small_corpus_finds_its_own_passages(self, populated, mode):
+        hits = populated.search("small", "Which city was Andrzej Żuławski born in?", k=3, mode=mode)
+        assert "p3" in [h.id for h in hits] and {h.id for h in hits} <= {p.id for p in PASSAGES}
+        assert len(populated.search("big", "Andrzej Żuławski Lviv", k=10, mode=mode)) == 10
+
+    def test_long_cjk_and_hyphenated_questions_search(self, populated):
+        for question in ("".join(chr(0x4E00 + i) for i in range(3000)),
+                         " ".join(f"state-of-the-art-{i}" for i in range(400))):
+            populated.search("small", question, k=3, mode="hybrid")  # no too-many-clauses error
+
+    def test_stats_count_both(self, populated):
+        assert populated.stats().corpora == {"big": {"passages": 50_000}, "small": {"passages": len(PASSAGES)}}
+
+
+@pytest.mark.neo4j_live
+def test_live_schema_of_another_dimension_raises_embedder_mismatch():
+    """The vector indexes keep their dimension (256, for `hash`) when every collection is dropped:
+    another embedder's dimension is refused with the fix, not left to fail every search."""
+    from mhqa_graph.store import cypher
+
+    store = _live_store()
+    store.add_triples("kg", [("a", "r", "b")])
+    store.drop_namespace()
+    others = store._read(lambda tx: tx.run(cypher.EMBEDDERS).data())
+    store.close()
+    with pytest.raises(EmbedderMismatch) as info:
+        _live_store("hash:64").close()
+    if not others:  # no collection names an embedder, so only the index's dimension can tell
+        assert "256 dimensions, but embedder 'hash:64' makes 64" in str(info.value)
+        assert "DROP INDEX" in str(info.value)

@@ -43,7 +43,7 @@ def open_store(uri: str | None = None, *, embedder: str | None = None, read_only
     if parts.scheme in NEO4J_SCHEMES:
         from .neo4j_backend import Neo4jStore
 
-        return Neo4jStore.from_uri(uri, embedder=embedder, database=params.get("database"))
+        return Neo4jStore.from_uri(uri, embedder=embedder, database=params.get("database"), read_only=read_only)
     raise InvalidStoreURI(f"{uri!r}: scheme must be 'embedded' or one of {', '.join(NEO4J_SCHEMES)}")
 
 
