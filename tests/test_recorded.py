@@ -97,7 +97,7 @@ def test_old_protocol_replies_are_read_without_their_invented_results() -> None:
     raw = json.loads(RAW.read_text(encoding="utf-8"))
     assert raw["meta"]["model"] and raw["meta"]["sha256"]
     replies = raw["replies"]
-    assert len(replies) >= 10
+    assert len(replies) >= 5
     for text in replies:
         reply = parse_reply(text)
         assert reply.invented == text.count("<tool_response>") and "<tool_response>" not in reply.kept
