@@ -1,0 +1,109 @@
+"""Hop-level diagnostics, protocol health and transcript replay, on scripted runs."""
+
+from __future__ import annotations
+
+import pytest
+from mhqa_graph.graphs import build_graph, make_context, mujica_prompts, omne_prompts
+
+from mhqa_graph.eval.diagnostics import diagnose, failure_summary, hop_seen
+from mhqa_graph.eval.health import FORCE_MARKERS, REPAIR_MARKERS, health, health_summary
+from mhqa_graph.eval.report import summarize
+from mhqa_graph.ingest.datasets import Hop
+from mhqa_graph.testing.fakes import FakeChatModel
+from mhqa_graph.testing.replay import RecordingChatModel, RecordingStore, Transcript, Unrecorded
+from mhqa_graph.traces import ChatMessage, LLMCall, Retrieved, Step, Trace
+
+CHAIN = (Hop(answer="Christopher Nolan", triples=(("Inception", "directed by", "Christopher Nolan"),)),
+         Hop(answer="Brendan Nolan", triples=(("Christopher Nolan", "father", "Brendan Nolan"),)))
+
+
+def trace_showing(*lines: str, agent: str = "omne", outputs: tuple[str, ...] = ("",)) -> Trace:
+    calls = [LLMCall(role="tool-agent", messages=[ChatMessage(role="user", content="\n".join(lines))], output=o)
+             for o in outputs]
+    return Trace(agent=agent, question="q", llm_calls=calls)
+
+
+def test_a_triple_is_seen_when_one_shown_line_names_both_ends():
+    seen = trace_showing("Entity: Inception", "- (Inception) -[directed by]-> (Christopher Nolan)")
+    assert diagnose(CHAIN, seen, em=0.0, f1=0.0) == {
+        "hops_seen": [True, False], "evidence_recall": 0.5, "first_missed_hop": 2, "failure": "retrieval"}
+    both = trace_showing("(Inception) -[directed by]-> (Christopher Nolan)", "Christopher Nolan father Brendan Nolan")
+    assert diagnose(CHAIN, both, em=0.0, f1=0.0)["failure"] == "reasoning"
+    assert diagnose(CHAIN, both, em=0.0, f1=0.5)["failure"] == "format"
+    assert diagnose(CHAIN, both, em=1.0, f1=1.0)["failure"] is None
+    apart = trace_showing("Inception is a film.", "Christopher Nolan directed it.")  # not on one line
+    assert diagnose(CHAIN, apart, em=0.0, f1=0.0)["hops_seen"] == [False, False]
+
+
+def test_passages_are_seen_by_retrieved_id_and_hops_without_evidence_are_unknown():
+    trace = Trace(agent="rag", question="q", steps=[Step(id="r", kind="retrieve", retrieved=[Retrieved(id="p2")])])
+    chain = (Hop(passage_ids=("p1",)), Hop(passage_ids=("p2", "p3")))
+    assert [hop_seen(h, {"p2"}, []) for h in chain] == [False, True]
+    assert diagnose(chain, trace, 0.0, 0.0)["first_missed_hop"] == 1
+    assert diagnose((Hop(answer="x"),), trace, 0.0, 0.0) == {
+        "hops_seen": [None], "evidence_recall": None, "first_missed_hop": None, "failure": "unknown"}
+    assert diagnose(chain, trace, 0.0, 0.0, failed=True)["failure"] == "error"
+
+
+def test_failure_summary_counts_classes():
+    records = [{"diagnostics": diagnose(CHAIN, trace_showing(), 0.0, 0.0)},
+               {"diagnostics": diagnose(CHAIN, trace_showing(), 1.0, 1.0)}, {"no": "diagnostics"}]
+    summary = failure_summary(records)
+    assert summary["questions"] == 2 and summary["failures"]["retrieval"] == 1
+    assert summary["evidence_recall"] == 0.0 and summary["first_missed_hop"] == {"1": 2}
+
+
+def test_health_counts_invented_results_repairs_and_forced_answers():
+    trace = trace_showing("q", outputs=("<tool_call>{}</tool_call><tool_response>made up</tool_response>", "x"))
+    trace.llm_calls.append(LLMCall(role="tool-agent", messages=[ChatMessage(role="user", content=omne_prompts.NUDGE)]))
+    trace.llm_calls.append(LLMCall(role="tool-agent", messages=[ChatMessage(role="user",
+                                                                            content=omne_prompts.FORCE_ANSWER)]))
+    trace.design["tool_calls"] = [{"name": "node_info", "result_preview": "Error: no entity", "repeated": False}]
+    row = health({"prediction": "a very long answer that goes on and on for more than ten words"}, trace)
+    assert row == {"acted": False, "invented": 1, "malformed": False, "repairs": 1, "forced": 1, "bad_answer": True}
+    assert health_summary([row, {**row, "acted": True}])["acted"] == 1
+
+
+def test_health_markers_are_what_the_graphs_say():
+    """The phrases health.py looks for must stay in the prompts that the graphs send."""
+    import inspect
+
+    from mhqa_graph.graphs import common
+    sources = inspect.getsource(common) + omne_prompts.NUDGE + omne_prompts.FORCE_ANSWER + mujica_prompts.FINAL_USER
+    for marker in REPAIR_MARKERS + FORCE_MARKERS:
+        assert marker in sources, marker
+
+
+def test_eval_summary_carries_diagnostics_and_health(tmp_path):
+    records = [{"id": "a", "em": 0.0, "f1": 0.0, "latency": 1.0, "tokens": {"total": 3}, "llm_calls": 1,
+                "diagnostics": diagnose(CHAIN, trace_showing(), 0.0, 0.0),
+                "health": health({"prediction": "x"}, trace_showing())}]
+    summary = summarize(records)
+    assert summary.diagnostics["failures"]["retrieval"] == 1 and summary.health["questions"] == 1
+
+
+# -- replay ----------------------------------------------------------------------------------------
+def test_recorded_run_replays_without_model_or_store(mhqa_store, tmp_path):
+    real = FakeChatModel(responses=["Christopher Nolan"])
+    llm, reads = RecordingChatModel(inner=real), RecordingStore(mhqa_store)
+    graph = build_graph("rag")
+    question = {"question": "Who directed Inception?"}
+    first = graph.invoke(question, context=make_context("rag", llm=llm, store=reads, corpus="docs"))
+    path = Transcript(meta={"agent": "rag"}, questions=[question], llm=llm.calls, store=reads.reads).save(
+        tmp_path / "rag.json")
+    transcript = Transcript.load(path)
+    replay_llm, replay_store = transcript.replay_model(), transcript.replay_store()
+    again = graph.invoke(question, context=make_context("rag", llm=replay_llm, store=replay_store, corpus="docs"))
+    assert again["answer"] == first["answer"] == "Christopher Nolan" and again["retrieved"] == first["retrieved"]
+    replay_llm.assert_complete()
+
+
+def test_an_unrecorded_prompt_fails_and_says_how_to_re_record(mhqa_store):
+    replay = Transcript().replay_model()
+    out = build_graph("direct").invoke({"question": "Who directed Inception?"},
+                                       context=make_context("direct", llm=replay, store=mhqa_store))
+    assert "Unrecorded" in (out["error"] or "") or "no reply to this prompt" in (out["error"] or "")
+    with pytest.raises(AssertionError, match="record_transcripts.py"):
+        replay.assert_complete()
+    with pytest.raises(Unrecorded):
+        Transcript().replay_store().search("docs", "anything")
