@@ -153,9 +153,11 @@ def plan_and_steps(state: Mapping[str, Any]) -> tuple[list[PlanItem], list[Step]
     if "dag" in state:  # Mujica
         plan = [PlanItem(id=q["id"], question=q["question"], depends_on=list(q.get("depends_on", [])))
                 for q in state["dag"] or []]
-        steps = [Step(id=sid, kind="subquestion", question=r.get("question", ""), query=r.get("query", ""),
-                      retrieved=_hits(r.get("retrieved")), answer=r.get("answer", ""), error=r.get("error"))
-                 for sid, r in (state.get("results") or {}).items()]
+        steps = [Step(id=sid if r is last else f"{sid}.{r.get('attempt', 1)}", kind="subquestion",
+                      question=r.get("question", ""), query=r.get("query", ""), retrieved=_hits(r.get("retrieved")),
+                      answer=r.get("answer") or "", error=r.get("error"))
+                 for sid, last in (state.get("results") or {}).items()
+                 for r in [*(last.get("earlier") or []), last]]  # a re-asked sub-question: its earlier asks first
         return plan, steps, []
     if "tool_calls" in state:  # Omne
         calls = [ToolCall(name=c.get("name", ""), args=c.get("args", {}), output=c.get("result_preview", ""))
