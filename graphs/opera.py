@@ -309,9 +309,11 @@ def _passages(pool: list[dict]) -> list[PassageHit]:
 
 
 # -- state helpers -----------------------------------------------------------------------
-def _new_step(n: int, subgoal: str, query: str, depends_on: list[int], written: int, resolved: int,
+def _new_step(n: int, subgoal: str, filled: str, depends_on: list[int], written: int, resolved: int,
               warnings: list[str]) -> dict[str, Any]:
-    return {"n": n, "subgoal": subgoal, "query": query, "depends_on": depends_on, "warnings": warnings,
+    """A sub-goal's record: as planned, with its placeholders filled ("query"; the first attempt searches it,
+    with the question beside it when a placeholder stayed), and its outcome."""
+    return {"n": n, "subgoal": subgoal, "query": filled, "depends_on": depends_on, "warnings": warnings,
             "placeholders": written, "resolved": resolved, "answer": "", "sufficient": False, "done": False,
             "halted": False}
 
@@ -388,7 +390,7 @@ def schedule(state: State) -> Command[Literal["retrieve", "synthesize"]]:
         filled, resolved, warnings = fill_placeholders(subgoal, n, answers)
         query = P.UNRESOLVED_QUERY.format(subgoal=filled, question=state["question"]) if warnings else filled
         notes += [f"warning: sub-goal {n}: {w}" for w in warnings]
-        records.append(_new_step(n, subgoal, query, deps[n - 1], resolved + len(warnings), resolved, warnings))
+        records.append(_new_step(n, subgoal, filled, deps[n - 1], resolved + len(warnings), resolved, warnings))
         sends.append(Send("retrieve", SubgoalTask(n=n, question=state["question"], subgoal=filled, query=query,
                                                   attempt=0, tried=[query], findings=findings, pool=[], hits=[],
                                                   best="", reason="")))

@@ -1,5 +1,7 @@
-"""Mujica planner/worker agent: parallel fan-out, dependency order, plan repair, caps, parsing,
-deterministic merge, KG workers, checkpoints, dict context, streaming."""
+"""Mujica planner/worker agent: parallel fan-out, dependency order and straight dispatch of ready
+dependents, the planner's conversation and its budget, sub-questions without an answer (unknown, failed) and
+their re-asks, min_worker_rounds, plan repair, caps, parsing, deterministic merge, KG workers, checkpoints,
+dict context, streaming, malformed plans."""
 
 import asyncio
 import json
@@ -202,6 +204,7 @@ def test_a_subquestion_without_an_answer_blocks_its_dependents_and_is_reported(s
     assert f"q1: Who made Inception? -> {shown}" in report
     assert "q2: Where was #q1 born? (after q1) -> (blocked: q1 has no answer)" in report
     assert "unknown born" not in json.dumps(out)
+    assert 'answer "unknown"' in work.calls[0][0].text and "best guess" not in work.calls[0][0].text
 
 
 def test_the_planner_re_asks_a_subquestion_without_an_answer(store):
@@ -261,6 +264,19 @@ def test_min_worker_rounds_the_planner_must_consult_a_worker_before_it_concludes
     out = mujica.graph.invoke({"question": "What is the capital of France?"},
                               context=ctx(store, plan, answering_worker(), min_worker_rounds=0))
     assert out["answer"] == "Paris" and out["waves"] == 0 and len(plan.calls) == 1
+
+
+@pytest.mark.parametrize("reply", [
+    '<think>Two hops.</think>\n{"answer": null, "subquestions": [{"id": "q1", "question": "Who directed Inception?", '
+    '"depends_on": []}]}',
+    '```json\n{"subquestions": [{"id": "q1", "question": "Who directed Inception?", "depends_on": []}], '
+    '"answer": ""}\n```',
+])
+def test_a_plan_with_a_null_or_empty_answer_runs(store, reply):
+    plan = planner([reply, {"answer": "Christopher Nolan"}])
+    out = mujica.graph.invoke({"question": "Who directed Inception?"}, context=ctx(store, plan, answering_worker()))
+    assert list(out["results"]) == ["q1"] and out["answer"] == "Christopher Nolan"
+    assert out["notes"] == [] and len(plan.calls) == 2
 
 
 @pytest.mark.parametrize("answer", [None, "", "unknown", "London"])
