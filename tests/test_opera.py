@@ -25,6 +25,7 @@ from mhqa_graph.graphs.opera import (
     parse_rewrite,
     topk_for,
 )
+from mhqa_graph.graphs.refusals import grounded, is_no_answer
 
 from mhqa_graph import Passage, open_store
 from mhqa_graph.errors import InvalidQuestion
@@ -509,3 +510,29 @@ def test_a_plan_with_only_empty_subgoals_is_a_typed_error(store, reply):
     out = run(store, roles)
     assert out["plan"] == [QUESTION] and out["error"].startswith("MalformedOutput: the plan has no sub-goals")
     assert len(roles["plan"].calls) == 2
+
+
+# -- answers that are not answers ------------------------------------------------------------
+@pytest.mark.parametrize("text", ["unknown", "Unknown.", "N/A", "None", "not found", "Not mentioned",
+                                  "insufficient information", "I don't know", "?", "",
+                                  "The passages do not mention who directed the film.",
+                                  "The provided passages don't explicitly state his birthplace.",
+                                  "There is no information about the director.", "It cannot be determined.",
+                                  "The birthplace is unknown.", "None of the passages name the composer.",
+                                  "The context lacks details about the director."])
+def test_refusals_are_recognised(text):
+    assert is_no_answer(text)
+
+
+@pytest.mark.parametrize("text", ["Christopher Nolan", "Never Say Never", "No Country for Old Men",
+                                  "Not Fade Away", "no", "yes", "Nothing Compares 2 U", "1970",
+                                  "The Unknown Soldier"])
+def test_answers_are_not_taken_for_refusals(text):
+    assert not is_no_answer(text)
+
+
+def test_short_answers_must_appear_in_a_passage():
+    passages = ["Christopher Nolan: born in London on 30 July 1970.", "Inception: a 2010 film."]
+    assert grounded("Christopher Nolan", passages) and grounded("July 30, 1970", passages)
+    assert grounded("yes", passages) and grounded("the city where a long answer was composed by the model", [])
+    assert not grounded("Steven Spielberg", passages) and not grounded("Nolan, 2010", passages)
