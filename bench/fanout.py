@@ -41,7 +41,7 @@ PASSAGES = [Passage("p1", "Paris", "Paris is the capital of France."),
 def models(n_sub: int, latency: float) -> tuple[FakeChatModel, FakeChatModel]:
     plan = json.dumps({"subquestions": [{"id": f"q{i + 1}", "question": q, "depends_on": []}
                                         for i, q in enumerate(QUESTIONS[:n_sub])]})
-    planner = FakeChatModel(respond=lambda m: plan if "Turn 1 of" in m[1].text else '{"answer": "Paris"}',
+    planner = FakeChatModel(respond=lambda m: plan if "Turn 1 of" in m[-1].text else '{"answer": "Paris"}',
                             latency=latency)
     worker = FakeChatModel(responses=['{"relevant": [1], "answer": "Paris"}'], latency=latency)
     return planner, worker

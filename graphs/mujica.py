@@ -1,14 +1,36 @@
-"""Mujica: a planner writes a DAG of sub-questions, workers answer them in parallel, and the
-planner loops on their answers until it concludes.
+"""Mujica (arXiv 2505.17086): a planner writes a DAG of sub-questions, workers answer them in parallel,
+and the planner loops on their answers until it concludes.
 
-    start -> planner -(Send, one per ready sub-question)-> worker ... -> planner -> ... -> END
+    start -> planner -(Send, one per ready sub-question)-> worker ... -> collect
+          collect -(every answer of the wave usable, and dependents the planner already wrote are ready)-> worker ...
+          collect -> planner -> ... -> END
 
-A round is one planner call. Each round, every sub-question whose dependencies are answered goes to
-its own `worker` task; LangGraph runs the tasks of a step concurrently under both `invoke` (thread
-pool) and `ainvoke`. A worker is a mini-RAG: retrieve contexts from the corpus or the knowledge
-graph, then one model call selects the relevant ones and answers. Bad plans (cycles,
-self-dependencies, unknown ids, duplicate ids) are repaired and noted; after a malformed reply or a
-round that can run nothing, and in round `max_rounds`, the planner call must give the final answer.
+A round is one planner call. A sub-question is ready when every sub-question it depends on has an answer;
+each goes to its own `worker` task, and LangGraph runs the tasks of a step concurrently under both `invoke`
+(thread pool) and `ainvoke`. A worker is a mini-RAG: retrieve contexts from the corpus or the knowledge
+graph, then one model call selects the relevant ones and answers, or says "unknown". When a wave of
+workers all answered and the plan already holds sub-questions that are now ready, they go straight to the
+workers; otherwise the planner is asked. A sub-question answered "unknown", with an empty answer or with no
+usable reply has no answer: the sub-questions that depend on it stay blocked, and the planner sees it as
+such and may re-ask it (the same id, rephrased), ask something else, or conclude.
+
+The planner keeps one conversation across rounds, as the paper's planner and worker are each other's user
+and assistant: each round adds the workers' answers (with the contexts they selected) and the state of the
+plan. When the conversation outgrows `planner_budget` characters, older rounds lose their contexts, then
+the oldest rounds after the first are left out. The planner may conclude only after `min_worker_rounds`
+waves of workers; an answer before that is repaired, and if it stands, the question itself goes to a worker.
+
+Bad plans (cycles, self-dependencies, unknown ids, duplicate ids, empty sub-questions, more than
+`max_subquestions`) are repaired and noted. After a malformed reply or a round that can run nothing, and in
+round `max_rounds`, the planner call must give the final answer.
+
+Replies each role is expected to give (what `fake_llms` scripts):
+- planner: `{"subquestions": [{"id": "q1", "question": "Who directed Inception?", "depends_on": []},
+  {"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]}]}` to ask, or `{"answer": "London"}`
+  to conclude (a `"answer": null` or `""` beside sub-questions is ignored). `#q1` or `[q1]` in a
+  sub-question stands for q1's answer. A `<think>` block may come first.
+- worker: `{"relevant": [1, 3], "answer": "Christopher Nolan"}`, or `"answer": "unknown"` when the contexts
+  do not hold it. A `<think>` block may come first.
 """
 
 from __future__ import annotations
@@ -18,18 +40,18 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NotRequired
 
-from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
-from mhqa_graph.graphs import mujica_prompts as P
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
 from mhqa_graph.parsing import strip_think, think_text
 from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text
 
+from . import mujica_prompts as P
 from .common import (
     AgentContext,
     QAInput,
@@ -41,31 +63,56 @@ from .common import (
     get_llm,
     get_store,
 )
+from .refusals import is_no_answer
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
+RECURSION_LIMIT = 1000  # graph steps: start, then per round a planner step and its worker waves (two steps each)
+ANSWERED, UNKNOWN, FAILED = "answered", "unknown", "failed"
+EVIDENCE_CONTEXTS = 3  # selected contexts of a sub-question shown to the planner
+EVIDENCE_CHARS = 300  # of each
+EARLIER_FIELDS = ("attempt", "question", "query", "retrieved", "answer", "status", "error")  # kept of a re-asked result
 
 
 @dataclass
 class MujicaContext(AgentContext):
-    max_subquestions: int = 12  # sub-questions per run; more are dropped with a note
+    max_subquestions: int = 12  # sub-questions asked per run, re-asks included; more are dropped with a note
     source: Literal["auto", "corpus", "graph"] = "auto"  # worker retrieval; auto = the corpus if set, else the graph
     kg_entities: int = 3  # entities matched per sub-question on the graph source
     max_facts: int = 30  # contexts per sub-question on the graph source
+    min_worker_rounds: int = 1  # waves of workers before the planner may conclude (a round cap still ends the run)
+    planner_budget: int = 8000  # characters of the planner's conversation; older contexts are summarised to fit
 
 
 class SubQuestion(TypedDict):
     id: str
     question: str  # as the planner wrote it, possibly citing #ids
     depends_on: list[str]
-    round: int  # planner round that asked it
+    round: int  # planner round that asked it (last)
+    attempt: int  # times asked: 1, then one more per re-ask after no answer
+
+
+def merge_dag(left: list[SubQuestion], right: list[SubQuestion] | None) -> list[SubQuestion]:
+    """The plan: a sub-question with a known id replaces it in place (a re-ask), others are appended.
+    None resets."""
+    if right is None:
+        return []
+    merged = {q["id"]: q for q in left}
+    merged.update({q["id"]: q for q in right})
+    return list(merged.values())
 
 
 def merge_results(left: dict[str, dict], right: dict[str, dict] | None) -> dict[str, dict]:
-    """Worker results keyed by sub-question id, in plan order whatever order workers finished in.
-    None resets (a new question on the same thread)."""
+    """Worker results keyed by sub-question id, in plan order whatever order workers finished in; the
+    result of a re-ask keeps its predecessors in `earlier`. None resets (a new question on the same thread)."""
     if right is None:
         return {}
-    merged = {**left, **right}
+    merged = dict(left)
+    for sid, record in right.items():
+        old = merged.get(sid)
+        if old is not None and record.get("attempt", 1) > old.get("attempt", 1):
+            summary = {k: old.get(k) for k in EARLIER_FIELDS}
+            record = {**record, "earlier": [*old.get("earlier", []), summary]}
+        merged[sid] = record
     return dict(sorted(merged.items(), key=lambda kv: (kv[1]["order"], kv[0])))
 
 
@@ -79,17 +126,18 @@ class State(TypedDict):
     topic_entities: NotRequired[list[str]]
     answer: str
     error: str | None
-    dag: list[SubQuestion]
-    results: Annotated[dict[str, dict], merge_results]  # id -> query, retrieved, selected, answer, raw, error
+    dag: Annotated[list[SubQuestion], merge_dag]
+    results: Annotated[dict[str, dict], merge_results]  # id -> query, retrieved, selected, evidence, answer, status
     notes: Annotated[list[str], extend]  # typed notes: "InvalidPlan: ...", "MalformedOutput: ...", "RoundCap: ..."
-    planner_log: Annotated[list[dict], extend]  # one entry per planner call, with its raw replies
-    rounds: int
+    planner_log: Annotated[list[dict], extend]  # one entry per planner call: its prompt, raw replies, action
+    rounds: int  # planner calls
+    waves: int  # worker waves
     force_final: bool  # the next planner call must answer
     done: bool
 
 
 class WorkerTask(TypedDict):
-    sub: dict  # id, order, question, query (the question with cited answers filled in)
+    sub: dict  # id, order, attempt, wave, question, query (the question with cited answers filled in)
 
 
 class MujicaOutput(QAOutput):
@@ -97,6 +145,7 @@ class MujicaOutput(QAOutput):
     results: dict[str, dict]
     notes: list[str]
     rounds: int
+    waves: int
 
 
 # -- plans ---------------------------------------------------------------------------------
@@ -104,22 +153,37 @@ def clean_id(value: Any) -> str:
     return re.sub(r"[^\w-]", "", str(value)) if value is not None else ""
 
 
-def read_plan(value: Any, final: bool, pending: bool) -> tuple[str, Any]:
-    """A planner reply as ("answer", text) or ("plan", (items, notes)); ValueError if unusable."""
+def _stated(value: Any) -> str:
+    """The planner's answer as text; "" when it gave none (missing, null, blank)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return ""
+    if not isinstance(value, (str, int, float)):
+        raise ValueError("the answer must be a string")
+    answer = clean_answer(str(value))
+    if not answer:
+        raise ValueError("the answer is empty")
+    return answer
+
+
+def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True) -> tuple[str, Any]:
+    """A planner reply as ("answer", text) or ("plan", (items, notes)); ValueError if unusable. An answer
+    beside sub-questions counts only when it says something and the planner may conclude."""
     if isinstance(value, list):
         value = {"subquestions": value}
     if not isinstance(value, dict):
         raise ValueError("expected a JSON object")
-    if "answer" in value:
-        if not isinstance(value["answer"], (str, int, float)):
-            raise ValueError("the answer must be a string")
-        answer = clean_answer(str(value["answer"]))
-        if not answer:
+    items = value.get("subquestions", value.get("sub_questions"))
+    asks = isinstance(items, list) and bool(items) and not final
+    if "answer" in value and not (asks and value["answer"] in (None, "")):
+        answer = _stated(value["answer"])
+        if not answer and not asks:
             raise ValueError("the answer is empty")
-        return "answer", answer
+        if answer and not (asks and (not may_answer or is_no_answer(answer))):
+            if not may_answer:
+                raise ValueError(P.TOO_EARLY)
+            return "answer", answer
     if final:
         raise ValueError('expected {"answer": "..."}')
-    items = value.get("subquestions", value.get("sub_questions"))
     if not isinstance(items, list):
         raise ValueError('expected a key "answer" or "subquestions"')
     plan, notes = [], []
@@ -139,31 +203,61 @@ def read_plan(value: Any, final: bool, pending: bool) -> tuple[str, Any]:
     return "plan", (plan, notes)
 
 
-def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int) -> tuple[list[SubQuestion], list[str]]:
-    """The new sub-questions of a plan, made valid, and notes on every repair. Ids are unique
-    (a repeat within the reply is dropped, one reusing an earlier round's id is renamed), dependencies
-    point to known ids (cited #ids count), and self-dependencies and cycle-closing edges are removed."""
+def status(q: SubQuestion, results: dict[str, dict]) -> str | None:
+    """answered | unknown | failed for the sub-question's latest ask, or None while it has not run."""
+    r = results.get(q["id"])
+    return r["status"] if r is not None and r.get("attempt", 1) == q.get("attempt", 1) else None
+
+
+def asks(dag: list[SubQuestion]) -> int:
+    """Sub-questions asked so far, re-asks included (what `max_subquestions` caps)."""
+    return sum(q.get("attempt", 1) for q in dag)
+
+
+def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
+                results: dict[str, dict] | None = None) -> tuple[list[SubQuestion], list[str]]:
+    """The new and re-asked sub-questions of a plan, made valid, and notes on every repair.
+
+    - An id already in the plan: restating it is ignored; rephrasing one that has not run replaces it; one
+      without an answer (unknown or failed) is re-asked, rephrased or not (not unchanged after "unknown");
+      one with an answer keeps it, and the new sub-question is renamed.
+    - Ids are unique (a repeat within the reply is dropped), dependencies point to known ids (cited #ids
+      count), and self-dependencies and cycle-closing edges are removed.
+    - Asks beyond `cap` are dropped."""
+    results = results or {}
     notes: list[str] = []
     known = {q["id"]: q for q in dag}
     taken, kept, seen, rename = set(known), [], set(), {}
+    budget = cap - asks(dag)
     for item in items:
-        sid = item["id"]
-        if sid in known and known[sid]["question"] == item["question"]:
+        sid, text = item["id"], item["question"]
+        old = known.get(sid)
+        state = status(old, results) if old else None
+        if old and (state is None or state == ANSWERED) and old["question"] == text:
             continue  # an earlier sub-question restated
         if sid and sid in seen:
-            notes.append(f"InvalidPlan: duplicate id {sid}; dropped {item['question']!r}")
+            notes.append(f"InvalidPlan: duplicate id {sid}; dropped {text!r}")
             continue
         seen.add(sid)
-        new = sid if sid and sid not in taken else next(f"q{i}" for i in itertools.count(1) if f"q{i}" not in taken)
-        if sid in known:
-            notes.append(f"InvalidPlan: duplicate id {sid} (asked in an earlier round); renamed {new}")
-        if len(dag) + len(kept) >= cap:
+        if old and state == UNKNOWN and old["question"] == text:
+            notes.append(f"InvalidPlan: {sid} was asked again unchanged after 'unknown'; rephrase it to re-ask")
+            continue
+        attempt = 1
+        if old and state != ANSWERED:  # a re-ask (after no answer) or a rephrasing (before it ran)
+            new, attempt = sid, old.get("attempt", 1) + (state is not None)
+        else:
+            new = sid if sid and sid not in taken else next(f"q{i}" for i in itertools.count(1) if f"q{i}" not in taken)
+            if old:
+                notes.append(f"InvalidPlan: duplicate id {sid} (asked in an earlier round); renamed {new}")
+        cost = 1 if new not in known or state is not None else 0
+        if cost > budget:
             notes.append(f"InvalidPlan: sub-question cap {cap} reached; dropped {new}")
             continue
+        budget -= cost
         if sid:
             rename[sid] = new
         taken.add(new)
-        kept.append({"id": new, "question": item["question"], "depends_on": item["depends_on"], "round": rnd})
+        kept.append({"id": new, "question": text, "depends_on": item["depends_on"], "round": rnd, "attempt": attempt})
 
     ids = set(known) | {q["id"] for q in kept}
 
@@ -171,6 +265,7 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int) -
         new = rename.get(m.group(1) or m.group(2), m.group(1) or m.group(2))
         return m.group(0) if new not in ids else f"#{new}" if m.group(1) else f"[{new}]"
 
+    by_id = {**known, **{q["id"]: q for q in kept}}
     for q in kept:
         q["question"] = REF.sub(recite, q["question"])
         cited = [m.group(1) or m.group(2) for m in REF.finditer(q["question"])]
@@ -180,11 +275,27 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int) -
                 notes.append(f"InvalidPlan: self-dependency {d}->{d}")
             elif d not in ids:
                 notes.append(f"InvalidPlan: dangling dependency {q['id']}->{d}")
+            elif q["id"] in known and _waits_on(by_id, d, q["id"]):
+                notes.append(f"InvalidPlan: cycle {q['id']}->{d}->{q['id']}")
             elif d not in deps:
                 deps.append(d)
         q["depends_on"] = deps
     notes += _break_cycles(kept)
     return kept, list(dict.fromkeys(notes))
+
+
+def _waits_on(by_id: dict[str, SubQuestion], sid: str, target: str) -> bool:
+    """Whether `sid` depends on `target`, directly or through others, in the plan as it stood."""
+    stack, seen = [sid], set()
+    while stack:
+        q = by_id.get(stack.pop())
+        if q is None or q["id"] in seen:
+            continue
+        seen.add(q["id"])
+        if target in q["depends_on"]:
+            return True
+        stack += q["depends_on"]
+    return False
 
 
 def _break_cycles(plan: list[SubQuestion]) -> list[str]:
@@ -213,31 +324,87 @@ def _break_cycles(plan: list[SubQuestion]) -> list[str]:
 
 
 def ready(dag: list[SubQuestion], results: dict[str, dict]) -> list[SubQuestion]:
-    """Unanswered sub-questions whose dependencies are all answered."""
-    return [q for q in dag if q["id"] not in results and all(d in results for d in q["depends_on"])]
+    """Sub-questions not run (in their latest ask) whose dependencies all have an answer."""
+    by_id = {q["id"]: q for q in dag}
+    return [q for q in dag if status(q, results) is None
+            and all(d in by_id and status(by_id[d], results) == ANSWERED for d in q["depends_on"])]
 
 
 def fill(question: str, results: dict[str, dict]) -> str:
-    """The sub-question with each cited answer (#q1 or [q1]) written in."""
-    return REF.sub(lambda m: (results[r]["answer"] or "unknown") if (r := m.group(1) or m.group(2)) in results
-                   else m.group(0), question)
+    """The sub-question with each cited answer (#q1 or [q1]) written in; citations without an answer stay."""
+    def answer(m: re.Match) -> str:
+        r = results.get(m.group(1) or m.group(2))
+        return r["answer"] if r is not None and r["status"] == ANSWERED else m.group(0)
+    return REF.sub(answer, question)
+
+
+def _outcome(r: dict) -> str:
+    if r["status"] == ANSWERED:
+        return r["answer"]
+    return P.UNKNOWN if r["status"] == UNKNOWN else P.FAILED
 
 
 def progress(dag: list[SubQuestion], results: dict[str, dict]) -> str:
-    """The plan as the planner sees it: each sub-question with its answer or its wait."""
-    lines = []
+    """The plan as the planner sees it: each sub-question with its answer, or why it has none, or its wait."""
+    by_id, lines = {q["id"]: q for q in dag}, []
     for q in dag:
-        if r := results.get(q["id"]):
-            lines.append(f"{q['id']}: {r['query']} -> {r['answer'] or '(no answer found)'}")
-        else:
-            after = f" (after {', '.join(q['depends_on'])})" if q["depends_on"] else ""
-            lines.append(f"{q['id']}: {q['question']}{after} -> (not answered yet)")
+        if status(q, results) is not None:
+            r = results[q["id"]]
+            lines.append(f"{q['id']}: {r['query']} -> {_outcome(r)}")
+            continue
+        after = f" (after {', '.join(q['depends_on'])})" if q["depends_on"] else ""
+        missing = [d for d in q["depends_on"] if d in by_id and status(by_id[d], results) in (UNKNOWN, FAILED)]
+        wait = P.BLOCKED.format(ids=", ".join(missing)) if missing else P.WAITING
+        lines.append(f"{q['id']}: {q['question']}{after} -> {wait}")
     return "\n".join(lines) or P.NO_PROGRESS
 
 
 def best_effort(results: dict[str, dict]) -> str:
-    """The last non-empty worker answer in plan order, or ""."""
-    return next((r["answer"] for r in reversed(results.values()) if r["answer"]), "")
+    """The last worker answer in plan order, or ""."""
+    return next((r["answer"] for r in reversed(results.values()) if r["status"] == ANSWERED), "")
+
+
+# -- the planner's conversation --------------------------------------------------------------
+def report(results: dict[str, dict], since_wave: int) -> tuple[str, str]:
+    """The workers' answers since wave `since_wave`, with the contexts they selected, and the same without
+    the contexts (how older rounds are summarised)."""
+    full, brief = [], []
+    for r in results.values():
+        if r["wave"] <= since_wave:
+            continue
+        line = f"{r['id']}: {r['query']} -> {_outcome(r)}"
+        brief.append(line)
+        full += [line] + [f"  context: {e}" for e in r.get("evidence", [])]
+    if not brief:
+        return "", ""
+    return P.REPORT.format(answers="\n".join(full)), P.REPORT.format(answers="\n".join(brief))
+
+
+def conversation(log: list[dict], news: tuple[str, str], ask: str, budget: int) -> tuple[list[BaseMessage], str]:
+    """The planner's chat: the system prompt, each earlier round (its prompt and reply), then this round's
+    prompt: the workers' news (in full, or summarised) and `ask`. Over `budget` characters, older rounds'
+    prompts give way to their summaries (oldest first), then the oldest rounds after the first are left out,
+    then this round's news is summarised, then cut. Returns the messages and this round's prompt."""
+    turns = [[e["prompt"], e["brief"], e["raw"][-1]] for e in log if e.get("raw")]
+    prompt = news[0] + ask
+
+    def size() -> int:
+        return len(P.PLANNER_SYSTEM) + len(prompt) + sum(len(t[0]) + len(t[2]) for t in turns)
+
+    for turn in turns[1:]:
+        if size() <= budget:
+            break
+        turn[0] = turn[1]
+    while size() > budget and len(turns) > 1:
+        del turns[1]
+    if size() > budget:
+        prompt = news[1] + ask
+    if size() > budget:
+        prompt = cap_text(news[1], max(100, budget - size() + len(news[1]))) + "\n\n" + ask
+    messages: list[BaseMessage] = [SystemMessage(P.PLANNER_SYSTEM)]
+    for text, _, reply in turns:
+        messages += [HumanMessage(text), AIMessage(reply)]
+    return messages + [HumanMessage(prompt)], prompt
 
 
 # -- nodes ---------------------------------------------------------------------------------
@@ -252,8 +419,36 @@ def pick_source(ctx: MujicaContext) -> str:
 def start(state: State, runtime: Runtime[MujicaContext]) -> dict:
     """Check the question and the source; reset the state of a reused thread."""
     pick_source(context_as(MujicaContext, runtime))
-    return {"question": check_question(state["question"]), "answer": "", "error": None, "dag": [],
-            "results": None, "notes": None, "planner_log": None, "rounds": 0, "force_final": False, "done": False}
+    return {"question": check_question(state["question"]), "answer": "", "error": None, "dag": None,
+            "results": None, "notes": None, "planner_log": None, "rounds": 0, "waves": 0, "force_final": False,
+            "done": False}
+
+
+def _prompt(state: State, ctx: MujicaContext, rnd: int, final: bool, may_answer: bool) -> tuple[tuple[str, str], str]:
+    """This round's user message to the planner: the workers' news since the last round (in full, and
+    summarised) and what is asked of it."""
+    think = P.THINK_FIRST if ctx.think else P.NO_THINK
+    plan = progress(state["dag"], state["results"])
+    must_ask = "" if may_answer else P.MUST_ASK
+    if not state["planner_log"]:
+        topic = P.TOPIC.format(entities=", ".join(state["topic_entities"])) if state.get("topic_entities") else ""
+        return ("", ""), P.PLANNER_USER.format(question=state["question"], topic=topic, progress=plan, round=rnd,
+                                               max_rounds=ctx.max_rounds, must_ask=must_ask, think=think)
+    news = report(state["results"], state["planner_log"][-1].get("waves", 0))
+    if final:
+        return news, P.FINAL_USER.format(progress=plan, think=think)
+    return news, P.NEXT_USER.format(progress=plan, round=rnd, max_rounds=ctx.max_rounds, must_ask=must_ask,
+                                    think=think)
+
+
+def _ask_the_question(state: State, dag: list[SubQuestion], rnd: int, cap: int) -> tuple[list[SubQuestion], str]:
+    """The question itself as a sub-question, when the planner gave workers nothing before it may conclude."""
+    if asks(dag) >= cap:
+        return [], f"NoWorker: round {rnd} gave the workers nothing and the sub-question cap {cap} is reached"
+    taken = {q["id"] for q in dag}
+    sid = next(f"q{i}" for i in itertools.count(1) if f"q{i}" not in taken)
+    return ([{"id": sid, "question": state["question"], "depends_on": [], "round": rnd, "attempt": 1}],
+            f"NoWorker: round {rnd} gave the workers nothing; asked the question itself as {sid}")
 
 
 def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
@@ -264,17 +459,17 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         return {"answer": best_effort(results), "error": failed, "done": True}
     rnd = state["rounds"] + 1
     final = state["force_final"] or rnd >= ctx.max_rounds
+    may_answer = final or state["waves"] >= ctx.min_worker_rounds
     notes = [] if state["force_final"] or not final else [f"RoundCap: round {rnd} of {ctx.max_rounds} must answer"]
-    topic = P.TOPIC.format(entities=", ".join(state["topic_entities"])) if state.get("topic_entities") else ""
-    prompt = P.FINAL_USER if final else P.PLANNER_USER
-    messages = [SystemMessage(P.PLANNER_SYSTEM), HumanMessage(prompt.format(
-        question=state["question"], topic=topic, progress=progress(dag, results), round=rnd,
-        max_rounds=ctx.max_rounds, think=P.THINK_FIRST if ctx.think else P.NO_THINK))]
+    news, ask = _prompt(state, ctx, rnd, final, may_answer)
+    messages, prompt = conversation(state["planner_log"], news, ask, ctx.planner_budget)
+    brief = (news[1] or P.NO_NEW_ANSWERS) if state["planner_log"] else prompt
     pending = bool(ready(dag, results))
     update: dict[str, Any] = {"rounds": rnd, "force_final": False}
-    log = {"round": rnd, "final": final, "raw": [], "thought": "", "action": "", "error": None}
+    log = {"round": rnd, "final": final, "waves": state["waves"], "prompt": prompt, "brief": brief, "raw": [],
+           "thought": "", "action": "", "error": None}
     try:
-        parsed = ask_json(get_llm(ctx, "planner"), messages, lambda v: read_plan(v, final, pending),
+        parsed = ask_json(get_llm(ctx, "planner"), messages, lambda v: read_plan(v, final, pending, may_answer),
                           retries=ctx.parse_retries)
     except ModelError as exc:
         error = f"ModelError: {exc}"
@@ -282,31 +477,46 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         return {**update, "answer": best_effort(results), "error": error, "done": True,
                 "notes": notes, "planner_log": [log]}
     log.update(raw=parsed.raw, thought=_thought(parsed.raw[-1]))
+    new: list[SubQuestion] = []
     if parsed.error:
         log.update(action="failed", error=parsed.error)
         notes.append(parsed.error)
         if final:
             return {**update, "answer": best_effort(results), "error": parsed.error, "done": True,
                     "notes": notes, "planner_log": [log]}
-        return {**update, "force_final": True, "notes": notes, "planner_log": [log]}
-    kind, value = parsed.value
-    if kind == "answer":
-        log.update(action="answer", answer=value)
-        return {**update, "answer": value, "done": True, "notes": notes, "planner_log": [log]}
-    items, read_notes = value
-    new, repair_notes = repair_plan(items, dag, ctx.max_subquestions, rnd)
-    notes += read_notes + repair_notes
-    log.update(action="plan", plan=new)
-    dag = dag + new
-    if not ready(dag, results):
-        notes.append(f"NoProgress: round {rnd} planned nothing that can run")
         update["force_final"] = True
-    return {**update, "dag": dag, "notes": notes, "planner_log": [log]}
+    else:
+        kind, value = parsed.value
+        if kind == "answer":
+            log.update(action="answer", answer=value)
+            return {**update, "answer": value, "done": True, "notes": notes, "planner_log": [log]}
+        items, read_notes = value
+        new, repair_notes = repair_plan(items, dag, ctx.max_subquestions, rnd, results)
+        notes += read_notes + repair_notes
+        log.update(action="plan", plan=new)
+        if not ready(merge_dag(dag, new), results):
+            notes.append(f"NoProgress: round {rnd} planned nothing that can run")
+            update["force_final"] = True
+    if update["force_final"] and not may_answer:  # the workers must be consulted first: ask the question
+        asked, note = _ask_the_question(state, merge_dag(dag, new), rnd, ctx.max_subquestions)
+        new, notes, update["force_final"] = new + asked, notes + [note], not asked
+        log["plan"] = log.get("plan", []) + asked
+    return {**update, "dag": new, "notes": notes, "planner_log": [log]}
 
 
 def _thought(raw: str) -> str:
     """The planner's reasoning: its <think> block, else the prose before its JSON."""
     return think_text(raw) or strip_think(raw).split("{")[0].split("```")[0].strip()
+
+
+def _dispatch(state: State) -> list[Send]:
+    """One worker task per ready sub-question, in the next wave."""
+    order = {q["id"]: i for i, q in enumerate(state["dag"])}
+    wave = state["waves"] + 1
+    return [Send("worker", {"sub": {"id": q["id"], "order": order[q["id"]], "attempt": q.get("attempt", 1),
+                                    "wave": wave, "question": q["question"],
+                                    "query": fill(q["question"], state["results"])}})
+            for q in ready(state["dag"], state["results"])]
 
 
 def route(state: State) -> str | list[Send]:
@@ -315,10 +525,21 @@ def route(state: State) -> str | list[Send]:
         return END
     if state["force_final"]:
         return "planner"
-    order = {q["id"]: i for i, q in enumerate(state["dag"])}
-    return [Send("worker", {"sub": {"id": q["id"], "order": order[q["id"]], "question": q["question"],
-                                    "query": fill(q["question"], state["results"])}})
-            for q in ready(state["dag"], state["results"])]
+    return _dispatch(state) or "planner"
+
+
+def collect(state: State) -> dict:
+    """Count the wave of workers that just finished."""
+    return {"waves": state["waves"] + 1}
+
+
+def after_wave(state: State) -> str | list[Send]:
+    """Straight to the workers with the sub-questions the planner already wrote that are now ready, when every
+    answer of the wave is usable; else back to the planner."""
+    wave = [r for r in state["results"].values() if r["wave"] == state["waves"]]
+    if any(r["status"] != ANSWERED for r in wave):
+        return "planner"
+    return _dispatch(state) or "planner"
 
 
 @dataclass(frozen=True)
@@ -365,10 +586,12 @@ def read_worker(value: Any, n: int) -> tuple[list[int], str]:
 
 
 def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
-    """Answer one sub-question: retrieve contexts, then one call that selects the relevant ones and answers."""
+    """Answer one sub-question: retrieve contexts, then one call that selects the relevant ones and answers.
+    The result's status: answered, unknown (the worker said so), or failed (no usable reply, empty answer)."""
     ctx, sub = context_as(MujicaContext, runtime), task["sub"]
-    record = {"id": sub["id"], "order": sub["order"], "question": sub["question"], "query": sub["query"],
-              "source": None, "retrieved": [], "selected": [], "answer": "", "raw": [], "error": None}
+    record = {"id": sub["id"], "order": sub["order"], "attempt": sub.get("attempt", 1), "wave": sub.get("wave", 1),
+              "question": sub["question"], "query": sub["query"], "source": None, "retrieved": [], "selected": [],
+              "evidence": [], "answer": "", "status": FAILED, "raw": [], "error": None}
     contexts: list[Snippet] = []
     try:
         record["source"], contexts = retrieve(ctx, sub["query"])
@@ -387,8 +610,14 @@ def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
     record["raw"] = parsed.raw
     if parsed.error:
         record["error"] = parsed.error
-    else:
-        record["selected"], record["answer"] = parsed.value
+        return {"results": {sub["id"]: record}}
+    selected, answer = parsed.value
+    record["selected"] = selected
+    record["evidence"] = [cap_text(contexts[i - 1].text, EVIDENCE_CHARS) for i in selected[:EVIDENCE_CONTEXTS]]
+    if answer and not is_no_answer(answer):
+        record.update(answer=answer, status=ANSWERED)
+    elif answer:
+        record["status"] = UNKNOWN
     return {"results": {sub["id"]: record}}
 
 
@@ -397,11 +626,14 @@ def build(checkpointer=None) -> CompiledStateGraph:
     g.add_node("start", start)
     g.add_node("planner", planner)
     g.add_node("worker", worker)
+    g.add_node("collect", collect)
     g.add_edge(START, "start")
     g.add_edge("start", "planner")
     g.add_conditional_edges("planner", route, ["worker", "planner", END])
-    g.add_edge("worker", "planner")
-    return g.compile(checkpointer=checkpointer)
+    g.add_edge("worker", "collect")
+    g.add_conditional_edges("collect", after_wave, ["worker", "planner"])
+    # a copy of the compiled graph with the limit in its own config (Pregel.with_config returns the same class)
+    return g.compile(checkpointer=checkpointer, name="mujica").with_config(recursion_limit=RECURSION_LIMIT)
 
 
 graph = build()

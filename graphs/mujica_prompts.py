@@ -1,11 +1,11 @@
 """Prompts of the Mujica planner/worker agent. `{placeholders}` are filled with str.format; PLANNER_SYSTEM
-is sent as it is (single braces)."""
+and WORKER_SYSTEM are sent as they are (single braces)."""
 
 PLANNER_SYSTEM = """You are the planner of a question-answering team. You break a multi-hop question into \
 simple sub-questions that workers answer from a knowledge source, and you write the final answer \
 from their answers.
 
-Each turn you see the question and the sub-questions asked so far with their answers. Then either:
+Each turn you see the workers' answers and the sub-questions asked so far. Then either:
 1. conclude, when the answers so far are enough:
 {"answer": "<short answer: an entity, a date, a number, yes or no>"}
 2. or ask new sub-questions, as a small graph: each has an id, a question and the ids it depends on.
@@ -16,32 +16,49 @@ writing its id as #q1; the worker sees the answer in its place.
 
 Rules: each sub-question asks one simple fact; ids are new and unique (q1, q2, ...); a dependency \
 names an earlier or new id, never the sub-question itself, and dependencies never form a loop; \
-do not repeat a sub-question that was already asked."""
+do not repeat a sub-question that was already asked. A sub-question answered "unknown" or "failed" \
+has no answer and the sub-questions that use it wait: ask it again with the same id in other words, \
+ask something else, or conclude."""
 
 THINK_FIRST = "First reason briefly inside <think>...</think>, then give the JSON."
 NO_THINK = "Reply with the JSON only."
+MUST_ASK = "Ask at least one sub-question before you answer. "
+TOO_EARLY = "no worker has answered yet: ask at least one sub-question first"
 
 PLANNER_USER = """Question: {question}{topic}
 
 Sub-questions so far:
 {progress}
 
-Turn {round} of {max_rounds}. {think}"""
+Turn {round} of {max_rounds}. {must_ask}{think}"""
 
-FINAL_USER = """Question: {question}{topic}
+REPORT = """Worker answers:
+{answers}
 
-Sub-questions so far:
+"""
+
+NEXT_USER = """Sub-questions so far:
+{progress}
+
+Turn {round} of {max_rounds}. {must_ask}{think}"""
+
+FINAL_USER = """Sub-questions so far:
 {progress}
 
 No more sub-questions can be asked. Give your best final answer now, as \
 {{"answer": "<short answer>"}}. {think}"""
 
+NO_NEW_ANSWERS = "(no new worker answers)"
 TOPIC = "\nTopic entities: {entities}"
 NO_PROGRESS = "(none yet)"
+WAITING = "(not answered yet)"
+BLOCKED = "(blocked: {ids} has no answer)"
+UNKNOWN = "unknown (not in the worker's contexts)"
+FAILED = "failed (the worker gave no usable answer)"
 
 WORKER_SYSTEM = """You answer one simple question from numbered contexts. Pick the contexts that \
 help answer it and give a short answer (an entity, a date, a number, yes or no). If the contexts \
-do not contain the answer, give your best guess."""
+do not contain the answer, answer "unknown"."""
 
 WORKER_USER = """Question: {question}
 

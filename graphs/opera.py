@@ -1,26 +1,45 @@
 """OPERA (arXiv 2508.16438): an orchestrated planner-executor for multi-hop retrieval.
 
-The Plan agent splits the question into ordered sub-goals whose later items refer to earlier answers with
-placeholders ([Answer1], [entity from step 2]). Each sub-goal is then executed: fill its placeholders,
-retrieve, and let the Analysis-Answer agent judge sufficiency and extract the answer; when the passages are
-not enough, the Rewrite agent reformulates the query and retrieval runs again with a larger top-k, at most
-`max_rewrites` times. A final synthesis turns the sub-goal answers into the answer.
+The Plan agent splits the question into ordered sub-goals; a later sub-goal names the answer of an earlier
+one with a placeholder. Each sub-goal is executed: fill its placeholders, retrieve, and let the
+Analysis-Answer agent judge sufficiency and extract the answer; when the passages are not enough, the
+Rewrite agent reformulates the query and retrieval runs again with a larger top-k (its passages join the
+earlier ones), at most `max_rewrites` times. Sub-goals that wait on no unfinished sub-goal run in parallel
+(one LangGraph `Send` task chain each). A final synthesis turns the sub-goal answers into the answer.
 
-    plan -> retrieve -> analyze -> (rewrite -> retrieve ...) -> next sub-goal ... -> synthesize
+    plan -> schedule -(Send per ready sub-goal)-> retrieve -> analyze -> (rewrite -> retrieve -> analyze ...)
+         -> schedule -> ... -> synthesize
 
 Retrieval searches `corpus`; with only `graph` set, it reads the facts of the best-matching entities.
+
+Placeholders: `[Answer2]`, `[entity from step 2]` (any bracketed text naming "answer", "step", "result",
+"sub-goal" or "question" with the step number, or just `[2]`), `{Answer2}`, `<Answer2>`, and `#2` for an
+earlier step. Brackets naming no step (`[Season 2]`) stay as they are. A placeholder whose step has no
+answer, or names no earlier step, is left as written and the sub-goal is searched together with the
+question; another step's answer is never put in its place. `placeholders` in the output counts the
+placeholders written in executed sub-goals and those resolved, and their ratio `fill_rate`.
+
+Replies each role is expected to give (what `fake_llms` scripts):
+- plan: `{"subgoals": ["Who directed Inception?", "Where was [Answer1] born?"]}` (a bare JSON list works too).
+- analysis: `{"reasoning": "...", "sufficient": true, "answer": "Christopher Nolan"}` (no "reasoning" when
+  `think` is off; `"status": "yes"|"no"` stands for "sufficient"). A missing "sufficient" means no; so do an
+  answer that refuses ("unknown", "The passages do not mention ...") and a short answer that no shown
+  passage contains.
+- rewrite: `{"query": "new search query"}`, or one plain line.
+- answer: the final answer as plain text (`{"answer": ...}`, `<answer>...</answer>` or "Answer: ..." work too).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
+from langgraph.types import Command, Overwrite, Send
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import EntityNotFound, ModelError, StoreError
@@ -42,8 +61,9 @@ from .common import (
     get_llm,
     get_store,
 )
+from .refusals import grounded, is_no_answer
 
-RECURSION_LIMIT = 1000  # graph steps; a run takes 2 + sub-goals * (3 * max_rewrites + 2)
+RECURSION_LIMIT = 1000  # graph steps; a chain of n sub-goals takes 2 + n * (3 * max_rewrites + 3) + 1
 
 
 @dataclass
@@ -53,25 +73,69 @@ class OperaContext(AgentContext):
     topk_schedule: tuple[int, ...] = ()  # top-k of attempt 1, 2, ...; () = top_k, 2*top_k, 3*top_k, ...
 
 
+def merge_steps(left: list[dict], right: list[dict] | None) -> list[dict]:
+    """Sub-goal records by number `n`. An update is {"n", field: value, ...}, optionally with
+    "attempt": {"i", field: value, ...} which creates or updates attempt i (0-based). None resets."""
+    if right is None:
+        return []
+    steps = {s["n"]: s for s in left}
+    for update in right:
+        fields = {k: v for k, v in update.items() if k != "attempt"}
+        step = {"attempts": [], **steps.get(update["n"], {}), **fields}
+        if "attempt" in update:
+            attempts = list(step["attempts"])
+            i = update["attempt"]["i"]
+            change = {k: v for k, v in update["attempt"].items() if k != "i"}
+            if i < len(attempts):
+                attempts[i] = {**attempts[i], **change}
+            else:
+                attempts.append({**_new_attempt(), **change})
+            step["attempts"] = attempts
+        steps[update["n"]] = step
+    return [steps[n] for n in sorted(steps)]
+
+
+def extend(left: list, right: list | None) -> list:
+    """Append-only log; None resets."""
+    return [] if right is None else left + right
+
+
 class State(TypedDict, total=False):
     question: str
     topic_entities: list[str]
     plan: list[str]  # sub-goals, placeholders unfilled
+    depends_on: list[list[int]]  # per sub-goal, the earlier sub-goals (1-based) its placeholders name
     plan_raw: list[str]  # Plan agent replies (more than one after a repair)
-    steps: list[dict[str, Any]]  # one record per executed sub-goal, see _new_step and _new_attempt
+    steps: Annotated[list[dict[str, Any]], merge_steps]  # one record per started sub-goal, see _new_step
     synthesis_raw: str
     answer: str
-    error: str | None  # the first typed failure of the run
-    notes: list[str]  # every failure and warning, in order
-    halted: bool  # a model or store failure stopped execution
+    error: str | None  # the first typed failure of the run (set by synthesize, from the notes)
+    notes: Annotated[list[str], extend]  # every failure and warning ("warning: ..."), in order
+    halted: bool  # the run cannot execute sub-goals (no source, the Plan agent failed)
+    placeholders: dict[str, Any]  # {"written", "resolved", "fill_rate"} over the executed sub-goals
 
 
 class OperaOutput(QAOutput):
     plan: list[str]
     steps: list[dict[str, Any]]
     notes: list[str]
+    placeholders: dict[str, Any]
 
 
+class SubgoalTask(TypedDict):
+    """What one sub-goal's task chain carries between retrieve, analyze and rewrite (never in the state)."""
+
+    n: int  # sub-goal number, 1-based
+    question: str
+    subgoal: str  # the sub-goal with its placeholders filled, as the agents see it
+    query: str  # this attempt's query
+    attempt: int  # 0-based
+    tried: list[str]  # queries so far
+    findings: str  # earlier sub-goals' answers, rendered for the analysis prompt
+    pool: list[dict]  # passages of all attempts so far (id, title, text, score), best first
+    hits: list[dict]  # this attempt's hits (id, title, score)
+    best: str  # the latest non-empty answer of the sub-goal's attempts
+    reason: str  # why the last attempt was not enough, for the Rewrite agent
 
 
 def topk_for(ctx: OperaContext, attempt: int) -> int:
@@ -81,35 +145,60 @@ def topk_for(ctx: OperaContext, attempt: int) -> int:
 
 
 # -- placeholders ----------------------------------------------------------------------
-# Bracketed text holding a 1-2 digit step number: [Answer1], [answer 2], [entity from step 2], [#1].
-_PLACEHOLDER = re.compile(r"\[([^\[\]\d]{0,40}?)(\d{1,2})([^\[\]\d]{0,40})\]")
+_BRACKETED = re.compile(r"\[([^\[\]]{1,60})\]|\{([^{}]{1,60})\}|<([^<>]{1,60})>")
+_NAMES_STEP = re.compile(r"\b(?:answer|ans|step|result|output|sub-?goal|goal|question|q)\s*[_#-]?\s*(\d{1,2})\b"
+                         r"|#\s*(\d{1,2})\b", re.IGNORECASE)
+_BARE_NUMBER = re.compile(r"\s*#?\s*(\d{1,2})\s*")  # [2] or [#2]; in square brackets only
+_HASH = re.compile(r"(?<![\w#&])#(\d{1,2})\b")
 
 
-def fill_placeholders(text: str, answers: list[str]) -> tuple[str, list[str]]:
-    """`text` with each placeholder replaced by the answer of the step it names (`answers[n - 1]`).
-    A placeholder naming a step without an answer gets the closest earlier answer, or is removed;
-    each such case is returned as a warning."""
+def _step_named(match: re.Match) -> int | None:
+    """The step number a bracketed placeholder names, or None ([Season 2], [1990], <b>, {x})."""
+    square, inner = match.group(1) is not None, next(g for g in match.groups() if g)
+    if square and (bare := _BARE_NUMBER.fullmatch(inner)):
+        return int(bare.group(1))
+    m = _NAMES_STEP.search(inner)
+    return int(next(g for g in m.groups() if g)) if m else None
+
+
+def step_refs(text: str, index: int) -> list[tuple[re.Match, int]]:
+    """The placeholders of the sub-goal numbered `index` (1-based), each with the step it names: every
+    bracketed form that names a step, and `#N` for an earlier step N (other `#N` are left as text)."""
+    refs = [(m, n) for m in _BRACKETED.finditer(text) if (n := _step_named(m))]
+    refs += [(m, n) for m in _HASH.finditer(text) if 1 <= (n := int(m.group(1))) < index
+             and not any(b.start() <= m.start() < b.end() for b, _ in refs)]
+    return sorted(refs, key=lambda r: r[0].start())
+
+
+def dependencies(plan: list[str]) -> list[list[int]]:
+    """Per sub-goal, the earlier sub-goals its placeholders name (a sub-goal waits for them)."""
+    return [sorted({n for _, n in step_refs(text, i) if n < i}) for i, text in enumerate(plan, start=1)]
+
+
+def fill_placeholders(text: str, index: int, answers: dict[int, str]) -> tuple[str, int, list[str]]:
+    """`text` (sub-goal number `index`) with each placeholder naming an earlier answered step replaced by that
+    answer (`answers[n]`); other placeholders stay as written. Returns the text, how many were resolved, and a
+    warning for each one that was not."""
     warnings: list[str] = []
-
-    def replace(match: re.Match) -> str:
-        n = int(match.group(2))
-        if 1 <= n <= len(answers) and answers[n - 1]:
-            return answers[n - 1]
-        fallback = next((a for a in reversed(answers) if a), "")
-        why = "has no answer" if 1 <= n <= len(answers) else "is not an earlier step"
-        warnings.append(f"placeholder {match.group(0)}: step {n} {why}; "
-                        + (f"used {fallback!r}" if fallback else "removed it"))
-        return fallback
-
-    filled = " ".join(_PLACEHOLDER.sub(replace, text).split())
-    return re.sub(r" ([?.,;:!])", r"\1", filled), warnings
+    resolved = 0
+    out, last = [], 0
+    for m, n in step_refs(text, index):
+        out.append(text[last:m.start()])
+        last = m.end()
+        if n < index and answers.get(n):
+            out.append(answers[n])
+            resolved += 1
+            continue
+        out.append(m.group(0))
+        why = "has no answer" if n < index else "is not an earlier step"
+        warnings.append(f"placeholder {m.group(0)}: step {n} {why}; left as written")
+    filled = " ".join(("".join(out) + text[last:]).split())
+    return re.sub(r" ([?.,;:!])", r"\1", filled), resolved, warnings
 
 
 # -- parsing the agents' replies ---------------------------------------------------------
 _PLAN_KEYS = ("subgoals", "sub_goals", "sub-goals", "subquestions", "sub_questions", "questions", "steps", "plan")
 _ITEM_KEYS = ("subgoal", "sub_goal", "question", "subquestion", "query", "goal", "text")
-_NO_ANSWER = {"", "none", "null", "unknown", "n/a", "na", "not found", "not available", "insufficient",
-              "insufficient information", "cannot be determined", "not mentioned"}
 
 
 def check_plan(value: Any) -> list[str]:
@@ -139,20 +228,27 @@ def _truthy(flag: Any) -> bool:
     return bool(flag)
 
 
-def check_analysis(value: Any) -> dict[str, Any]:
-    """{"reasoning", "sufficient", "answer"} from an Analysis-Answer reply; also takes the
-    {"status": "yes"|"no", "analysis": ...} form. Sufficient needs a non-empty answer."""
+def check_analysis(value: Any, passages: list[str] | None = None) -> dict[str, Any]:
+    """{"reasoning", "sufficient", "answer", "flag"} from an Analysis-Answer reply; also takes the
+    {"status": "yes"|"no", "analysis": ...} form. Not sufficient: a missing flag, a refusal or "not found"
+    answer (then ""), or a short answer that none of `passages` contains; `flag` says which, or is None."""
     if not isinstance(value, dict):
         raise ValueError("expected a JSON object")
     v = {str(k).lower(): x for k, x in value.items()}
     if not any(k in v for k in ("sufficient", "status", "answer")):
         raise ValueError(f'expected the keys "sufficient" and "answer", got {sorted(v)}')
     answer = clean_answer(str(v.get("answer") or ""))
-    if answer.lower().strip(".") in _NO_ANSWER:
-        answer = ""
-    flag = v.get("sufficient", v.get("status"))
-    sufficient = (_truthy(flag) if flag is not None else True) and bool(answer)
-    return {"reasoning": str(v.get("reasoning") or v.get("analysis") or ""), "sufficient": sufficient, "answer": answer}
+    stated = v.get("sufficient", v.get("status"))
+    sufficient, flag = stated is not None and _truthy(stated), None
+    if is_no_answer(answer):
+        answer, flag = "", "no answer" if answer else None
+    elif passages is not None and not grounded(answer, passages):
+        flag = "not in any passage"
+    elif stated is None:
+        flag = "no sufficiency given"
+    sufficient = sufficient and bool(answer) and flag is None
+    return {"reasoning": str(v.get("reasoning") or v.get("analysis") or ""), "sufficient": sufficient,
+            "answer": answer, "flag": flag}
 
 
 _QUERY_FIELD = re.compile(r'"query"\s*:\s*"([^"]*)', re.IGNORECASE)
@@ -198,48 +294,50 @@ def retrieve_contexts(ctx: OperaContext, query: str, k: int) -> list[PassageHit]
     return contexts
 
 
+def merge_pool(pool: list[dict], hits: list[PassageHit]) -> list[dict]:
+    """The passages of every attempt of a sub-goal: one per id (its best score), best first."""
+    best: dict[str, dict] = {p["id"]: p for p in pool}
+    for h in hits:
+        item = {"id": h.id, "title": h.title, "text": h.text, "score": round(float(h.score), 6)}
+        if h.id not in best or item["score"] > best[h.id]["score"]:
+            best[h.id] = item
+    return sorted(best.values(), key=lambda p: -p["score"])
+
+
+def _passages(pool: list[dict]) -> list[PassageHit]:
+    return [PassageHit(id=p["id"], title=p["title"], text=p["text"], score=p["score"]) for p in pool]
+
+
 # -- state helpers -----------------------------------------------------------------------
-def _new_step(subgoal: str, query: str, warnings: list[str]) -> dict[str, Any]:
-    return {"subgoal": subgoal, "query": query, "warnings": warnings, "attempts": [],
-            "answer": "", "sufficient": False, "done": False}
+def _new_step(n: int, subgoal: str, filled: str, depends_on: list[int], written: int, resolved: int,
+              warnings: list[str]) -> dict[str, Any]:
+    """A sub-goal's record: as planned, with its placeholders filled ("query"; the first attempt searches it,
+    with the question beside it when a placeholder stayed), and its outcome."""
+    return {"n": n, "subgoal": subgoal, "query": filled, "depends_on": depends_on, "warnings": warnings,
+            "placeholders": written, "resolved": resolved, "answer": "", "sufficient": False, "done": False,
+            "halted": False}
 
 
-def _new_attempt(query: str, k: int) -> dict[str, Any]:
-    return {"query": query, "k": k, "hits": [], "context": "", "analysis_raw": [], "analysis": None,
+def _new_attempt() -> dict[str, Any]:
+    return {"query": "", "k": 0, "hits": [], "shown": [], "analysis_raw": [], "analysis": None,
             "rewrite_raw": None, "rewrite": None, "error": None}
 
 
-def _copy_last(state: State) -> tuple[list[dict], dict, dict]:
-    """Copies of the steps, the last step and its last attempt, safe to modify."""
-    steps = list(state["steps"])
-    step = steps[-1] = {**steps[-1], "attempts": list(steps[-1]["attempts"])}
-    attempt = step["attempts"][-1] = dict(step["attempts"][-1])
-    return steps, step, attempt
-
-
-def _best_answer(step: dict) -> str:
-    """The latest non-empty answer of the step's attempts, sufficient or not."""
-    return next((a["analysis"]["answer"] for a in reversed(step["attempts"])
-                 if a["analysis"] and a["analysis"]["answer"]), "")
-
-
-def _noted(state: State, *messages: str) -> dict[str, Any]:
-    """The state update adding `messages` to the notes."""
-    return {"notes": [*state.get("notes", []), *messages]}
-
-
-def _failure(state: State, message: str, halt: bool = False) -> dict[str, Any]:
-    """The state update recording a typed failure: `error` keeps the first one, `notes` all."""
-    update: dict[str, Any] = {"error": state.get("error") or message, **_noted(state, message)}
-    if halt:
-        update["halted"] = True
-    return update
-
-
 def _findings(steps: list[dict]) -> str:
-    lines = [f"{i}. {s['query']} -> {s['answer'] or 'not found'}" + ("" if s["sufficient"] else " (unconfirmed)")
-             for i, s in enumerate(steps, start=1)]
+    lines = [f"{s['n']}. {s['query']} -> {s['answer'] or 'not found'}" + ("" if s["sufficient"] else " (unconfirmed)")
+             for s in steps]
     return "\n".join(lines) or "none"
+
+
+def _halted(state: State) -> bool:
+    return bool(state.get("halted")) or any(s.get("halted") for s in state.get("steps") or [])
+
+
+def _end_step(task: SubgoalTask, update: dict, error: str) -> Command:
+    """Stop the sub-goal after a model or store failure, keeping its best answer, and halt the run."""
+    return Command(update={"steps": [{"n": task["n"], "answer": task["best"], "done": True, "halted": True,
+                                      "attempt": {"i": task["attempt"], "error": error, **update}}],
+                           "notes": [error]}, goto="schedule")
 
 
 # -- nodes -------------------------------------------------------------------------------
@@ -249,160 +347,168 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     question = check_question(state.get("question"))
     ctx = context_as(OperaContext, runtime)
     entities = [e for e in state.get("topic_entities") or [] if isinstance(e, str) and e.strip()]
-    fresh: State = {"question": question, "plan": [], "plan_raw": [], "steps": [], "synthesis_raw": "",
-                    "answer": "", "error": None, "notes": [], "halted": False}
+    fresh: dict[str, Any] = {"question": question, "plan": [], "depends_on": [], "plan_raw": [], "synthesis_raw": "",
+                             "answer": "", "error": None, "halted": False, "placeholders": {},
+                             "steps": Overwrite([])}
     if not (ctx.corpus or ctx.graph):
-        return fresh | _failure(fresh, "InvalidInput: OPERA needs a corpus or a graph in the context", halt=True)
+        return fresh | {"halted": True, "notes": Overwrite([f"InvalidInput: {P.NO_SOURCE}"])}
     hint = P.PLAN_HINT.format(entities=", ".join(entities)) if entities else ""
     messages = [SystemMessage(P.PLAN_SYSTEM), HumanMessage(P.PLAN_USER.format(question=question, hint=hint))]
     try:
         parsed = ask_json(get_llm(ctx, "plan"), messages, check_plan, ctx.parse_retries)
     except ModelError as exc:
-        return fresh | _failure(fresh, f"ModelError: plan: {exc}", halt=True)
-    fresh["plan_raw"] = parsed.raw
+        return fresh | {"halted": True, "notes": Overwrite([f"ModelError: plan: {exc}"])}
+    notes = []
     if parsed.value is None:
-        failure = _failure(fresh, f"{parsed.error} (plan; planned the question as one sub-goal)")
-        return fresh | {"plan": [question]} | failure
-    subgoals = parsed.value
-    if len(subgoals) > ctx.max_rounds:
-        fresh |= _noted(fresh, f"warning: plan has {len(subgoals)} sub-goals; kept the first {ctx.max_rounds}")
-        subgoals = subgoals[:ctx.max_rounds]
-    return fresh | {"plan": subgoals}
-
-
-def retrieve(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
-    """Start the next sub-goal (placeholders filled) or retry the current one with its rewritten query."""
-    ctx = context_as(OperaContext, runtime)
-    notes: list[str] = []
-    if not state["steps"] or state["steps"][-1]["done"]:
-        index = len(state["steps"])
-        query, warnings = fill_placeholders(state["plan"][index], [s["answer"] for s in state["steps"]])
-        query = query or state["question"]
-        steps = [*state["steps"], _new_step(state["plan"][index], query, warnings)]
-        step = steps[-1]
-        notes = [f"warning: sub-goal {index + 1}: {w}" for w in warnings]
+        subgoals = [question]
+        notes.append(f"{parsed.error} (plan; planned the question as one sub-goal)")
     else:
-        steps, step, last = _copy_last(state)
-        query = last["rewrite"] or last["query"]
-    attempt = _new_attempt(query, topk_for(ctx, len(step["attempts"])))
-    step["attempts"].append(attempt)
+        subgoals = parsed.value
+    if len(subgoals) > ctx.max_rounds:
+        notes.append(f"warning: plan has {len(subgoals)} sub-goals; kept the first {ctx.max_rounds}")
+        subgoals = subgoals[:ctx.max_rounds]
+    return fresh | {"plan": subgoals, "depends_on": dependencies(subgoals), "plan_raw": parsed.raw,
+                    "notes": Overwrite(notes)}
+
+
+def schedule(state: State) -> Command[Literal["retrieve", "synthesize"]]:
+    """Start every sub-goal whose dependencies are done (placeholders filled), each in its own task chain;
+    synthesize once all are done, or once nothing runs after a halt; else wait for the running ones."""
+    steps = {s["n"]: s for s in state.get("steps") or []}
+    running = [n for n, s in steps.items() if not s["done"]]
+    plan_, deps = state.get("plan") or [], state.get("depends_on") or []
+    ready = [] if _halted(state) else [
+        n for n in range(1, len(plan_) + 1)
+        if n not in steps and all(d in steps and steps[d]["done"] for d in deps[n - 1])]
+    if not ready:
+        return Command() if running else Command(goto="synthesize")
+    answers = {n: s["answer"] for n, s in steps.items() if s["done"]}
+    findings = _findings([s for s in steps.values() if s["done"]])
+    records, sends, notes = [], [], []
+    for n in ready:
+        subgoal = plan_[n - 1]
+        filled, resolved, warnings = fill_placeholders(subgoal, n, answers)
+        query = P.UNRESOLVED_QUERY.format(subgoal=filled, question=state["question"]) if warnings else filled
+        notes += [f"warning: sub-goal {n}: {w}" for w in warnings]
+        records.append(_new_step(n, subgoal, filled, deps[n - 1], resolved + len(warnings), resolved, warnings))
+        sends.append(Send("retrieve", SubgoalTask(n=n, question=state["question"], subgoal=filled, query=query,
+                                                  attempt=0, tried=[query], findings=findings, pool=[], hits=[],
+                                                  best="", reason="")))
+    return Command(update={"steps": records, "notes": notes}, goto=sends)
+
+
+def retrieve(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Literal["analyze", "schedule"]]:
+    """Search for the sub-goal's current query; the passages join those of its earlier attempts."""
+    ctx = context_as(OperaContext, runtime)
+    k = topk_for(ctx, task["attempt"])
+    attempt = {"i": task["attempt"], "query": task["query"], "k": k}
     try:
-        hits = retrieve_contexts(ctx, query, attempt["k"])
+        hits = retrieve_contexts(ctx, task["query"], k)
     except StoreError as exc:
-        message = f"{type(exc).__name__}: {exc}"
-        attempt["error"] = message
-        step.update(answer=_best_answer(step), done=True)
-        return {"steps": steps} | _failure({**state, **_noted(state, *notes)}, message, halt=True)
+        return _end_step(task, attempt, f"{type(exc).__name__}: {exc}")
+    pool = merge_pool(task["pool"], hits)
     attempt["hits"] = [{"id": h.id, "title": h.title, "score": round(float(h.score), 6)} for h in hits]
-    attempt["context"] = format_passages(hits)
-    return {"steps": steps} | _noted(state, *notes)
+    attempt["shown"] = [p["id"] for p in pool]
+    return Command(update={"steps": [{"n": task["n"], "attempt": attempt}]},
+                   goto=Send("analyze", {**task, "pool": pool, "hits": attempt["hits"]}))
 
 
-def analyze(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
-    """Analysis-Answer agent: is the retrieved context sufficient for the sub-goal, and what is the answer.
-    The sub-goal ends when it is, or when its rewrites are used up (keeping the best answer seen)."""
+def analyze(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Literal["rewrite", "schedule"]]:
+    """Analysis-Answer agent: are the passages sufficient for the sub-goal, and what is the answer.
+    The sub-goal ends when they are, or when its rewrites are used up (keeping the best answer seen)."""
     ctx = context_as(OperaContext, runtime)
-    steps, step, attempt = _copy_last(state)
+    n, i = task["n"], task["attempt"]
+    texts = [f"{p['title']} {p['text']}" for p in task["pool"]]
     fmt = P.ANALYSIS_FORMAT_THINK if ctx.think else P.ANALYSIS_FORMAT_DIRECT
+    passages = format_passages(_passages(task["pool"]))
     messages = [SystemMessage(P.ANALYSIS_SYSTEM),
-                HumanMessage(P.ANALYSIS_USER.format(question=state["question"], findings=_findings(steps[:-1]),
-                                                    subgoal=step["query"], passages=attempt["context"], format=fmt))]
-    update: dict[str, Any] = {"steps": steps}
+                HumanMessage(P.ANALYSIS_USER.format(question=task["question"], findings=task["findings"],
+                                                    subgoal=task["subgoal"], passages=passages, format=fmt))]
     try:
-        parsed = ask_json(get_llm(ctx, "analysis"), messages, check_analysis, ctx.parse_retries, want=dict)
+        parsed = ask_json(get_llm(ctx, "analysis"), messages, lambda v: check_analysis(v, texts),
+                          ctx.parse_retries, want=dict)
     except ModelError as exc:
-        attempt["error"] = f"ModelError: analysis: {exc}"
-        step.update(answer=_best_answer(step), done=True)
-        return update | _failure(state, attempt["error"], halt=True)
-    attempt.update(analysis_raw=parsed.raw, analysis=parsed.value)
-    if parsed.error:
-        attempt["error"] = parsed.error
-        where = f"analysis of sub-goal {len(steps)}, attempt {len(step['attempts'])}"
-        update |= _failure(state, f"{parsed.error} ({where})")
+        return _end_step(task, {}, f"ModelError: analysis: {exc}")
+    attempt = {"i": i, "analysis_raw": parsed.raw, "analysis": parsed.value, "error": parsed.error}
+    notes = [f"{parsed.error} (analysis of sub-goal {n}, attempt {i + 1})"] if parsed.error else []
+    best = (parsed.value or {}).get("answer") or task["best"]
     if parsed.value and parsed.value["sufficient"]:
-        step.update(answer=parsed.value["answer"], sufficient=True, done=True)
-    elif len(step["attempts"]) > ctx.max_rewrites:
-        step.update(answer=_best_answer(step), done=True)
-    return update
+        step = {"answer": parsed.value["answer"], "sufficient": True, "done": True}
+    elif i >= ctx.max_rewrites:
+        step = {"answer": best, "done": True}
+    else:
+        return Command(update={"steps": [{"n": n, "attempt": attempt}], "notes": notes},
+                       goto=Send("rewrite", {**task, "best": best, "reason": _reason(parsed.value)}))
+    return Command(update={"steps": [{"n": n, **step, "attempt": attempt}], "notes": notes}, goto="schedule")
 
 
-def rewrite(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
-    """Rewrite agent: a new query for the current sub-goal; an unusable reply keeps the last query."""
+def _reason(analysis: dict | None) -> str:
+    analysis = analysis or {}
+    if analysis.get("flag") == "not in any passage":
+        return f"the answer {analysis['answer']!r} does not appear in any passage"
+    return analysis.get("reasoning") or "the passages do not contain the answer"
+
+
+def rewrite(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Literal["retrieve", "schedule"]]:
+    """Rewrite agent: a new query for the sub-goal; an unusable reply keeps the last query."""
     ctx = context_as(OperaContext, runtime)
-    steps, step, attempt = _copy_last(state)
-    tried = "\n".join(f"- {a['query']}" for a in step["attempts"])
-    reason = (attempt["analysis"] or {}).get("reasoning") or "the passages do not contain the answer"
-    titles = ", ".join(h["title"] for h in attempt["hits"]) or "none"
+    n, i = task["n"], task["attempt"]
+    tried = "\n".join(f"- {q}" for q in task["tried"])
+    titles = ", ".join(h["title"] for h in task["hits"]) or "none"
     messages = [SystemMessage(P.REWRITE_SYSTEM),
-                HumanMessage(P.REWRITE_USER.format(question=state["question"], subgoal=step["query"], tried=tried,
-                                                   reason=reason, titles=titles))]
+                HumanMessage(P.REWRITE_USER.format(question=task["question"], subgoal=task["subgoal"],
+                                                   tried=tried, reason=task["reason"], titles=titles))]
     try:
         text = ask(get_llm(ctx, "rewrite"), messages)
     except ModelError as exc:
-        attempt["error"] = f"ModelError: rewrite: {exc}"
-        step.update(answer=_best_answer(step), done=True)
-        return {"steps": steps} | _failure(state, attempt["error"], halt=True)
+        return _end_step(task, {}, f"ModelError: rewrite: {exc}")
     query = parse_rewrite(text)
-    attempt.update(rewrite_raw=text, rewrite=query or None)
-    if not query:
-        return {"steps": steps} | _noted(state, f"warning: sub-goal {len(steps)}: empty rewrite; kept the last query")
-    return {"steps": steps}
+    notes = [] if query else [f"warning: sub-goal {n}: empty rewrite; kept the last query"]
+    nxt = query or task["query"]
+    return Command(update={"steps": [{"n": n, "attempt": {"i": i, "rewrite_raw": text, "rewrite": query or None}}],
+                           "notes": notes},
+                   goto=Send("retrieve", {**task, "attempt": i + 1, "query": nxt, "tried": [*task["tried"], nxt]}))
 
 
 def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     """The final answer from the sub-goal answers; the last sub-goal answer when the model gives none
-    or the run was halted."""
+    or the run was halted. Sets `error` (the first typed failure in the notes) and the placeholder counts."""
     ctx = context_as(OperaContext, runtime)
     steps = state.get("steps") or []
-    fallback = next((s["answer"] for s in reversed(steps) if s["answer"]), "")
-    if state.get("halted") or not steps:
-        return {"answer": fallback}
-    messages = [SystemMessage(P.ANSWER_SYSTEM),
-                HumanMessage(P.ANSWER_USER.format(question=state["question"], findings=_findings(steps)))]
-    try:
-        text = ask(get_llm(ctx, "answer"), messages)
-    except ModelError as exc:
-        return {"answer": fallback} | _failure(state, f"ModelError: answer: {exc}")
-    answer = parse_final(text)
-    if not answer:
-        return {"answer": fallback, "synthesis_raw": text} | _failure(state, "MalformedOutput: empty final answer")
-    return {"answer": answer, "synthesis_raw": text}
-
-
-# -- routing -----------------------------------------------------------------------------
-def _after_plan(state: State) -> str:
-    return "synthesize" if state.get("halted") or not state["plan"] else "retrieve"
-
-
-def _after_retrieve(state: State) -> str:
-    return "synthesize" if state.get("halted") else "analyze"
-
-
-def _after_analyze(state: State) -> str:
-    if state.get("halted"):
-        return "synthesize"
-    if not state["steps"][-1]["done"]:
-        return "rewrite"
-    return "retrieve" if len(state["steps"]) < len(state["plan"]) else "synthesize"
-
-
-def _after_rewrite(state: State) -> str:
-    return "synthesize" if state.get("halted") else "retrieve"
+    written, resolved = sum(s["placeholders"] for s in steps), sum(s["resolved"] for s in steps)
+    update: dict[str, Any] = {"placeholders": {"written": written, "resolved": resolved,
+                                               "fill_rate": round(resolved / written, 4) if written else None}}
+    answer = next((s["answer"] for s in reversed(steps) if s["answer"]), "")
+    new: list[str] = []
+    if not _halted(state) and steps:
+        messages = [SystemMessage(P.ANSWER_SYSTEM),
+                    HumanMessage(P.ANSWER_USER.format(question=state["question"], findings=_findings(steps)))]
+        try:
+            text = ask(get_llm(ctx, "answer"), messages)
+        except ModelError as exc:
+            new.append(f"ModelError: answer: {exc}")
+        else:
+            update["synthesis_raw"] = text
+            if final := parse_final(text):
+                answer = final
+            else:
+                new.append("MalformedOutput: empty final answer")
+    error = next((n for n in [*(state.get("notes") or []), *new] if not n.startswith("warning")), None)
+    return update | {"answer": answer, "error": error, "notes": new}
 
 
 def build(checkpointer: Any = None) -> CompiledStateGraph:
     g = StateGraph(State, context_schema=OperaContext, input_schema=QAInput, output_schema=OperaOutput)
     g.add_node("plan", plan)
+    g.add_node("schedule", schedule)
     g.add_node("retrieve", retrieve)
     g.add_node("analyze", analyze)
     g.add_node("rewrite", rewrite)
     g.add_node("synthesize", synthesize)
     g.add_edge(START, "plan")
-    g.add_conditional_edges("plan", _after_plan, ["retrieve", "synthesize"])
-    g.add_conditional_edges("retrieve", _after_retrieve, ["analyze", "synthesize"])
-    g.add_conditional_edges("analyze", _after_analyze, ["rewrite", "retrieve", "synthesize"])
-    g.add_conditional_edges("rewrite", _after_rewrite, ["retrieve", "synthesize"])
+    g.add_edge("plan", "schedule")
     g.add_edge("synthesize", END)
+    # a copy of the compiled graph with the limit in its own config (Pregel.with_config returns the same class)
     return g.compile(checkpointer=checkpointer, name="opera").with_config(recursion_limit=RECURSION_LIMIT)
 
 

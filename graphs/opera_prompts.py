@@ -20,6 +20,11 @@ PLAN_USER = "Question: {question}{hint}\nJSON:"
 
 PLAN_HINT = "\nEntities the question is about: {entities}"
 
+NO_SOURCE = "OPERA needs a corpus or a graph in the context"
+
+# the search query of a sub-goal with a placeholder no earlier answer could fill
+UNRESOLVED_QUERY = "{subgoal} (question: {question})"
+
 ANALYSIS_SYSTEM = """You are the Analysis-Answer agent. You get one sub-goal of a larger question and passages
 retrieved for it. Use only the passages and the earlier findings.
 - Judge only the current sub-goal, not the whole question.

@@ -135,25 +135,29 @@ def _hits(items: list[dict]) -> list[Retrieved]:
             for h in items or [] if isinstance(h, dict)]
 
 
-_CITED_STEP = re.compile(r"\[[^\[\]\d]{0,40}?(\d{1,2})[^\[\]\d]{0,40}\]")  # OPERA placeholders: [Answer1]
+# OPERA placeholders ([Answer1]) in states from before OPERA recorded `depends_on`
+_CITED_STEP = re.compile(r"\[[^\[\]\d]{0,40}?(\d{1,2})[^\[\]\d]{0,40}\]")
 
 
 def plan_and_steps(state: Mapping[str, Any]) -> tuple[list[PlanItem], list[Step], list[ToolCall]]:
     """The plan, the retrieval steps and the tool calls a final state shows, whichever design made it."""
     if "steps" in state and "plan" in state:  # OPERA
-        plan = [PlanItem(id=str(i), question=q, depends_on=sorted(set(_CITED_STEP.findall(q)), key=int))
+        deps = state.get("depends_on") or [sorted(set(_CITED_STEP.findall(q)), key=int) for q in state["plan"] or []]
+        plan = [PlanItem(id=str(i), question=q, depends_on=[str(d) for d in (deps[i - 1] if i <= len(deps) else [])])
                 for i, q in enumerate(state["plan"] or [], start=1)]
-        steps = [Step(id=f"{i}.{j}", kind="attempt", question=s.get("subgoal", ""), query=a.get("query", ""),
-                      retrieved=_hits(a.get("hits")), answer=(a.get("analysis") or {}).get("answer", ""),
-                      error=a.get("error"))
+        steps = [Step(id=f"{s.get('n', i)}.{j}", kind="attempt", question=s.get("subgoal", ""),
+                      query=a.get("query", ""), retrieved=_hits(a.get("hits")),
+                      answer=(a.get("analysis") or {}).get("answer", ""), error=a.get("error"))
                  for i, s in enumerate(state["steps"] or [], start=1) for j, a in enumerate(s.get("attempts", []), 1)]
         return plan, steps, []
     if "dag" in state:  # Mujica
         plan = [PlanItem(id=q["id"], question=q["question"], depends_on=list(q.get("depends_on", [])))
                 for q in state["dag"] or []]
-        steps = [Step(id=sid, kind="subquestion", question=r.get("question", ""), query=r.get("query", ""),
-                      retrieved=_hits(r.get("retrieved")), answer=r.get("answer", ""), error=r.get("error"))
-                 for sid, r in (state.get("results") or {}).items()]
+        steps = [Step(id=sid if r is last else f"{sid}.{r.get('attempt', 1)}", kind="subquestion",
+                      question=r.get("question", ""), query=r.get("query", ""), retrieved=_hits(r.get("retrieved")),
+                      answer=r.get("answer") or "", error=r.get("error"))
+                 for sid, last in (state.get("results") or {}).items()
+                 for r in [*(last.get("earlier") or []), last]]  # a re-asked sub-question: its earlier asks first
         return plan, steps, []
     if "tool_calls" in state:  # Omne
         calls = [ToolCall(name=c.get("name", ""), args=c.get("args", {}), output=c.get("result_preview", ""))

@@ -90,10 +90,13 @@ def test_conversations_chain_calls_that_extend_each_other(store):  # noqa: F811
     assert roles == ["tool-agent"] and [t[0] for t in turns].count("assistant") == 4
     _, opera_trace, _ = run_opera(store)
     assert len(conversations(opera_trace)) == len(opera_trace.llm_calls) == 6  # fresh prompts each
+    _, mujica_trace = run_mujica(store)  # the planner keeps one conversation; each worker call is its own
+    assert [roles for roles, _ in conversations(mujica_trace)].count(["planner"]) == 1
+    assert len(conversations(mujica_trace)) == 1 + 3
 
 
 def test_sft_export_weights_only_agent_turns(run_dir, tmp_path):
-    assert export(run_dir, "sft", tmp_path / "sft") == {"sft": 6 + 6 + 1 + 1 + 5}
+    assert export(run_dir, "sft", tmp_path / "sft") == {"sft": 6 + 6 + 1 + 1 + 4}
     ds = datasets.load_from_disk(str(tmp_path / "sft"))
     rows = [json.loads(line) for line in (tmp_path / "sft" / "sft.jsonl").read_text().splitlines()]
     assert ds.to_list() == rows
@@ -146,16 +149,16 @@ def test_round_trip_with_a_real_chat_template(run_dir, tmp_path):
 
 def test_min_reward_filters_trajectories(run_dir, tmp_path):
     counts = export(run_dir, "sft", tmp_path / "sft", min_reward=1.0, reward="em")
-    assert counts == {"sft": 6 + 1 + 1 + 5}  # the wrong OPERA run is out
+    assert counts == {"sft": 6 + 1 + 1 + 4}  # the wrong OPERA run is out
     assert {r["id"] for r in datasets.load_from_disk(str(tmp_path / "sft"))} == {"hp1", "wk1", "mu1"}
 
 
 # -- mygo ------------------------------------------------------------------------------------------
 def test_mygo_keeps_good_trajectories_once(run_dir, tmp_path):
-    assert export(run_dir, "mygo", tmp_path / "mygo") == {"mygo": 6 + 1 + 5}  # default threshold 1.0, wk1 once
+    assert export(run_dir, "mygo", tmp_path / "mygo") == {"mygo": 6 + 1 + 4}  # default threshold 1.0, wk1 once
     rows = datasets.load_from_disk(str(tmp_path / "mygo")).to_list()
     assert sorted({r["id"] for r in rows}) == ["hp1", "mu1", "wk1"] and all(r["reward"] >= 1.0 for r in rows)
-    assert export(run_dir, "mygo", tmp_path / "all", min_reward=0.0) == {"mygo": 6 + 6 + 1 + 5}
+    assert export(run_dir, "mygo", tmp_path / "all", min_reward=0.0) == {"mygo": 6 + 6 + 1 + 4}
 
 
 # -- roles -----------------------------------------------------------------------------------------
@@ -225,7 +228,7 @@ def test_cli_export(run_dir, tmp_path):
     done = subprocess.run([*cmd, "--format", "mygo", "--min-reward", "0.5"], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr
-    assert "mygo: 12 rows" in done.stdout and (tmp_path / "m" / "mygo.jsonl").is_file()
+    assert "mygo: 11 rows" in done.stdout and (tmp_path / "m" / "mygo.jsonl").is_file()
     bad = subprocess.run([*cmd, "--format", "dpo"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "TraceError: unknown format" in bad.stderr and "Traceback" not in bad.stderr
 

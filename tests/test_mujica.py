@@ -1,5 +1,7 @@
-"""Mujica planner/worker agent: parallel fan-out, dependency order, plan repair, caps, parsing,
-deterministic merge, KG workers, checkpoints, dict context, streaming."""
+"""Mujica planner/worker agent: parallel fan-out, dependency order and straight dispatch of ready
+dependents, the planner's conversation and its budget, sub-questions without an answer (unknown, failed) and
+their re-asks, min_worker_rounds, plan repair, caps, parsing, deterministic merge, KG workers, checkpoints,
+dict context, streaming, malformed plans."""
 
 import asyncio
 import json
@@ -8,12 +10,14 @@ import time
 
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph.state import CompiledStateGraph
 from mhqa_graph.graphs import mujica
-from mhqa_graph.graphs.mujica import MujicaContext, merge_results, repair_plan
+from mhqa_graph.graphs.mujica import MujicaContext, merge_results, read_plan, repair_plan
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
+from mhqa_graph.traces import trace_from_state
 from mhqa_graph.types import Passage
 
 PASSAGES = [
@@ -39,9 +43,12 @@ def store(tmp_path_factory):
 
 
 def turn(messages) -> int:
-    """The planner round a prompt is for; 0 for a forced final answer."""
-    m = re.search(r"Turn (\d+) of", messages[1].text)
-    return int(m.group(1)) if m else 0
+    """The planner round a prompt (or its repair) is for; 0 for a forced final answer."""
+    for m in reversed(messages):
+        if m.type == "human" and "could not be used" not in m.text:
+            found = re.search(r"Turn (\d+) of", m.text)
+            return int(found.group(1)) if found else 0
+    return 0
 
 
 def planner(plans: list, final: str = '{"answer": "forced"}', **kw) -> FakeChatModel:
@@ -58,7 +65,8 @@ def subq(id, question, *deps):
 
 
 def question_of(messages) -> str:
-    return re.search(r"Question: (.*)", messages[-1].text).group(1)
+    """The sub-question of a worker call (its first user message, also under a repair)."""
+    return re.search(r"Question: (.*)", messages[1].text).group(1)
 
 
 def answering_worker(delays: dict[str, float] | None = None, **kw) -> FakeChatModel:
@@ -101,27 +109,182 @@ def test_independent_subquestions_run_concurrently_under_invoke_and_ainvoke(stor
 
 
 # -- 2. dependency order --------------------------------------------------------------------------
-def test_dependent_subquestion_runs_next_round_with_the_answer_filled_in(store):
+def test_ready_dependents_go_straight_to_workers_with_the_answer_filled_in(store):
     chain = {"subquestions": [subq("q1", "Who directed Inception?"), subq("q2", "Where was #q1 born?", "q1")]}
-    plan = planner([chain, chain, {"answer": "London"}])  # round 2 restates the plan: nothing new, q2 now runs
+    plan = planner([chain, {"answer": "London"}])
     work = answering_worker()
     out = mujica.graph.invoke({"question": "Where was the director of Inception born?"}, context=ctx(store, plan, work))
     assert [question_of(m) for m in work.calls] == ["Who directed Inception?", "Where was Christopher Nolan born?"]
     assert out["results"]["q2"]["query"] == "Where was Christopher Nolan born?"
     assert out["results"]["q2"]["answer"] == "London" and out["answer"] == "London"
-    assert "q1: Who directed Inception? -> Christopher Nolan" in plan.calls[1][1].text
-    assert "q2: Where was #q1 born? (after q1) -> (not answered yet)" in plan.calls[1][1].text
+    assert len(plan.calls) == 2 and out["rounds"] == 2 and out["waves"] == 2  # no planner call between the waves
+    report = plan.calls[1][-1].text
+    assert "q1: Who directed Inception? -> Christopher Nolan" in report
+    assert "q2: Where was Christopher Nolan born? -> London" in report
+    assert "context: Inception: Inception is a 2010 science fiction film" in report
     assert [q["id"] for q in out["dag"]] == ["q1", "q2"] and out["dag"][1]["depends_on"] == ["q1"]
-    assert out["notes"] == [] and out["rounds"] == 3
+    assert out["notes"] == []
+
+
+def test_the_planner_keeps_its_conversation_across_rounds(store):
+    chain = {"subquestions": [subq("q1", "Who directed Inception?")]}
+    more = {"subquestions": [subq("q2", "Where was #q1 born?", "q1")]}
+    plan = planner([f"<think>First the director.</think>{json.dumps(chain)}", more, {"answer": "London"}])
+    mujica.graph.invoke({"question": "Where was the director of Inception born?"},
+                        context=ctx(store, plan, answering_worker()))
+    third = plan.calls[2]
+    assert [m.type for m in third] == ["system", "human", "ai", "human", "ai", "human"]
+    assert third[1].text.startswith("Question: Where was the director of Inception born?")
+    assert third[2].text.startswith("<think>First the director.</think>") and json.loads(third[4].text) == more
+    assert "q1: Who directed Inception? -> Christopher Nolan" in third[3].text
+    assert [m.text for m in third[:4]] == [m.text for m in plan.calls[1]]  # earlier rounds resent as they were
+    assert "q2: Where was Christopher Nolan born? -> London" in third[5].text
+
+
+def test_old_worker_contexts_are_summarised_within_the_budget(store):
+    plans = [{"subquestions": [subq("q1", "What is the capital of France?")]},
+             {"subquestions": [subq("q2", "What is the capital of Germany?")]},
+             {"subquestions": [subq("q3", "What is the capital of Italy?")]}, {"answer": "Rome"}]
+    roomy, tight = planner(plans), planner(plans)
+    for model, budget in ((roomy, 100_000), (tight, 2600)):
+        out = mujica.graph.invoke({"question": "Capitals?"}, context=ctx(store, model, answering_worker(),
+                                                                         planner_budget=budget))
+        assert out["answer"] == "Rome"
+    full, cut = roomy.calls[3], tight.calls[3]
+    assert [m.type for m in full] == [m.type for m in cut] == ["system", "human", "ai", "human", "ai", "human",
+                                                               "ai", "human"]
+    assert "context: Paris: Paris is the capital" in full[3].text
+    assert cut[3].text.startswith("Worker answers:\nq1: What is the capital of France? -> Paris") and \
+        "context:" not in cut[3].text  # round 2's report, summarised
+    assert cut[1].text == full[1].text and cut[-1].text == full[-1].text  # the question and the latest report stay
+    assert sum(len(m.text) for m in cut) <= 2600 < sum(len(m.text) for m in full)
+    tiny = planner(plans)
+    mujica.graph.invoke({"question": "Capitals?"}, context=ctx(store, tiny, answering_worker(), planner_budget=1800))
+    assert [m.type for m in tiny.calls[3]] == ["system", "human", "ai", "human"]  # middle rounds left out
+    assert tiny.calls[3][1].text.startswith("Question: Capitals?")
 
 
 def test_cited_id_becomes_a_dependency_and_bracket_citations_are_filled(store):
     chain = {"subquestions": [subq("q1", "Who directed Inception?"), subq("q2", "Where was [q1] born?")]}
-    plan = planner([chain, {"subquestions": []}, {"answer": "London"}])
+    plan = planner([chain, {"answer": "London"}])
     work = answering_worker()
     out = mujica.graph.invoke({"question": "Where was the director of Inception born?"}, context=ctx(store, plan, work))
     assert out["dag"][1]["depends_on"] == ["q1"]
     assert [question_of(m) for m in work.calls] == ["Who directed Inception?", "Where was Christopher Nolan born?"]
+
+
+# -- 2b. sub-questions without an answer -------------------------------------------------------------
+def worker_saying(replies: dict[str, str]) -> FakeChatModel:
+    """A worker that replies replies[key] when the key phrase is in the sub-question, else answers from ANSWERS."""
+    fallback = answering_worker()
+
+    def respond(messages):
+        q = question_of(messages)
+        return next((r for k, r in replies.items() if k in q), None) or fallback.respond(messages)
+    return FakeChatModel(respond=respond)
+
+
+CHAIN = {"subquestions": [subq("q1", "Who made Inception?"), subq("q2", "Where was #q1 born?", "q1")]}
+
+
+@pytest.mark.parametrize("reply, shown", [
+    ('<think>None of the contexts say.</think>{"relevant": [], "answer": "unknown"}', "unknown (not in the worker's"),
+    ('{"relevant": [2], "answer": "The contexts do not mention who made it."}', "unknown (not in the worker's"),
+    ('{"relevant": [1], "answer": ""}', "failed (the worker gave no usable answer)"),
+    ("I could not find it in the contexts.", "failed (the worker gave no usable answer)"),
+])
+def test_a_subquestion_without_an_answer_blocks_its_dependents_and_is_reported(store, reply, shown):
+    plan = planner([CHAIN, {"answer": "I do not know"}])
+    work = worker_saying({"made Inception": reply})
+    out = mujica.graph.invoke({"question": "Where was the maker of Inception born?"}, context=ctx(store, plan, work))
+    assert [question_of(m) for m in work.calls] == ["Who made Inception?"] * len(work.calls)  # q2 never ran
+    assert out["results"]["q1"]["status"] in ("unknown", "failed") and out["results"]["q1"]["answer"] == ""
+    assert "q2" not in out["results"] and out["answer"] == "I do not know"
+    report = plan.calls[1][-1].text
+    assert f"q1: Who made Inception? -> {shown}" in report
+    assert "q2: Where was #q1 born? (after q1) -> (blocked: q1 has no answer)" in report
+    assert "unknown born" not in json.dumps(out)
+    assert 'answer "unknown"' in work.calls[0][0].text and "best guess" not in work.calls[0][0].text
+
+
+def test_the_planner_re_asks_a_subquestion_without_an_answer(store):
+    retry = {"subquestions": [subq("q1", "Who directed Inception?")]}
+    plan = planner([CHAIN, retry, {"answer": "London"}])
+    work = worker_saying({"made Inception": '{"relevant": [], "answer": "unknown"}'})
+    out = mujica.graph.invoke({"question": "Where was the maker of Inception born?"}, context=ctx(store, plan, work))
+    assert [question_of(m) for m in work.calls] == ["Who made Inception?", "Who directed Inception?",
+                                                    "Where was Christopher Nolan born?"]
+    q1 = out["results"]["q1"]
+    assert (q1["attempt"], q1["status"], q1["answer"]) == (2, "answered", "Christopher Nolan")
+    [earlier] = q1["earlier"]
+    assert {k: earlier[k] for k in ("attempt", "query", "answer", "status", "error")} == \
+        {"attempt": 1, "query": "Who made Inception?", "answer": "", "status": "unknown", "error": None}
+    trace = trace_from_state(out, agent="mujica", question="Where was the maker of Inception born?")
+    assert [(s.id, s.query, s.answer) for s in trace.steps] == [
+        ("q1.1", "Who made Inception?", ""), ("q1", "Who directed Inception?", "Christopher Nolan"),
+        ("q2", "Where was Christopher Nolan born?", "London")]
+    assert trace.steps[0].retrieved and trace.steps[0].retrieved[0].id == earlier["retrieved"][0]["id"]
+    assert out["dag"][0] == {"id": "q1", "question": "Who directed Inception?", "depends_on": [], "round": 2,
+                             "attempt": 2}
+    assert out["answer"] == "London" and out["rounds"] == 3 and len(plan.calls) == 3
+    assert "q2: Where was Christopher Nolan born? -> London" in plan.calls[2][-1].text
+
+
+def test_re_asks_count_against_the_cap_and_unchanged_ones_are_noted():
+    dag = [{"id": "q1", "question": "A?", "depends_on": [], "round": 1, "attempt": 1},
+           {"id": "q2", "question": "B #q1?", "depends_on": ["q1"], "round": 1, "attempt": 1}]
+    unknown = {"q1": {"status": "unknown", "attempt": 1, "order": 0}}
+    failed = {"q1": {"status": "failed", "attempt": 1, "order": 0}}
+    same = [{"id": "q1", "question": "A?", "depends_on": []}]
+    assert repair_plan(same, dag, 12, 2, unknown) == \
+        ([], ["InvalidPlan: q1 was asked again unchanged after 'unknown'; rephrase it to re-ask"])
+    new, notes = repair_plan(same, dag, 12, 2, failed)  # a failed reply may work the second time
+    assert [(q["id"], q["attempt"]) for q in new] == [("q1", 2)] and notes == []
+    assert repair_plan(same, dag, 2, 2, failed) == ([], ["InvalidPlan: sub-question cap 2 reached; dropped q1"])
+    # a rephrasing of a sub-question that has not run replaces it: no ask spent
+    new, _ = repair_plan([{"id": "q2", "question": "B of #q1, again?", "depends_on": ["q1"]}], dag, 2, 2, unknown)
+    assert [(q["id"], q["attempt"], q["depends_on"]) for q in new] == [("q2", 1, ["q1"])]
+    # a re-ask may not wait on its own dependents
+    new, notes = repair_plan([{"id": "q1", "question": "A, again?", "depends_on": ["q2"]}], dag, 12, 2, unknown)
+    assert new[0]["depends_on"] == [] and notes == ["InvalidPlan: cycle q1->q2->q1"]
+
+
+def test_min_worker_rounds_the_planner_must_consult_a_worker_before_it_concludes(store):
+    early = '<think>I know this one.</think>{"answer": "Paris"}'
+    plan = planner([early, {"answer": "Paris"}])
+    work = answering_worker()
+    out = mujica.graph.invoke({"question": "What is the capital of France?"}, context=ctx(store, plan, work))
+    assert "Ask at least one sub-question before you answer." in plan.calls[0][-1].text
+    assert "no worker has answered yet" in plan.calls[1][-1].text  # the repair
+    assert "NoWorker: round 1 gave the workers nothing; asked the question itself as q1" in out["notes"]
+    assert [question_of(m) for m in work.calls] == ["What is the capital of France?"]
+    assert out["answer"] == "Paris" and out["rounds"] == 2 and out["waves"] == 1 and out["error"] is None
+    assert "Ask at least one" not in plan.calls[2][-1].text
+    plan = planner([early])
+    out = mujica.graph.invoke({"question": "What is the capital of France?"},
+                              context=ctx(store, plan, answering_worker(), min_worker_rounds=0))
+    assert out["answer"] == "Paris" and out["waves"] == 0 and len(plan.calls) == 1
+
+
+@pytest.mark.parametrize("reply", [
+    '<think>Two hops.</think>\n{"answer": null, "subquestions": [{"id": "q1", "question": "Who directed Inception?", '
+    '"depends_on": []}]}',
+    '```json\n{"subquestions": [{"id": "q1", "question": "Who directed Inception?", "depends_on": []}], '
+    '"answer": ""}\n```',
+])
+def test_a_plan_with_a_null_or_empty_answer_runs(store, reply):
+    plan = planner([reply, {"answer": "Christopher Nolan"}])
+    out = mujica.graph.invoke({"question": "Who directed Inception?"}, context=ctx(store, plan, answering_worker()))
+    assert list(out["results"]) == ["q1"] and out["answer"] == "Christopher Nolan"
+    assert out["notes"] == [] and len(plan.calls) == 2
+
+
+@pytest.mark.parametrize("answer", [None, "", "unknown", "London"])
+def test_an_empty_answer_beside_subquestions_is_a_plan(answer):
+    value = {"answer": answer, "subquestions": [subq("q1", "Who directed Inception?")]}
+    kind, _ = read_plan(value, final=False, pending=False, may_answer=answer != "London")
+    assert kind == "plan"
+    assert read_plan(value, final=False, pending=False)[0] == ("answer" if answer == "London" else "plan")
 
 
 # -- 3. invalid plans ----------------------------------------------------------------------------
@@ -137,7 +300,7 @@ def test_invalid_plans_are_repaired_with_a_note(store, plan, note, answered):
     def respond(messages):  # plan, then wait while anything is unanswered, then answer
         if turn(messages) == 1:
             return json.dumps({"subquestions": plan})
-        return '{"subquestions": []}' if "not answered yet" in messages[1].text else '{"answer": "done"}'
+        return '{"subquestions": []}' if "not answered yet" in messages[-1].text else '{"answer": "done"}'
     out = mujica.graph.invoke({"question": "Capitals?"}, context=ctx(store, FakeChatModel(respond=respond),
                                                                      answering_worker()))
     assert note in out["notes"]
@@ -146,11 +309,11 @@ def test_invalid_plans_are_repaired_with_a_note(store, plan, note, answered):
 
 
 def test_longer_cycle_and_id_reused_in_a_later_round():
-    dag = [{"id": "q1", "question": "A?", "depends_on": [], "round": 1}]
-    items = [{"id": "q1", "question": "B about #q1?", "depends_on": []},  # reuses q1: renamed q2
+    dag = [{"id": "q1", "question": "A?", "depends_on": [], "round": 1, "attempt": 1}]
+    items = [{"id": "q1", "question": "B about #q1?", "depends_on": []},  # reuses answered q1: renamed q2
              {"id": "a", "question": "C?", "depends_on": ["b"]}, {"id": "b", "question": "D?", "depends_on": ["c"]},
              {"id": "c", "question": "E?", "depends_on": ["a", "q1"]}]
-    new, notes = repair_plan(items, dag, cap=12, rnd=2)
+    new, notes = repair_plan(items, dag, cap=12, rnd=2, results={"q1": {"status": "answered", "attempt": 1}})
     assert "InvalidPlan: duplicate id q1 (asked in an earlier round); renamed q2" in notes
     assert "InvalidPlan: cycle a->b->c->a" in notes
     assert [(q["id"], q["question"], q["depends_on"]) for q in new] == [
@@ -172,7 +335,7 @@ def test_round_cap_forces_a_final_answer(store):
     out = mujica.graph.invoke({"question": "Capital of France?"}, context=ctx(store, plan, answering_worker(),
                                                                               max_rounds=3))
     assert out["rounds"] == 3 and len(plan.calls) == 3
-    assert "No more sub-questions" in plan.calls[-1][1].text
+    assert "No more sub-questions" in plan.calls[-1][-1].text
     assert "RoundCap: round 3 of 3 must answer" in out["notes"]
     assert out["answer"] == "Paris" and out["error"] is None and sorted(out["results"]) == ["q1", "q2"]
 
@@ -195,10 +358,18 @@ def test_malformed_forced_answer_falls_back_to_the_last_worker_answer(store):
 ])
 def test_malformed_planner_output_ends_with_a_forced_answer(store, reply):
     plan = planner([reply] * 7, final='{"answer": "Paris"}')
-    out = mujica.graph.invoke({"question": "Capital of France?"}, context=ctx(store, plan, answering_worker()))
+    out = mujica.graph.invoke({"question": "Capital of France?"}, context=ctx(store, plan, answering_worker(),
+                                                                              min_worker_rounds=0))
     assert out["answer"] == "Paris" and out["error"] is None
     assert any(n.startswith("MalformedOutput") for n in out["notes"])
     assert len(plan.calls) == 3 and out["rounds"] == 2 and out["results"] == {}
+    # the planner must consult a worker first: the question itself goes to one, then the planner goes on
+    plan = planner([reply] * 7, final='{"answer": "Paris"}')
+    question = "What is the capital of France?"
+    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, answering_worker()))
+    assert out["answer"] == "Paris" and out["error"] is None and out["rounds"] == 3 and len(plan.calls) == 5
+    assert [(r["query"], r["answer"]) for r in out["results"].values()] == [(question, "Paris")]
+    assert [n.split(":")[0] for n in out["notes"]] == ["MalformedOutput", "NoWorker", "MalformedOutput"]
 
 
 def test_repair_prompt_recovers_a_plan(store):
@@ -220,7 +391,8 @@ def test_worker_reply_parsing_is_tolerant(store):
     assert out["results"]["q1"]["selected"] == [2, 3] and out["results"]["q1"]["answer"] == "Paris"
     assert out["results"]["q2"]["answer"] == "" and out["results"]["q2"]["error"].startswith("MalformedOutput")
     assert out["results"]["q2"]["raw"] == ["no json here", "still none"]
-    assert "q2: What is the capital of Italy? -> (no answer found)" in plan.calls[2][1].text
+    assert out["results"]["q2"]["status"] == "failed"
+    assert "q2: What is the capital of Italy? -> failed (the worker gave no usable answer)" in plan.calls[2][-1].text
     assert out["answer"] == "Paris"
 
 
@@ -349,6 +521,63 @@ def test_stream_updates_show_each_planner_and_worker_step(store):
     chunks = list(mujica.graph.stream({"question": "Capitals?"}, context=ctx(store, plan, answering_worker()),
                                       stream_mode="updates"))
     nodes = [next(iter(c)) for c in chunks]
-    assert nodes == ["start", "planner", "worker", "worker", "worker", "planner"]
+    assert nodes == ["start", "planner", "worker", "worker", "worker", "collect", "planner"]
+    for c in chunks:  # a worker's update is its own result: hit ids and scores, only the chosen contexts' text
+        for r in c.get("worker", {}).get("results", {}).values():
+            assert all(set(h) == {"id", "score"} for h in r["retrieved"]) and len(r["evidence"]) == 1
+            assert all(len(e) <= mujica.EVIDENCE_CHARS for e in r["evidence"])
     assert sorted(next(iter(c["worker"]["results"])) for c in chunks if "worker" in c) == ["q1", "q2", "q3"]
     assert chunks[1]["planner"]["planner_log"][0]["action"] == "plan"
+
+
+# -- 11. malformed plans end within the caps -----------------------------------------------------
+def test_fifty_subquestions_are_capped(store):
+    many = {"subquestions": [subq(f"q{i}", f"What is the capital of country {i}?") for i in range(1, 51)]}
+    plan = planner([many, {"answer": "Paris"}])
+    work = answering_worker()
+    out = mujica.graph.invoke({"question": "Capitals?"}, context=ctx(store, plan, work))
+    assert len(out["dag"]) == len(out["results"]) == len(work.calls) == 12
+    assert [n for n in out["notes"] if "cap" in n] == [f"InvalidPlan: sub-question cap 12 reached; dropped q{i}"
+                                                      for i in range(13, 51)]
+    report = plan.calls[1][-1].text  # twelve answers with their contexts: over the budget, summarised
+    assert report.count(" -> unknown (not in the worker's contexts)") == 24 and "context:" not in report
+    assert report.endswith("Turn 2 of 7. First reason briefly inside <think>...</think>, then give the JSON.")
+    assert out["answer"] == "Paris" and out["error"] is None and out["rounds"] == 2
+
+
+def test_subquestions_with_empty_text_are_dropped_or_end_in_a_typed_error(store):
+    some = {"subquestions": [subq("q1", ""), {"id": "q2", "question": None},
+                             subq("q3", "What is the capital of Italy?")]}
+    out = mujica.graph.invoke({"question": "Capital of Italy?"},
+                              context=ctx(store, planner([some, {"answer": "Rome"}]), answering_worker()))
+    assert list(out["results"]) == ["q3"] and out["answer"] == "Rome"
+    assert [n for n in out["notes"]] == [
+        "InvalidPlan: sub-question 1 has no question text or a malformed depends_on",
+        "InvalidPlan: sub-question 2 has no question text or a malformed depends_on"]
+    empty = {"subquestions": [subq("q1", "  "), subq("q2", "")]}
+    plan = planner([empty] * 7, final='{"answer": "Rome"}')
+    out = mujica.graph.invoke({"question": "What is the capital of Italy?"},
+                              context=ctx(store, plan, answering_worker(), max_rounds=3))
+    assert out["notes"][0] == "MalformedOutput: no usable sub-questions and no answer" and out["answer"] == "Rome"
+    assert out["rounds"] <= 3 and len(plan.calls) <= 3 * 2
+
+
+def test_endless_re_asks_end_within_the_round_and_subquestion_caps(store):
+    phrasings = iter(f"Who made Inception, version {i}?" for i in range(100))
+
+    def respond(messages):
+        return json.dumps({"subquestions": [subq("q1", next(phrasings)), subq("q2", "Where was #q1 born?", "q1")]}) \
+            if turn(messages) else '{"answer": "unknown"}'
+    work = FakeChatModel(responses=['{"relevant": [], "answer": ""}'])
+    out = mujica.graph.invoke({"question": "Where was the maker of Inception born?"},
+                              context=ctx(store, FakeChatModel(respond=respond), work, max_rounds=5,
+                                          max_subquestions=4))
+    assert out["rounds"] == 5 and len(work.calls) == 3  # q1 asked 3 times, q2 written once: 4 asks
+    assert out["results"]["q1"]["attempt"] == 3 and len(out["results"]["q1"]["earlier"]) == 2
+    assert "InvalidPlan: sub-question cap 4 reached; dropped q1" in out["notes"]
+    assert out["notes"][-1] == "NoProgress: round 4 planned nothing that can run" and out["answer"] == "unknown"
+
+
+def test_build_returns_a_compiled_graph_with_its_recursion_limit():
+    graph = mujica.build()
+    assert isinstance(graph, CompiledStateGraph) and graph.config["recursion_limit"] == mujica.RECURSION_LIMIT

@@ -1,22 +1,31 @@
-"""OPERA graph: planning with placeholders, the rewrite loop and its top-k schedule, malformed and failing
-models, streaming, checkpoint and resume, context forms, and the knowledge-graph adapter."""
+"""OPERA graph: placeholders in every form (unresolved ones left as written, never another step's
+answer), refusals, missing sufficiency and ungrounded answers, the rewrite loop with merged passages and its
+top-k schedule, parallel sub-goals, per-step updates, malformed plans and models, streaming, checkpoint and
+resume, context forms, and the knowledge-graph adapter."""
 
 from __future__ import annotations
 
 import json
+import re
+import threading
 
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
+from langgraph.graph.state import CompiledStateGraph
 from mhqa_graph.graphs.common import AgentContext
 from mhqa_graph.graphs.opera import (
+    RECURSION_LIMIT,
     OperaContext,
     build,
     check_analysis,
     check_plan,
+    dependencies,
     fill_placeholders,
+    merge_steps,
     parse_rewrite,
     topk_for,
 )
+from mhqa_graph.graphs.refusals import grounded, is_no_answer
 
 from mhqa_graph import Passage, open_store
 from mhqa_graph.errors import InvalidQuestion
@@ -68,19 +77,30 @@ def run(store, roles=None, question=QUESTION, **kw) -> dict:
 # -- pure helpers -------------------------------------------------------------------------
 @pytest.mark.parametrize("text", ["Where was [Answer1] born?", "Where was [answer 1] born?",
                                   "Where was [ANSWER_1] born?", "Where was [entity from step 1] born?",
-                                  "Where was [the director found in step 1] born?"])
-def test_fill_placeholders_both_styles(text):
-    assert fill_placeholders(text, ["Christopher Nolan"]) == ("Where was Christopher Nolan born?", [])
+                                  "Where was [the director found in step 1] born?", "Where was {Answer1} born?",
+                                  "Where was <Answer1> born?", "Where was #1 born?", "Where was [#1] born?",
+                                  "Where was [1] born?"])
+def test_every_placeholder_form_is_filled(text):
+    assert fill_placeholders(text, 2, {1: "Christopher Nolan"}) == ("Where was Christopher Nolan born?", 1, [])
+    assert dependencies(["Who directed Inception?", text]) == [[], [1]]
 
 
-def test_fill_placeholders_missing_steps_are_readable_and_warned():
-    filled, warnings = fill_placeholders("Where was [Answer3] born, see [1990]?", ["Nolan", "London"])
-    assert filled == "Where was London born, see [1990]?" and "step 3 is not an earlier step" in warnings[0]
-    filled, warnings = fill_placeholders("Where was [Answer1] born?", [])
-    assert filled == "Where was born?" and "removed" in warnings[0]
-    assert fill_placeholders("Who directed [Answer2] ?", [])[0] == "Who directed?"
-    filled, warnings = fill_placeholders("Who married [Answer2]?", ["Nolan", ""])
-    assert filled == "Who married Nolan?" and "step 2 has no answer" in warnings[0]
+@pytest.mark.parametrize("text", ["Who starred in [Season 2] of it?", "What happened in [1990]?",
+                                  "Which song was #1 in 1990?", "Who wrote {the book}?", "Is 3 < 4 > 2?"])
+def test_brackets_naming_no_step_stay_as_written(text):
+    assert fill_placeholders(text, 1, {}) == (text, 0, [])
+    assert dependencies([text]) == [[]]
+
+
+def test_unresolved_placeholders_stay_as_written_never_another_answer():
+    answers = {1: "Nolan", 2: "London"}
+    filled, resolved, warnings = fill_placeholders("Where was [Answer3] born, see [1990]?", 3, answers)
+    assert filled == "Where was [Answer3] born, see [1990]?" and resolved == 0
+    assert warnings == ["placeholder [Answer3]: step 3 is not an earlier step; left as written"]
+    filled, resolved, warnings = fill_placeholders("Who married [Answer2] in {Answer1}?", 3, {1: "Nolan", 2: ""})
+    assert filled == "Who married [Answer2] in Nolan?" and resolved == 1
+    assert warnings == ["placeholder [Answer2]: step 2 has no answer; left as written"]
+    assert dependencies(["A [Answer2]?", "B [Answer2] #2?", "C [Answer1] <answer 2>?"]) == [[], [], [1, 2]]
 
 
 def test_topk_schedule_explicit_or_derived():
@@ -96,9 +116,8 @@ def test_parsers_accept_common_shapes_and_reject_others():
         with pytest.raises(ValueError):
             check_plan(bad)
     assert check_analysis({"status": "yes", "answer": "Answer: Nolan", "analysis": "r"}) == \
-        {"reasoning": "r", "sufficient": True, "answer": "Nolan"}
+        {"reasoning": "r", "sufficient": True, "answer": "Nolan", "flag": None}
     assert check_analysis({"sufficient": "true", "answer": "unknown"})["sufficient"] is False
-    assert check_analysis({"answer": "Nolan"})["sufficient"] is True
     with pytest.raises(ValueError):
         check_analysis({"verdict": "yes"})
     assert parse_rewrite('{"query": "Inception director"}') == "Inception director"
@@ -126,13 +145,59 @@ def test_two_hops_fill_placeholder_into_retrieval_query(store, placeholder):
     assert "1. Who directed Inception? -> Christopher Nolan" in roles["answer"].calls[0][-1].text
 
 
-def test_placeholder_to_future_step_is_warned_not_fatal(store):
+def test_placeholder_to_future_step_is_left_as_written_with_the_question(store):
     roles = models(plan=[json.dumps({"subgoals": ["Who directed Inception?", "Where was [Answer3] born?"]})])
     out = run(store, roles)
-    assert out["answer"] == "London"
-    assert out["steps"][1]["query"] == "Where was Christopher Nolan born?"
+    assert out["answer"] == "London" and out["error"] is None
+    assert out["steps"][1]["query"] == "Where was [Answer3] born?"  # never another step's answer
+    assert out["steps"][1]["attempts"][0]["query"] == f"Where was [Answer3] born? (question: {QUESTION})"
+    assert "Current sub-goal: Where was [Answer3] born?\n" in roles["analysis"].calls[1][-1].text
     assert any("[Answer3]" in n and n.startswith("warning") for n in out["notes"])
-    assert out["steps"][1]["warnings"] and out["error"] is None
+    assert out["steps"][1]["warnings"] and out["placeholders"] == {"written": 1, "resolved": 0, "fill_rate": 0.0}
+
+
+def test_refusal_is_insufficient_and_never_filled_into_the_next_subgoal(store):
+    refusal = ('<think>The passages talk about films.</think>\n{"reasoning": "No passage names him.", '
+               '"sufficient": true, "answer": "The passages do not mention who directed Inception."}')
+    roles = models(analysis=[refusal, refusal, said("London")], rewrite=['{"query": "Inception director"}'])
+    out = run(store, roles, max_rewrites=1)
+    first, second = out["steps"]
+    assert [a["analysis"]["answer"] for a in first["attempts"]] == ["", ""]
+    assert [a["analysis"]["flag"] for a in first["attempts"]] == ["no answer", "no answer"]
+    assert first["answer"] == "" and not first["sufficient"] and len(roles["rewrite"].calls) == 1
+    assert second["attempts"][0]["query"] == f"Where was [Answer1] born? (question: {QUESTION})"
+    assert "1. Who directed Inception? -> not found (unconfirmed)" in roles["analysis"].calls[2][-1].text
+    assert out["placeholders"] == {"written": 1, "resolved": 0, "fill_rate": 0.0}
+    assert "1. Who directed Inception? -> not found (unconfirmed)" in roles["answer"].calls[0][-1].text
+
+
+def test_missing_sufficiency_and_ungrounded_answers_count_as_insufficient(store):
+    roles = models(plan=['{"subgoals": ["Who directed Inception?"]}'],
+                   analysis=['{"answer": "Christopher Nolan"}', said("Steven Spielberg"), said("Christopher Nolan")],
+                   rewrite=['{"query": "Inception film director"}', '{"query": "Inception 2010 film"}'],
+                   answer=["Christopher Nolan"])
+    out = run(store, roles)
+    attempts = out["steps"][0]["attempts"]
+    assert [a["analysis"]["flag"] for a in attempts] == ["no sufficiency given", "not in any passage", None]
+    assert [a["analysis"]["sufficient"] for a in attempts] == [False, False, True]
+    assert "'Steven Spielberg' does not appear in any passage" in roles["rewrite"].calls[1][-1].text
+    assert out["steps"][0]["answer"] == "Christopher Nolan" and out["steps"][0]["sufficient"]
+
+
+def test_rewrites_add_their_passages_to_the_earlier_ones(store):
+    roles = models(plan=['{"subgoals": ["Who composed the score of Inception?"]}'],
+                   analysis=[said("", False), said("Hans Zimmer")], rewrite=['{"query": "Frankfurt"}'],
+                   answer=["Hans Zimmer"])
+    out = run(store, roles, topk_schedule=(2, 2))
+    first, second = out["steps"][0]["attempts"]
+    ids1, ids2 = [h["id"] for h in first["hits"]], [h["id"] for h in second["hits"]]
+    assert first["shown"] == ids1 and set(second["shown"]) == set(ids1) | set(ids2)
+    assert len(second["shown"]) == len(set(second["shown"]))  # one copy of a passage found twice
+    assert set(ids1) & set(ids2) and set(ids2) - set(ids1)  # found again, and found new
+    scores = {i: max(h["score"] for a in (first, second) for h in a["hits"] if h["id"] == i) for i in second["shown"]}
+    assert [scores[i] for i in second["shown"]] == sorted(scores.values(), reverse=True)  # best first
+    prompt = roles["analysis"].calls[1][-1].text
+    assert all(f"] {t}: " in prompt for t in {h["title"] for a in (first, second) for h in a["hits"]})
 
 
 def test_rewrite_cap_and_topk_schedule(store):
@@ -265,10 +330,18 @@ def test_invalid_question_raises(store, question):
 def test_stream_updates_show_every_step(store):
     roles = models(analysis=[said("", False), said("Christopher Nolan"), said("London")],
                    rewrite=['{"query": "Inception director"}'])
-    nodes = [next(iter(u)) for u in build().stream({"question": QUESTION}, context=context(store, roles),
-                                                    stream_mode="updates")]
-    assert nodes == ["plan", "retrieve", "analyze", "rewrite", "retrieve", "analyze",
-                     "retrieve", "analyze", "synthesize"]
+    updates = list(build().stream({"question": QUESTION}, context=context(store, roles), stream_mode="updates"))
+    nodes = [next(iter(u)) for u in updates]
+    assert nodes == ["plan", "schedule", "retrieve", "analyze", "rewrite", "retrieve", "analyze", "schedule",
+                     "retrieve", "analyze", "schedule", "synthesize"]
+    # each update carries its own sub-goal's change only: hit ids and scores, never the passage text
+    for update in updates[2:-1]:
+        for change in (next(iter(update.values())) or {}).get("steps", []):
+            assert set(change) <= {"n", "attempt"} or next(iter(update)) == "schedule" or "done" in change
+            assert all(set(h) == {"id", "title", "score"} for h in change.get("attempt", {}).get("hits", []))
+    shown = json.dumps([u for u in updates if "synthesize" not in u], default=str)
+    assert "born in London in 1970" not in shown and "science fiction film" not in shown
+    assert len({json.dumps(u["schedule"]["steps"]) for u in updates if u.get("schedule")}) == 2
 
 
 class Interrupted(BaseException):
@@ -304,8 +377,11 @@ def test_sqlite_checkpoint_and_resume(store, tmp_path):
                        answer=["Christopher Nolan"])
         out = graph.invoke({"question": "Who directed Inception?"}, config, context=context(store, roles))
     assert out["answer"] == "Christopher Nolan" and out["plan"] == ["Who directed [Answer2]?"]
-    assert len(out["steps"]) == 1 and out["steps"][0]["query"] == "Who directed?"  # no answers of the old run
-    assert len(out["notes"]) == 1 and "removed" in out["notes"][0]
+    # no answers of the old run: the placeholder stays, the question joins the query
+    assert [a["query"] for a in out["steps"][0]["attempts"]] == \
+        ["Who directed [Answer2]? (question: Who directed Inception?)"]
+    assert out["notes"] == ["warning: sub-goal 1: placeholder [Answer2]: step 2 is not an earlier step; "
+                            "left as written"]
 
 
 def test_dict_and_plain_agent_context(store):
@@ -341,10 +417,122 @@ def test_knowledge_graph_adapter(store):
     assert out["answer"] == "London"
     second = out["steps"][1]["attempts"][0]
     assert "Christopher Nolan" in [h["id"] for h in second["hits"]]
-    assert "(Christopher Nolan) -[born in]-> (London)" in second["context"]
+    assert "(Christopher Nolan) -[born in]-> (London)" in roles["analysis"].calls[1][-1].text
 
 
 def test_topic_entities_reach_the_planner(store):
     roles = models()
     out = build().invoke({"question": QUESTION, "topic_entities": ["Inception"]}, context=context(store, roles))
     assert out["answer"] == "London" and "Entities the question is about: Inception" in roles["plan"].calls[0][-1].text
+
+
+# -- parallel sub-goals -------------------------------------------------------------------
+def test_independent_subgoals_run_in_parallel_and_dependents_wait_for_them(store):
+    """Sub-goals 1 and 2 name no earlier step: their analyses meet at a barrier, which only two concurrent
+    calls pass. Sub-goal 3 names both and starts once both are done, with both answers filled in."""
+    plan = {"subgoals": ["Who directed Inception?", "Who composed the score of Inception?",
+                         "Did [Answer1] and {Answer 2} work together?"]}
+    barrier = threading.Barrier(2, timeout=10)
+
+    def analysis(messages):
+        sub = re.search(r"Current sub-goal: (.*)", messages[-1].text).group(1)
+        if "directed" in sub or "composed" in sub:
+            barrier.wait()  # raises BrokenBarrierError unless the other sub-goal is analysed at the same time
+            return said("Christopher Nolan" if "directed" in sub else "Hans Zimmer")
+        return '```json\n{"reasoning": "Both worked on Inception.", "sufficient": "yes", "answer": "yes"}\n```'
+
+    roles = models(plan=[json.dumps(plan)], answer=["yes"])
+    roles["analysis"] = FakeChatModel(respond=analysis)
+    out = run(store, roles)
+    assert out["answer"] == "yes" and out["error"] is None
+    third = out["steps"][2]
+    assert third["query"] == "Did Christopher Nolan and Hans Zimmer work together?" and third["depends_on"] == [1, 2]
+    assert "1. Who directed Inception? -> Christopher Nolan" in roles["analysis"].calls[2][-1].text
+    assert out["placeholders"] == {"written": 2, "resolved": 2, "fill_rate": 1.0}
+
+
+def test_a_failing_subgoal_halts_new_ones_but_lets_running_ones_finish(store):
+    plan = {"subgoals": ["Who directed Inception?", "Who composed the score of Inception?",
+                         "Where was [Answer1] born?"]}
+
+    def analysis(messages):
+        if "composed" in messages[-1].text.split("Current sub-goal:")[1].splitlines()[0]:
+            raise RuntimeError("CUDA out of memory")
+        return said("Christopher Nolan")
+
+    roles = models(plan=[json.dumps(plan)])
+    roles["analysis"] = FakeChatModel(respond=analysis)
+    out = run(store, roles)
+    assert [s["n"] for s in out["steps"]] == [1, 2] and out["steps"][0]["answer"] == "Christopher Nolan"
+    assert out["steps"][1]["halted"] and out["error"].startswith("ModelError: analysis")
+    assert out["answer"] == "Christopher Nolan" and roles["answer"].calls == []
+
+
+def test_merge_steps_creates_and_updates_attempts_by_number():
+    steps = merge_steps([], [{"n": 2, "subgoal": "b"}, {"n": 1, "subgoal": "a", "attempt": {"i": 0, "query": "a"}}])
+    steps = merge_steps(steps, [{"n": 1, "attempt": {"i": 0, "k": 5}}, {"n": 1, "attempt": {"i": 1, "query": "a2"}}])
+    assert [s["n"] for s in steps] == [1, 2] and steps[1]["attempts"] == []
+    assert [(a["query"], a["k"]) for a in steps[0]["attempts"]] == [("a", 5), ("a2", 0)]
+    assert merge_steps(steps, None) == []
+
+
+# -- the compiled graph and bad plans -------------------------------------------------------
+def test_build_returns_a_compiled_graph_with_its_recursion_limit(store):
+    graph = build()
+    assert isinstance(graph, CompiledStateGraph) and graph.config["recursion_limit"] == RECURSION_LIMIT
+    chain = {"subgoals": ["Who directed Inception?"] + [f"Where was [Answer{i}] born?" for i in range(1, 12)]}
+    roles = models(plan=[json.dumps(chain)], analysis=[said("", False)], answer=["London"])
+    out = graph.invoke({"question": QUESTION}, {"configurable": {"thread_id": "x"}},
+                       context=context(store, roles, max_rounds=12, max_rewrites=2))
+    assert len(out["steps"]) == 12 and all(len(s["attempts"]) == 3 for s in out["steps"])  # > 100 graph steps
+
+
+@pytest.mark.parametrize("subgoals, kept, notes", [
+    ([f"Who is person {i}?" for i in range(50)], 3, ["warning: plan has 50 sub-goals; kept the first 3"]),
+    (["", "   ", "Who directed Inception?", {"question": ""}], 1, []),
+    (["Who directed [Answer1]?", "Where was [Answer2] born?"], 2,
+     ["warning: sub-goal 1: placeholder [Answer1]: step 1 is not an earlier step; left as written",
+      "warning: sub-goal 2: placeholder [Answer2]: step 2 is not an earlier step; left as written"]),
+    (["Who directed [Answer2]?", "Who composed the score of [Answer1]?"], 2,
+     ["warning: sub-goal 1: placeholder [Answer2]: step 2 is not an earlier step; left as written"]),
+])
+def test_malformed_plans_are_repaired_within_the_caps(store, subgoals, kept, notes):
+    roles = models(plan=[json.dumps({"subgoals": subgoals})], analysis=[said("Christopher Nolan")],
+                   answer=["Christopher Nolan"])
+    out = run(store, roles, max_rounds=3)
+    assert len(out["plan"]) == len(out["steps"]) == kept and out["answer"] == "Christopher Nolan"
+    assert out["notes"] == notes and out["error"] is None
+
+
+@pytest.mark.parametrize("reply", ['{"subgoals": ["", "  "]}', '{"subgoals": [{"question": null}]}'])
+def test_a_plan_with_only_empty_subgoals_is_a_typed_error(store, reply):
+    roles = models(plan=[reply], analysis=[said("Christopher Nolan")], answer=["Christopher Nolan"])
+    out = run(store, roles)
+    assert out["plan"] == [QUESTION] and out["error"].startswith("MalformedOutput: the plan has no sub-goals")
+    assert len(roles["plan"].calls) == 2
+
+
+# -- answers that are not answers ------------------------------------------------------------
+@pytest.mark.parametrize("text", ["unknown", "Unknown.", "N/A", "None", "not found", "Not mentioned",
+                                  "insufficient information", "I don't know", "?", "",
+                                  "The passages do not mention who directed the film.",
+                                  "The provided passages don't explicitly state his birthplace.",
+                                  "There is no information about the director.", "It cannot be determined.",
+                                  "The birthplace is unknown.", "None of the passages name the composer.",
+                                  "The context lacks details about the director."])
+def test_refusals_are_recognised(text):
+    assert is_no_answer(text)
+
+
+@pytest.mark.parametrize("text", ["Christopher Nolan", "Never Say Never", "No Country for Old Men",
+                                  "Not Fade Away", "no", "yes", "Nothing Compares 2 U", "1970",
+                                  "The Unknown Soldier"])
+def test_answers_are_not_taken_for_refusals(text):
+    assert not is_no_answer(text)
+
+
+def test_short_answers_must_appear_in_a_passage():
+    passages = ["Christopher Nolan: born in London on 30 July 1970.", "Inception: a 2010 film."]
+    assert grounded("Christopher Nolan", passages) and grounded("July 30, 1970", passages)
+    assert grounded("yes", passages) and grounded("the city where a long answer was composed by the model", [])
+    assert not grounded("Steven Spielberg", passages) and not grounded("Nolan, 2010", passages)
