@@ -45,6 +45,9 @@ def _pick_graph(graph_type: str | None, graphs: list[str]) -> str:
     raise MhqaError(f"unknown graph_type {graph_type!r}; use one of {', '.join(graphs)}")
 
 
+_DESCRIPTION = re.compile(r"\s*\((?:\d+ facts?:[^()]*|no facts)\)\s*$")  # as describe_node writes it
+
+
 def _words(text: str) -> set[str]:
     return {w for w in re.findall(r"\w+", text.lower()) if w not in STOPWORDS}
 
@@ -127,9 +130,10 @@ def node_info_tool(store: KnowledgeStore, graphs: list[str], max_facts: int = MA
     def node_info(entity: str, graph_type: str = graphs[0] if graphs else "") -> str:
         """Facts about one entity of the knowledge graph: its outgoing and incoming relations.
         Use an exact name returned by entity_matcher. graph_type names the graph."""
+        entity = _DESCRIPTION.sub("", str(entity))  # a name copied with entity_matcher's description
         try:
             graph = _pick_graph(graph_type, graphs)
-            info = store.node_info(graph, str(entity))
+            info = store.node_info(graph, entity)
         except EntityNotFound as exc:
             try:
                 close = [h.name for h in store.match_entities(exc.graph, str(entity), k=3)]

@@ -143,6 +143,13 @@ def test_entity_matcher_describes_each_entity(store):
     assert first.startswith("Christopher Nolan (62 facts: father, ")  # the relation the question asks first
 
 
+def test_a_name_copied_with_its_description_still_finds_the_node(store):
+    model = FakeChatModel(responses=[call("node_info", entity="Christopher Nolan (62 facts: father, award number 0)"),
+                                     "<answer>Brendan Nolan</answer>"], cycle=False)
+    out = graph.invoke({"question": Q}, context=ctx(model, store))
+    assert FATHER in out["tool_calls"][0]["result_preview"] and out["error"] is None
+
+
 def test_question_and_system_prompt_are_never_cut_old_results_are(store):
     turns = [call("node_info", entity=e) for e in ("Christopher Nolan", "Emma Thomas", "Syncopy", "Inception")]
     turns.append("<answer>Brendan Nolan</answer>")
