@@ -335,7 +335,7 @@ class EmbeddedStore(KnowledgeStore):
     def _require(self, kind: str, name: str) -> None:
         row = self._read().execute("SELECT 1 FROM collections WHERE kind = ? AND name = ?", (kind, name)).fetchone()
         if row is None:
-            raise UnknownGraph(name) if kind == "graph" else UnknownCorpus(name)
+            raise UnknownGraph(name, self.uri) if kind == "graph" else UnknownCorpus(name, self.uri)
 
     def _match_entities(self, graph: str, text: str, k: int) -> list[EntityHit]:
         self._require("graph", graph)
