@@ -15,6 +15,8 @@ from langchain_core.tools import BaseTool, StructuredTool
 
 from mhqa_graph.errors import InvalidInput
 
+from .common import check_sources, validate_context
+
 # agent name -> (module in this package, builder function)
 AGENTS: dict[str, tuple[str, str]] = {
     "opera": ("opera", "build"),
@@ -22,6 +24,14 @@ AGENTS: dict[str, tuple[str, str]] = {
     "omne": ("omne", "build"),
     "rag": ("baselines", "build_rag"),
     "direct": ("baselines", "build_direct"),
+}
+# agent name -> the roles its model calls play: the keys of `role_llms`, the `role` of trace LLM calls
+ROLES: dict[str, tuple[str, ...]] = {
+    "opera": ("plan", "analysis", "rewrite", "answer"),
+    "mujica": ("planner", "worker"),
+    "omne": ("tool-agent",),
+    "rag": ("answer",),
+    "direct": ("answer",),
 }
 
 
@@ -37,21 +47,32 @@ def build_graph(agent: str, checkpointer: Any = None) -> Any:
     return _builder(agent)(checkpointer=checkpointer)
 
 
+def context_schema(agent: str) -> type:
+    """The context dataclass of `agent` (an AgentContext subclass)."""
+    return build_graph(agent).builder.context_schema
+
+
 def make_context(agent: str, **settings: Any) -> Any:
-    """The run context of `agent`, from keyword settings; None values keep the defaults, unknown keys fail."""
-    schema = build_graph(agent).builder.context_schema
+    """The run context of `agent`, from keyword settings; None values keep the defaults. Unknown
+    settings, `role_llms` keys that are not the agent's roles (`ROLES`), model specs that cannot load
+    and values of the wrong type raise InvalidInput / ModelError here, before any work."""
+    schema = context_schema(agent)
     known = {f.name for f in dataclasses.fields(schema)}
     unknown = set(settings) - known
     if unknown:
         raise InvalidInput(f"{agent} has no setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
-    return schema(**{k: v for k, v in settings.items() if v is not None})
+    context = schema(**{k: v for k, v in settings.items() if v is not None})
+    validate_context(context, ROLES[agent])
+    return context
 
 
 def as_tool(agent: str, name: str | None = None, description: str | None = None, checkpointer: Any = None,
             **settings: Any) -> BaseTool:
-    """A LangChain tool that answers a multi-hop question with `agent`, for use inside other agents."""
+    """A LangChain tool that answers a multi-hop question with `agent`, for use inside other agents.
+    Its settings are checked as `make_context` does, and its corpus/graph must be in an existing store."""
     graph = build_graph(agent, checkpointer=checkpointer)
     context = make_context(agent, **settings)
+    check_sources(context)
 
     def answer(question: str) -> str:
         result = graph.invoke({"question": question}, context=context)
@@ -67,4 +88,4 @@ def as_tool(agent: str, name: str | None = None, description: str | None = None,
         or f"Answer a multi-hop factual question with the {agent} agent over the knowledge store.")
 
 
-__all__ = ["AGENTS", "as_tool", "build_graph", "make_context"]
+__all__ = ["AGENTS", "ROLES", "as_tool", "build_graph", "check_sources", "context_schema", "make_context"]
