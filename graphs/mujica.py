@@ -40,6 +40,7 @@ from .common import (
     context_as,
     get_llm,
     get_store,
+    setting,
 )
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
@@ -47,10 +48,11 @@ REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earli
 
 @dataclass
 class MujicaContext(AgentContext):
-    max_subquestions: int = 12  # sub-questions per run; more are dropped with a note
-    source: Literal["auto", "corpus", "graph"] = "auto"  # worker retrieval; auto = the corpus if set, else the graph
-    kg_entities: int = 3  # entities matched per sub-question on the graph source
-    max_facts: int = 30  # contexts per sub-question on the graph source
+    max_subquestions: int = setting(12, help="Sub-questions per run; more are dropped with a note.")
+    source: Literal["auto", "corpus", "graph"] = setting("auto", help="Where workers retrieve: corpus or graph; "
+                                                         "auto = the corpus if set, else the graph.")
+    kg_entities: int = setting(3, help="Entities matched per sub-question on the graph source.")
+    max_facts: int = setting(30, help="Facts shown per sub-question on the graph source.")
 
 
 class SubQuestion(TypedDict):

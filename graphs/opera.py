@@ -41,6 +41,7 @@ from .common import (
     context_as,
     get_llm,
     get_store,
+    setting,
 )
 
 RECURSION_LIMIT = 1000  # graph steps; a run takes 2 + sub-goals * (3 * max_rewrites + 2)
@@ -50,7 +51,8 @@ RECURSION_LIMIT = 1000  # graph steps; a run takes 2 + sub-goals * (3 * max_rewr
 class OperaContext(AgentContext):
     """OPERA settings: `max_rounds` caps the number of sub-goals, `max_rewrites` the rewrites per sub-goal."""
 
-    topk_schedule: tuple[int, ...] = ()  # top-k of attempt 1, 2, ...; () = top_k, 2*top_k, 3*top_k, ...
+    topk_schedule: tuple[int, ...] = setting((), help="Top-k of retrieval attempt 1, 2, ... of a sub-goal; "
+                                             "empty = top_k, 2*top_k, 3*top_k, ...")
 
 
 class State(TypedDict, total=False):

@@ -6,6 +6,7 @@ import warnings
 
 from langchain_core.messages import HumanMessage
 from mhqa_graph.graphs.common import AgentContext, ask, get_llm
+
 from mhqa_graph.testing.fakes import FakeChatModel
 
 
