@@ -7,6 +7,7 @@ both give both. Corpus and graph share one name, by default `<dataset>-<file ste
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from ..ingest.datasets import benchmark, dataset_passages, dataset_triples
@@ -24,10 +25,12 @@ def _count(items) -> int:
     return sum(1 for x in items if not isinstance(x, Exception))
 
 
-def prepare(store: KnowledgeStore, dataset: str, path: str | Path, name: str) -> dict:
+def prepare(store: KnowledgeStore, dataset: str, path: str | Path, name: str,
+            announce: Callable[[str, int], Callable[[int], None] | None] | None = None) -> dict:
     """Make sure corpus/graph `name` hold what the dataset file offers, ingesting it only when the
     store has fewer passages or triples than the file (a complete earlier build is not redone; an
-    interrupted one is completed, since ingestion is idempotent).
+    interrupted one is completed, since ingestion is idempotent). Before ingesting, `announce(what,
+    items)` is called and may return a progress callback (items done so far).
 
     Returns {"corpus": name or None, "graph": name or None, "ingested": bool}: the settings the
     agent needs, and whether anything had to be ingested this time.
@@ -39,5 +42,7 @@ def prepare(store: KnowledgeStore, dataset: str, path: str | Path, name: str) ->
     have_triples = stats.graphs.get(name, {}).get("triples", 0)
     ingested = have_passages < n_passages or have_triples < n_triples
     if ingested:
-        ingest_dataset(store, dataset, path, name, skip_bad=True)
+        what = f"ingest {Path(path).name} into {name!r} in {store.uri}"
+        progress = announce(what, n_passages + n_triples) if announce else None
+        ingest_dataset(store, dataset, path, name, skip_bad=True, progress=progress)
     return {"corpus": name if n_passages else None, "graph": name if n_triples else None, "ingested": ingested}

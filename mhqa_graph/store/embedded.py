@@ -153,9 +153,20 @@ class EmbeddedStore(KnowledgeStore):
         self._vectors: dict[tuple[str, str], _VectorIndex] = {}
         self._closed = False
         self._open_files()
-        self.embedder: Embedder = self._resolve_embedder(embedder)
+        self._embedder: Embedder | None = None
+        if embedder not in (None, "", "auto") or not self._meta("embedder") or not read_only:
+            self._embedder = self._resolve_embedder(embedder)  # a mismatch fails the open
         if not read_only:
             self._catch_up()
+
+    @property
+    def embedder(self) -> Embedder:
+        """The store's embedder; a read-only open loads it on first use (`stats` never does)."""
+        if self._embedder is None:
+            with self._write_lock:
+                if self._embedder is None:
+                    self._embedder = self._resolve_embedder(None)
+        return self._embedder
 
     # -- opening ----------------------------------------------------------------
     def _open_files(self) -> None:
