@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import os
 import sys
@@ -383,15 +382,10 @@ def demo_cmd(
 
 
 def _usage_hint(exc: Any) -> str:
-    """'did you mean ...' for an unknown command, else where the command's help is."""
+    """Where the command's help is, unless the message already suggests a fix ("Did you mean ...")."""
     ctx = getattr(exc, "ctx", None)
-    if ctx is None:
+    if ctx is None or "did you mean" in exc.format_message().lower():
         return ""
-    name = getattr(exc, "message", "").partition("No such command ")[2].strip(" '.")
-    commands = ctx.command.list_commands(ctx) if name and hasattr(ctx.command, "list_commands") else []
-    close = difflib.get_close_matches(name, commands, n=1)
-    if close:
-        return f"; did you mean {' '.join([ctx.command_path, close[0]])!r}?"
     return f"; see '{ctx.command_path} --help'"
 
 
@@ -405,7 +399,7 @@ def main() -> None:
     """Entry point: usage errors and typed errors become one line on stderr and exit code 2
     (tracebacks of typed errors with --debug); Ctrl-C exits 130."""
     try:
-        app(standalone_mode=False)
+        app(standalone_mode=False, prog_name="mhqa")
     except (MhqaError, OSError) as e:  # OSError: a path the user gave cannot be read or written
         if _state["debug"]:
             raise
@@ -419,7 +413,8 @@ def main() -> None:
         if type(e).__name__ == "NoArgsIsHelpError":  # `mhqa ingest` alone: the help
             err.print(e.format_message(), markup=False, highlight=False)
             sys.exit(2)
-        _fail(e.format_message() + _usage_hint(e))
+        hint = _usage_hint(e)
+        _fail((e.format_message().rstrip(".") if hint else e.format_message()) + hint)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from mhqa_graph.cli import main
+
 
 def mhqa(*args: str, store: Path | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "mhqa_graph.cli", *args]
@@ -84,7 +86,8 @@ def test_typed_errors_are_one_line(tmp_path):
     store = tmp_path / "store"
     done = mhqa("query", "node", "nope", "x", store=store)
     assert done.returncode == 2
-    assert "UnknownGraph" in done.stderr and "Traceback" not in done.stderr
+    assert "StoreNotFound" in done.stderr and "Traceback" not in done.stderr
+    assert not store.exists()  # a reader never creates a store
     debug = subprocess.run([sys.executable, "-m", "mhqa_graph.cli", "--debug", "query", "node", "nope", "x",
                             "--store", f"embedded://{store}?embedder=hash"], capture_output=True, text=True)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
@@ -96,3 +99,116 @@ def test_models_list():
     rows = json.loads(mhqa("models", "list", "--json").stdout)
     assert {r["name"] for r in rows} >= {"smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "all-minilm-l6-v2"}
     assert all(r["extra"] in ("models", "models-qwen") for r in rows)
+
+
+# -- user mistakes: each one line on stderr, exit 2, no traceback ------------------------------------------
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory) -> dict[str, str]:
+    """A store with corpus `docs` and graph `kg`, a passages file, a benchmark file, an existing run folder."""
+    root = tmp_path_factory.mktemp("mistakes")
+    docs = root / "docs.jsonl"
+    docs.write_text('{"id": "a", "title": "Inception", "text": "Inception is a film by Christopher Nolan."}\n')
+    kg = root / "kg.tsv"
+    kg.write_text("Inception\tdirected by\tChristopher Nolan\n", encoding="utf-8")
+    bench = root / "hotpot.jsonl"
+    bench.write_text(json.dumps({"id": "q1", "question": "Who directed Inception?", "answer": "Christopher Nolan",
+                                 "type": "bridge", "level": "easy",
+                                 "supporting_facts": {"title": ["Inception"], "sent_id": [0]},
+                                 "context": {"title": ["Inception"],
+                                             "sentences": [["Inception is a film by Christopher Nolan."]]}}) + "\n")
+    store = f"embedded://{root / 'store'}?embedder=hash"
+    for args in (["passages", str(docs), "--corpus", "docs"], ["triples", str(kg), "--graph", "kg"]):
+        assert mhqa("ingest", *args, "--store", store).returncode == 0
+    run = root / "run"
+    done = mhqa("eval", str(bench), "--dataset", "hotpotqa", "--agent", "direct", "--out", str(run),
+                "--llm", 'fake:["<answer>Christopher Nolan</answer>"]', "--store", store)
+    assert done.returncode == 0, done.stderr
+    return {"store": store, "docs": str(docs), "bench": str(bench), "run": str(run), "root": str(root)}
+
+
+MISTAKES = {  # what the user typed -> what the one line must say
+    "unknown command": (["evl"], "No such command 'evl'. Did you mean 'eval'?"),
+    "unknown subcommand": (["query", "serch", "docs", "x"], "Did you mean 'search'?"),
+    "unknown option": (["stats", "--bogus"], "No such option: --bogus"),
+    "missing argument": (["query", "node", "kg"], "Missing argument 'name'; see 'mhqa query node --help'"),
+    "missing option": (["eval", "{bench}", "--dataset", "hotpotqa", "--agent", "rag"], "Missing option '--out'"),
+    "missing file": (["ingest", "passages", "missing.jsonl", "--corpus", "c", "--store", "{store}"],
+                     "'missing.jsonl' does not exist"),
+    "missing eval file": (["eval", "nofile.jsonl", "--dataset", "hotpotqa", "--agent", "rag", "--out", "x"],
+                          "'nofile.jsonl' does not exist"),
+    "not a number": (["query", "match", "kg", "x", "-k", "abc", "--store", "{store}"], "Invalid value for '-k'"),
+    "k out of range": (["query", "match", "kg", "x", "-k", "0", "--store", "{store}"],
+                       "k must be an integer in 1..1000"),
+    "unknown search mode": (["query", "search", "docs", "x", "--mode", "fuzzy", "--store", "{store}"],
+                            "mode must be one of"),
+    "unknown corpus": (["query", "search", "nope", "x", "--store", "{store}"], "unknown corpus 'nope' in embedded://"),
+    "unknown graph": (["query", "node", "nope", "x", "--store", "{store}"], "unknown graph 'nope' in embedded://"),
+    "unknown entity": (["query", "node", "kg", "Tenet", "--store", "{store}"], "no entity named 'Tenet'"),
+    "store that does not exist": (["stats", "--store", "embedded:///no/such/dir"], "no store at embedded:///no/such"),
+    "plain path as store": (["stats", "--store", "/no/such/dir"], "did you mean embedded:///no/such/dir?"),
+    "unknown store scheme": (["stats", "--store", "ftp://nowhere"], "InvalidStoreURI"),
+    "unknown dataset": (["ingest", "dataset", "hotpot", "{bench}", "--name", "x", "--store", "{store}"],
+                        "unknown dataset 'hotpot'"),
+    "unknown agent": (["ask", "Who?", "--agent", "oprea", "--store", "{store}"], "unknown agent 'oprea'"),
+    "unknown model spec": (["ask", "Who?", "--agent", "direct", "--llm", "gpt4"], "unknown chat model spec 'gpt4'"),
+    "malformed fake spec": (["ask", "Who?", "--agent", "direct", "--llm", "fake:[x]"], "JSON list of strings"),
+    "missing model folder": (["ask", "Who?", "--agent", "direct", "--llm", "hf:/missing"],
+                             "neither a local folder nor a model"),
+    "embedding pack as chat model": (["ask", "Who?", "--agent", "direct", "--llm", "all-minilm-l6-v2"],
+                                     "is an embedding pack"),
+    "empty question": (["ask", "  ", "--agent", "direct", "--llm", "fake"], "InvalidQuestion: question is empty"),
+    "ask on a missing store": (["ask", "Who?", "--agent", "rag", "--corpus", "docs", "--llm", "fake",
+                                "--store", "embedded:///no/such/dir"], "StoreNotFound"),
+    "ask on an unknown corpus": (["ask", "Who?", "--agent", "rag", "--corpus", "dcos", "--llm", "fake",
+                                  "--store", "{store}"], "unknown corpus 'dcos'"),
+    "eval on a missing store": (["eval", "{bench}", "--dataset", "hotpotqa", "--agent", "rag", "--out", "{root}/r2",
+                                 "--llm", "fake", "--store", "embedded:///no/such/dir"], "StoreNotFound"),
+    "eval with a bad model": (["eval", "{bench}", "--dataset", "hotpotqa", "--agent", "rag", "--out", "{root}/r3",
+                               "--llm", "gpt4", "--store", "{store}"], "unknown chat model spec 'gpt4'"),
+    "eval into another run's folder": (["eval", "{bench}", "--dataset", "hotpotqa", "--agent", "rag", "--out",
+                                        "{run}", "--llm", "fake", "--store", "{store}"],
+                                       "holds another run (agent 'direct' -> 'rag'"),
+    "eval with an unknown corpus": (["eval", "{bench}", "--dataset", "hotpotqa", "--agent", "rag", "--out",
+                                     "{root}/r4", "--corpus", "nope", "--llm", "fake", "--store", "{store}"],
+                                    "unknown corpus 'nope'"),
+    "eval with a negative limit": (["eval", "{bench}", "--dataset", "hotpotqa", "--agent", "rag", "--out", "x",
+                                    "--limit", "0"], "--limit must be >= 1"),
+    "export in an unknown format": (["export", "{run}", "--format", "dpo", "--out", "{root}/e"],
+                                    "unknown format 'dpo'"),
+    "report on a missing folder": (["report", "runs/none"], "'runs/none' does not exist"),
+    "train with an unknown method": (["train", "ppo", "--config", "{bench}"], "ppo"),
+    "extract with a bad model": (["ingest", "extract", "--corpus", "docs", "--graph", "g", "--llm", "gpt4",
+                                  "--store", "{store}"], "unknown chat model spec"),
+    "trace into a missing folder": (["ask", "Who?", "--agent", "direct", "--llm", "fake", "--trace",
+                                     "/no/such/dir/t.json"], "No such file or directory"),
+    "demo with a missing data folder": (["demo", "--data", "/no/such/data", "--llm", "fake"], "not found; pass --data"),
+}
+
+
+def run_main(args: list[str], capsys, monkeypatch) -> tuple[int, str]:
+    """`mhqa ARGS` in this process (as `main()` runs it, minus the interpreter start): exit code, stderr."""
+    monkeypatch.setattr(sys, "argv", ["mhqa", *args])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    return exited.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_each_user_mistake_is_one_line_and_exit_2(filled, mistake, capsys, monkeypatch):
+    args, expected = MISTAKES[mistake]
+    code, stderr = run_main([a.format(**filled) for a in args], capsys, monkeypatch)
+    lines = stderr.strip().splitlines()
+    assert code == 2, (code, stderr)
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr
+    assert lines[0].startswith("error: ") and expected in lines[0], lines[0]
+
+
+def test_a_mistake_run_as_a_user_runs_it():
+    done = mhqa("eval", "nofile.jsonl", "--dataset", "hotpotqa", "--agent", "rag", "--out", "x")
+    assert done.returncode == 2
+    assert done.stderr == ("error: Invalid value for 'file': file 'nofile.jsonl' does not exist; "
+                           "see 'mhqa eval --help'\n")
+
+
+def test_there_are_at_least_25_mistakes():
+    assert len(MISTAKES) >= 25

@@ -52,8 +52,8 @@ def check_store_exists(uri: str | None = None) -> str:
     uri = uri or default_store_uri()
     root = _embedded_dir(uri)
     if root is not None and not (root / "store.sqlite").is_file():
-        raise StoreNotFound(f"no store at {uri} ({root} holds no store.sqlite); build one with "
-                            f"`mhqa ingest ... --store {uri}` or check the path (MHQA_STORE or --store)")
+        raise StoreNotFound(f"no store at {uri}; build one with `mhqa ingest ... --store {uri}`, "
+                            "or check --store / MHQA_STORE")
     return uri
 
 
