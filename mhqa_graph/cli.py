@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -197,9 +198,9 @@ def models_list(as_json: JsonOpt = False) -> None:
     rows = list_packs()
     if as_json:
         return _print_json(rows)
-    table = Table()
-    for col in ("name", "kind", "installed", "pulled", "size", "pip extra"):
-        table.add_column(col, no_wrap=col != "size")  # names whole, whatever the width; sizes may wrap
+    table = Table(box=box.SIMPLE_HEAD)
+    for col in ("name", "kind", "installed", "pulled", "size", "pip extra"):  # whole names at any width
+        table.add_column(col, no_wrap=col != "size", min_width=11 if col == "size" else None)
     for r in rows:
         table.add_row(r["name"], r["kind"], "yes" if r["installed"] else "no", "yes" if r["pulled"] else "no",
                       str(r["size"]), r["extra"])

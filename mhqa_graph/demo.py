@@ -181,8 +181,12 @@ def steps(agent: str, state: dict, item: QAItem) -> list[str]:
         return lines
     if agent == "mujica":
         results = state.get("results") or {}
-        return [f"level {level}: {sub['id']} {_short(results.get(sub['id'], {}).get('query') or sub['question'])} "
-                f"-> {results.get(sub['id'], {}).get('answer')!r}" for level, sub in dag_levels(state.get("dag") or [])]
+        levels = []
+        for level, sub in dag_levels(state.get("dag") or []):
+            done = results.get(sub["id"], {})
+            levels.append(f"level {level}: {sub['id']} {_short(done.get('query') or sub['question'])} "
+                          f"-> {done.get('answer')!r}")
+        return levels or ["(no sub-question)"]
     if agent == "omne":
         calls = [f"{call['name']}({', '.join(f'{k}={v!r}' for k, v in call['args'].items())}) -> "
                  f"{_short(call.get('result_preview'), 80)}" for call in state.get("tool_calls") or []]

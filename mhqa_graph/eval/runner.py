@@ -274,13 +274,14 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
 
     if not isinstance(concurrency, int) or concurrency < 1:
         raise InvalidInput(f"concurrency must be a positive integer, got {concurrency!r}")
-    overrides = dict(context_overrides or {})
+    overrides = {k: v for k, v in (context_overrides or {}).items() if v is not None}  # None keeps the default
     given = {k: v for k, v in overrides.items() if k in ("corpus", "graph") and v}
     make_context(agent, **{"llm": llm, **overrides})  # checked before any work: not a failure per question
     out_dir = Path(out_dir)
     items = load_questions(dataset, path, limit, start)
     graph = build_graph(agent)
-    claim_run_folder(out_dir, run_manifest(agent, dataset, path, overrides.pop("llm", llm), overrides), force_new)
+    settings = {k: v for k, v in overrides.items() if k != "llm"}
+    claim_run_folder(out_dir, run_manifest(agent, dataset, path, overrides.get("llm", llm), settings), force_new)
     results = out_dir / RESULTS
     started = time.perf_counter()
     console = Console(stderr=True)
@@ -290,7 +291,7 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
         else:
             with _IngestBar(console, progress) as announce:
                 env = prepare(store, dataset, path, environment_name(dataset, path), announce=announce)
-        settings = {"llm": llm, "corpus": env["corpus"], "graph": env["graph"], **(context_overrides or {})}
+        settings = {"llm": llm, "corpus": env["corpus"], "graph": env["graph"], **overrides}
         context = make_context(agent, store=store, **settings)
         check_sources(context)
         cut_torn_line(results)
@@ -337,7 +338,7 @@ class _IngestBar:
         return self
 
     def __call__(self, what: str, total: int) -> Any:
-        self.console.print(f"[bold]{what}[/] (once; later runs reuse it)", highlight=False)
+        self.console.print(f"[bold]{what}[/] (once; later runs reuse it)", highlight=False, soft_wrap=True)
         if not self.enabled:
             return None
         self.bar = Progress(TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
