@@ -2,7 +2,22 @@
 
     from mhqa_graph.graphs import build_graph, make_context, as_tool
     graph = build_graph("opera")
-    graph.invoke({"question": "..."}, context=make_context("opera", llm="qwen2.5-coder-1.5b", corpus="hotpotqa"))
+    graph.invoke({"question": "..."}, context=make_context("opera", llm="qwen2.5-coder-1.5b", corpus="hotpotqa-dev_a"))
+
+What each role (`ROLES`, the keys of `role_llms`) must reply, e.g. to script fake models:
+
+    opera   plan        {"subgoals": ["Who directed Inception?", "Where was [Answer1] born?"]}
+            analysis    {"reasoning": "...", "sufficient": true, "answer": "Christopher Nolan"}
+            rewrite     {"query": "Christopher Nolan birthplace"}
+            answer      London  (or <answer>London</answer>)
+    mujica  planner     {"subquestions": [{"id": "q1", "question": "...", "depends_on": []},
+                                          {"id": "q2", "question": "... #q1 ...", "depends_on": ["q1"]}]}
+                        or, to finish, {"answer": "London"}
+            worker      {"relevant": [1, 3], "answer": "Christopher Nolan"}
+    omne    tool-agent  <think>...</think><tool_call>{"name": "entity_matcher",
+                        "arguments": {"query": "Inception", "graph_type": "kg"}}</tool_call>,
+                        node_info with {"entity", "graph_type"}, then <answer>London</answer>
+    rag, direct answer  <think>...</think><answer>London</answer>
 """
 
 from __future__ import annotations
