@@ -8,7 +8,7 @@
 
 Given an agent, `fake_llms` rejects a role the agent does not have (a typo such as `plann=` would
 otherwise leave `plan` to the default model) and one it has but was not given a script. The reply
-format of each role is in the README ("Scripting fake models").
+format of each role is in the `mhqa_graph.graphs` docstring and the README ("Testing your own app").
 """
 
 from __future__ import annotations
