@@ -2,7 +2,22 @@
 
     from mhqa_graph.graphs import build_graph, make_context, as_tool
     graph = build_graph("opera")
-    graph.invoke({"question": "..."}, context=make_context("opera", llm="qwen2.5-coder-1.5b", corpus="hotpotqa"))
+    graph.invoke({"question": "..."}, context=make_context("opera", llm="qwen2.5-coder-1.5b", corpus="hotpotqa-dev_a"))
+
+What each role (`ROLES`, the keys of `role_llms`) must reply, e.g. to script fake models:
+
+    opera   plan        {"subgoals": ["Who directed Inception?", "Where was [Answer1] born?"]}
+            analysis    {"reasoning": "...", "sufficient": true, "answer": "Christopher Nolan"}
+            rewrite     {"query": "Christopher Nolan birthplace"}
+            answer      London  (or <answer>London</answer>)
+    mujica  planner     {"subquestions": [{"id": "q1", "question": "...", "depends_on": []},
+                                          {"id": "q2", "question": "... #q1 ...", "depends_on": ["q1"]}]}
+                        or, to finish, {"answer": "London"}
+            worker      {"relevant": [1, 3], "answer": "Christopher Nolan"}
+    omne    tool-agent  <think>...</think><tool_call>{"name": "entity_matcher",
+                        "arguments": {"query": "Inception", "graph_type": "kg"}}</tool_call>,
+                        node_info with {"entity", "graph_type"}, then <answer>London</answer>
+    rag, direct answer  <think>...</think><answer>London</answer>
 """
 
 from __future__ import annotations
@@ -15,6 +30,8 @@ from langchain_core.tools import BaseTool, StructuredTool
 
 from mhqa_graph.errors import InvalidInput
 
+from .common import check_sources, validate_context
+
 # agent name -> (module in this package, builder function)
 AGENTS: dict[str, tuple[str, str]] = {
     "opera": ("opera", "build"),
@@ -22,6 +39,14 @@ AGENTS: dict[str, tuple[str, str]] = {
     "omne": ("omne", "build"),
     "rag": ("baselines", "build_rag"),
     "direct": ("baselines", "build_direct"),
+}
+# agent name -> the roles its model calls play: the keys of `role_llms`, the `role` of trace LLM calls
+ROLES: dict[str, tuple[str, ...]] = {
+    "opera": ("plan", "analysis", "rewrite", "answer"),
+    "mujica": ("planner", "worker"),
+    "omne": ("tool-agent",),
+    "rag": ("answer",),
+    "direct": ("answer",),
 }
 
 
@@ -37,21 +62,32 @@ def build_graph(agent: str, checkpointer: Any = None) -> Any:
     return _builder(agent)(checkpointer=checkpointer)
 
 
+def context_schema(agent: str) -> type:
+    """The context dataclass of `agent` (an AgentContext subclass)."""
+    return build_graph(agent).builder.context_schema
+
+
 def make_context(agent: str, **settings: Any) -> Any:
-    """The run context of `agent`, from keyword settings; None values keep the defaults, unknown keys fail."""
-    schema = build_graph(agent).builder.context_schema
+    """The run context of `agent`, from keyword settings; None values keep the defaults. Unknown
+    settings, `role_llms` keys that are not the agent's roles (`ROLES`), model specs that cannot load
+    and values of the wrong type raise InvalidInput / ModelError here, before any work."""
+    schema = context_schema(agent)
     known = {f.name for f in dataclasses.fields(schema)}
     unknown = set(settings) - known
     if unknown:
         raise InvalidInput(f"{agent} has no setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
-    return schema(**{k: v for k, v in settings.items() if v is not None})
+    context = schema(**{k: v for k, v in settings.items() if v is not None})
+    validate_context(context, ROLES[agent])
+    return context
 
 
 def as_tool(agent: str, name: str | None = None, description: str | None = None, checkpointer: Any = None,
             **settings: Any) -> BaseTool:
-    """A LangChain tool that answers a multi-hop question with `agent`, for use inside other agents."""
+    """A LangChain tool that answers a multi-hop question with `agent`, for use inside other agents.
+    Its settings are checked as `make_context` does, and its corpus/graph must be in an existing store."""
     graph = build_graph(agent, checkpointer=checkpointer)
     context = make_context(agent, **settings)
+    check_sources(context)
 
     def answer(question: str) -> str:
         result = graph.invoke({"question": question}, context=context)
@@ -67,4 +103,4 @@ def as_tool(agent: str, name: str | None = None, description: str | None = None,
         or f"Answer a multi-hop factual question with the {agent} agent over the knowledge store.")
 
 
-__all__ = ["AGENTS", "as_tool", "build_graph", "make_context"]
+__all__ = ["AGENTS", "ROLES", "as_tool", "build_graph", "check_sources", "context_schema", "make_context"]

@@ -25,14 +25,25 @@ from mhqa_graph.parsing import final_answer
 from mhqa_graph.tools import cap_text, format_passages, node_info_tool
 
 from . import baselines_prompts as P
-from .common import AgentContext, QAInput, QAOutput, ask, check_question, clean_answer, context_as, get_llm, get_store
+from .common import (
+    AgentContext,
+    QAInput,
+    QAOutput,
+    ask,
+    check_question,
+    clean_answer,
+    context_as,
+    get_llm,
+    get_store,
+    setting,
+)
 
 ROLE = "answer"
 
 
 @dataclass
 class BaselineContext(AgentContext):
-    kg_nodes: int = 3  # rag over a graph: how many matched entities to show the facts of
+    kg_nodes: int = setting(3, help="rag over a graph: how many matched entities to show the facts of.")
 
 
 class DirectOutput(QAOutput):

@@ -6,7 +6,8 @@ import sys
 import threading
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
+from difflib import get_close_matches
 from typing import (
     Any,
     NotRequired,  # pydantic needs these on Python 3.11
@@ -17,9 +18,11 @@ from langchain_core.exceptions import ModelAPIError, ModelConnectionError, Model
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import Runnable
+from langchain_core.runnables.retry import RunnableRetry
+from tenacity import wait_exponential_jitter
 from typing_extensions import TypedDict
 
-from mhqa_graph.errors import InvalidQuestion, MhqaError, ModelError
+from mhqa_graph.errors import InvalidInput, InvalidQuestion, MhqaError, ModelError, UnknownCorpus, UnknownGraph
 from mhqa_graph.parsing import extract_json, strip_think
 from mhqa_graph.store import KnowledgeStore, open_store
 
@@ -40,24 +43,35 @@ class QAOutput(TypedDict):
     error: NotRequired[str | None]
 
 
+def setting(default: Any = MISSING, *, help: str, default_factory: Any = MISSING) -> Any:
+    """A context field with its description (LangGraph Studio shows it beside the field in its form)."""
+    return field(default=default, default_factory=default_factory, metadata={"description": help})
+
+
 @dataclass
 class AgentContext:
     """Run settings. LangGraph Studio shows them as a form; in Python, `llm`, `role_llms` values and
     `store` may also be objects (a chat model, a KnowledgeStore)."""
 
-    llm: str = "auto"  # model spec: a pack name, hf:PATH, openai:URL#MODEL, fake:[...]; auto = best installed pack
-    role_llms: dict[str, Any] = field(default_factory=dict)  # per-role override, e.g. {"plan": "qwen2.5-coder-1.5b"}
-    store: Any = None  # store URI; None = $MHQA_STORE or the user data dir
-    corpus: str | None = None  # passage corpus to search
-    graph: str | None = None  # knowledge graph to search
-    top_k: int = 5
-    max_rounds: int = 7
-    max_rewrites: int = 2
-    max_new_tokens: int = 384
-    think: bool = True  # ask for reasoning before each action
-    parse_retries: int = 1  # repair attempts after malformed structured output
-    model_retries: int = 2  # retries of a model call that timed out or met a connection error / HTTP 5xx
-    retry_backoff: float = 0.5  # seconds before the first retry; doubles each time, plus up to as much jitter
+    llm: str = setting("auto", help="Model spec of every role: a pack name (qwen2.5-coder-1.5b), "
+                       "llamacpp:<pack>, hf:<folder>, openai:<url>#<model> or fake:[\"reply\", ...]; "
+                       "auto = the best installed pack.")
+    role_llms: dict[str, Any] = setting(default_factory=dict, help="Model spec per role, overriding llm, e.g. "
+                                        "{\"plan\": \"qwen2.5-coder-1.5b\"}; keys must be the agent's roles.")
+    store: Any = setting(None, help="Store URI (embedded:///abs/dir or neo4j://host:7687); "
+                         "empty = $MHQA_STORE, else the user data dir. The store must exist.")
+    corpus: str | None = setting(None, help="Passage corpus to search (see `mhqa stats`).")
+    graph: str | None = setting(None, help="Knowledge graph to search (see `mhqa stats`).")
+    top_k: int = setting(5, help="Passages or entities retrieved per search.")
+    max_rounds: int = setting(7, help="Cap on the agent's rounds (sub-goals, planner rounds or tool turns).")
+    max_rewrites: int = setting(2, help="Query rewrites per sub-goal when the passages are not enough (OPERA).")
+    max_new_tokens: int = setting(384, help="Longest model reply, in tokens.")
+    think: bool = setting(True, help="Ask the model to reason before each action.")
+    parse_retries: int = setting(1, help="Repair attempts after a malformed structured reply.")
+    model_retries: int = setting(2, help="Retries of a model call that timed out or met a connection error "
+                                 "or HTTP 5xx.")
+    retry_backoff: float = setting(0.5, help="Seconds before the first retry; doubles each time, plus up to as "
+                                   "much jitter.")
 
 
 C = TypeVar("C", bound=AgentContext)
@@ -72,6 +86,67 @@ def context_as(cls: type[C], runtime: Any) -> C:
     if isinstance(ctx, AgentContext):
         return cls(**{f.name: getattr(ctx, f.name) for f in fields(AgentContext)})
     return cls(**(ctx or {}))
+
+
+POSITIVE_SETTINGS = ("top_k", "max_rounds", "max_new_tokens")  # other int settings may be 0
+
+
+def validate_context(ctx: AgentContext, roles: tuple[str, ...]) -> None:
+    """InvalidInput or ModelError for a setting that would fail the run, before any work: `role_llms`
+    keys that are not among `roles`, a model spec that cannot load, a value of the wrong type."""
+    from mhqa_graph.models.factory import best_installed_chat_pack, check_chat_spec
+
+    if not isinstance(ctx.role_llms, dict):
+        raise InvalidInput(f"role_llms must map roles to models, got {type(ctx.role_llms).__name__}")
+    unknown = sorted(set(ctx.role_llms) - set(roles))
+    if unknown:
+        hints = [f"{r!r}" + (f" (did you mean {close[0]!r}?)" if (close := get_close_matches(str(r), roles, 1)) else "")
+                 for r in unknown]
+        raise InvalidInput(f"role_llms has no role {', '.join(hints)}; this agent's roles: {', '.join(roles)}")
+    specs = [(f"role_llms[{r!r}]", m) for r, m in ctx.role_llms.items()]
+    if set(roles) - set(ctx.role_llms):  # some role falls back to llm
+        specs.append(("llm", ctx.llm))
+    for where, spec in specs:
+        if isinstance(spec, BaseChatModel):
+            continue
+        if spec in ("", "auto", None):
+            if best_installed_chat_pack() is None:
+                raise ModelError(f"{where}: no offline chat pack installed for 'auto'; pip install "
+                                 "'mhqa-graph[models-qwen]' or give a model spec")
+            continue
+        try:
+            check_chat_spec(spec)
+        except ModelError as exc:
+            raise type(exc)(f"{where}: {exc}") from None
+    if not (ctx.store is None or isinstance(ctx.store, (str, KnowledgeStore))):
+        raise InvalidInput(f"store must be a URI or a KnowledgeStore, got {type(ctx.store).__name__}")
+    for f in fields(ctx):
+        value = getattr(ctx, f.name)
+        if f.type in ("int", int):
+            least = 1 if f.name in POSITIVE_SETTINGS else 0
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise InvalidInput(f"{f.name} must be an integer >= {least}, got {value!r}")
+        elif f.type in ("float", float) and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                            or value < 0):
+            raise InvalidInput(f"{f.name} must be a number >= 0, got {value!r}")
+        elif f.type in ("bool", bool) and not isinstance(value, bool):
+            raise InvalidInput(f"{f.name} must be true or false, got {value!r}")
+        elif f.type == "str | None" and not (value is None or isinstance(value, str)):
+            raise InvalidInput(f"{f.name} must be a string, got {value!r}")
+
+
+def check_sources(ctx: AgentContext) -> None:
+    """StoreNotFound, UnknownCorpus or UnknownGraph (naming the store) unless the context's corpus and
+    graphs (comma-separated) are in its store. Opens the store as a run would (once per process)."""
+    if not ctx.corpus and not ctx.graph:
+        return
+    store = get_store(ctx)
+    if ctx.corpus and ctx.corpus not in store.corpora():
+        raise UnknownCorpus(ctx.corpus, store.uri)
+    known = store.graphs()
+    for name in (ctx.graph or "").split(","):
+        if name.strip() and name.strip() not in known:
+            raise UnknownGraph(name.strip(), store.uri)
 
 
 def check_question(question: Any) -> str:
@@ -91,6 +166,19 @@ def check_question(question: Any) -> str:
 _models: dict[tuple[str, int], BaseChatModel] = {}
 _stores: dict[str, KnowledgeStore] = {}
 _lock = threading.Lock()
+
+
+class BackoffRetry(RunnableRetry):
+    """`with_retry` with tenacity's current backoff parameters: waits of `backoff` * 2**n seconds plus up
+    to `backoff` of jitter, at most MAX_BACKOFF. (langchain-core 1.7.2 can scale its backoff only through
+    tenacity's deprecated `initial`, which warns on every call.)"""
+
+    backoff: float = 0.5
+
+    @property
+    def _kwargs_retrying(self) -> dict[str, Any]:
+        return super()._kwargs_retrying | {
+            "wait": wait_exponential_jitter(multiplier=self.backoff, jitter=self.backoff, max=MAX_BACKOFF)}
 
 
 def chat_model(ctx: AgentContext, role: str) -> BaseChatModel:
@@ -125,10 +213,9 @@ def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None) -> Ru
     model: Runnable = chat_model(ctx, role)
     if tools:
         model = model.bind_tools(tools)  # type: ignore[attr-defined]
-    backoff = max(0.0, float(ctx.retry_backoff))
-    retrying = model.with_retry(retry_if_exception_type=is_transient, stop_after_attempt=max(0, ctx.model_retries) + 1,
-                                wait_exponential_jitter=True,
-                                exponential_jitter_params={"initial": backoff, "jitter": backoff, "max": MAX_BACKOFF})
+    retrying = BackoffRetry(bound=model, retry_exception_types=is_transient, wait_exponential_jitter=False,
+                            max_attempt_number=max(0, ctx.model_retries) + 1,
+                            backoff=max(0.0, float(ctx.retry_backoff)))
     return retrying.with_config(run_name=role, tags=[f"mhqa:role:{role}"], metadata={"mhqa_role": role})
 
 
@@ -141,7 +228,7 @@ def get_store(ctx: AgentContext) -> KnowledgeStore:
     uri = ctx.store or default_store_uri()
     with _lock:
         if uri not in _stores:
-            _stores[uri] = open_store(uri)
+            _stores[uri] = open_store(uri, create=False)  # agents only read: a missing store is a mistake
         return _stores[uri]
 
 

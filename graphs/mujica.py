@@ -62,6 +62,7 @@ from .common import (
     context_as,
     get_llm,
     get_store,
+    setting,
 )
 from .refusals import is_no_answer
 
@@ -75,12 +76,16 @@ EARLIER_FIELDS = ("attempt", "question", "query", "retrieved", "answer", "status
 
 @dataclass
 class MujicaContext(AgentContext):
-    max_subquestions: int = 12  # sub-questions asked per run, re-asks included; more are dropped with a note
-    source: Literal["auto", "corpus", "graph"] = "auto"  # worker retrieval; auto = the corpus if set, else the graph
-    kg_entities: int = 3  # entities matched per sub-question on the graph source
-    max_facts: int = 30  # contexts per sub-question on the graph source
-    min_worker_rounds: int = 1  # waves of workers before the planner may conclude (a round cap still ends the run)
-    planner_budget: int = 8000  # characters of the planner's conversation; older contexts are summarised to fit
+    max_subquestions: int = setting(12, help="Sub-questions asked per run, re-asks included; more are dropped "
+                                    "with a note.")
+    source: Literal["auto", "corpus", "graph"] = setting("auto", help="Where workers retrieve: corpus or graph; "
+                                                         "auto = the corpus if set, else the graph.")
+    kg_entities: int = setting(3, help="Entities matched per sub-question on the graph source.")
+    max_facts: int = setting(30, help="Facts shown per sub-question on the graph source.")
+    min_worker_rounds: int = setting(1, help="Waves of workers before the planner may conclude (a round cap still "
+                                     "ends the run).")
+    planner_budget: int = setting(8000, help="Characters of the planner's conversation; older worker contexts are "
+                                  "summarised to fit.")
 
 
 class SubQuestion(TypedDict):

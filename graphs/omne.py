@@ -78,6 +78,7 @@ from .common import (
     context_as,
     get_llm,
     get_store,
+    setting,
     supports_tool_calling,
 )
 
@@ -101,10 +102,13 @@ _ANSWER_BLOCK = re.compile(r"<answer>.*?(?:</answer>|$)", re.DOTALL | re.IGNOREC
 
 @dataclass
 class OmneContext(AgentContext):
-    max_calls_per_round: int = 5  # tool calls run per model turn; further calls get an error result
-    tool_mode: str = "auto"  # auto | native | text: the model's own tool calling, or the text protocol
-    result_chars: int = 1500  # characters of one tool result shown to the model
-    context_chars: int = 16000  # characters of the whole prompt; old tool results are cut to stay within
+    max_calls_per_round: int = setting(5, help="Tool calls run per model turn; further calls get an error result.")
+    tool_mode: str = setting("auto", help="native: the model's own tool calling (bind_tools); text: the "
+                             "<tool_call> protocol; auto: native when the model supports it.")
+    result_chars: int = setting(1500, help="Characters of one tool result shown to the model (the facts most "
+                                "relevant to the question first).")
+    context_chars: int = setting(16000, help="Characters of the whole prompt; the oldest tool results are cut "
+                                 "first to stay within it.")
 
 
 class ToolCallRecord(TypedDict):

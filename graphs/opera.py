@@ -60,6 +60,7 @@ from .common import (
     context_as,
     get_llm,
     get_store,
+    setting,
 )
 from .refusals import grounded, is_no_answer
 
@@ -70,7 +71,8 @@ RECURSION_LIMIT = 1000  # graph steps; a chain of n sub-goals takes 2 + n * (3 *
 class OperaContext(AgentContext):
     """OPERA settings: `max_rounds` caps the number of sub-goals, `max_rewrites` the rewrites per sub-goal."""
 
-    topk_schedule: tuple[int, ...] = ()  # top-k of attempt 1, 2, ...; () = top_k, 2*top_k, 3*top_k, ...
+    topk_schedule: tuple[int, ...] = setting((), help="Top-k of retrieval attempt 1, 2, ... of a sub-goal; "
+                                             "empty = top_k, 2*top_k, 3*top_k, ...")
 
 
 def merge_steps(left: list[dict], right: list[dict] | None) -> list[dict]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -11,12 +12,14 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
-from .errors import MhqaError
-from .store import open_store
+from .errors import InvalidInput, MhqaError
+from .store import check_store_exists, open_store
 from .types import SEARCH_MODES
 
 app = typer.Typer(help="Multi-hop QA agents on LangGraph over one knowledge store.", no_args_is_help=True,
@@ -128,7 +131,7 @@ def ingest_extract_cmd(
     from .models.factory import load_chat_model
 
     model = load_chat_model(llm)
-    with open_store(store) as st, _progress(f"extract {corpus} -> {graph}", total=limit) as tick:
+    with open_store(store, create=False) as st, _progress(f"extract {corpus} -> {graph}", total=limit) as tick:
         report = extract_graph(st, corpus, graph, model, limit=limit, progress=tick)
     _report(report)
 
@@ -137,7 +140,7 @@ def ingest_extract_cmd(
 @query_app.command("node")
 def query_node(graph: str, name: str, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """A node's outgoing and incoming edges."""
-    with open_store(store) as st:
+    with open_store(store, create=False) as st:
         info = st.node_info(graph, name)
     _print_json(info) if as_json else out.print(info.as_text(), markup=False, highlight=False)
 
@@ -146,7 +149,7 @@ def query_node(graph: str, name: str, store: StoreOpt = None, as_json: JsonOpt =
 def query_match(graph: str, text: str, k: Annotated[int, typer.Option("-k")] = 5,
                 store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Entities whose names match TEXT."""
-    with open_store(store) as st:
+    with open_store(store, create=False) as st:
         hits = st.match_entities(graph, text, k=k)
     if as_json:
         return _print_json(hits)
@@ -159,7 +162,7 @@ def query_search(corpus: str, query: str, k: Annotated[int, typer.Option("-k")] 
                  mode: Annotated[str, typer.Option("--mode", help=" | ".join(SEARCH_MODES))] = "hybrid",
                  store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Top passages of CORPUS for QUERY."""
-    with open_store(store) as st:
+    with open_store(store, create=False) as st:
         hits = st.search(corpus, query, k=k, mode=mode)  # type: ignore[arg-type]
     if as_json:
         return _print_json(hits)
@@ -170,8 +173,8 @@ def query_search(corpus: str, query: str, k: Annotated[int, typer.Option("-k")] 
 
 @app.command("stats")
 def stats_cmd(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
-    """Graphs and corpora in a store."""
-    with open_store(store) as st:
+    """Graphs and corpora in a store (counts only: read-only, without loading the embedding model)."""
+    with open_store(store, create=False, read_only=True) as st:
         stats = st.stats()
         uri = st.uri
     if as_json:
@@ -195,9 +198,9 @@ def models_list(as_json: JsonOpt = False) -> None:
     rows = list_packs()
     if as_json:
         return _print_json(rows)
-    table = Table()
-    for col in ("name", "kind", "installed", "pulled", "size", "pip extra"):
-        table.add_column(col)
+    table = Table(box=box.SIMPLE_HEAD)
+    for col in ("name", "kind", "installed", "pulled", "size", "pip extra"):  # whole names at any width
+        table.add_column(col, no_wrap=col != "size", min_width=11 if col == "size" else None)
     for r in rows:
         table.add_row(r["name"], r["kind"], "yes" if r["installed"] else "no", "yes" if r["pulled"] else "no",
                       str(r["size"]), r["extra"])
@@ -244,11 +247,17 @@ def ask_cmd(
                                                                 "as JSON to FILE.")] = None,
 ) -> None:
     """Answer QUESTION with an agent over the store."""
-    from .graphs import build_graph, make_context
+    from .graphs import build_graph, check_sources, make_context
+    from .graphs.common import check_question
     from .traces import TraceRecorder
 
     compiled = build_graph(agent)
+    check_question(question)
     context = make_context(agent, llm=llm, store=store, corpus=corpus, graph=graph, top_k=top_k)
+    if corpus or graph:
+        check_sources(context)
+    elif agent != "direct":  # the others search the store
+        check_store_exists(store)
     recorder = TraceRecorder(agent, context)
     state: dict[str, Any] = {}
     for mode, chunk in compiled.stream({"question": question}, context=context, stream_mode=["updates", "values"],
@@ -280,15 +289,30 @@ def eval_cmd(
     limit: Annotated[int | None, typer.Option("--limit", help="Only N questions.")] = None,
     start: Annotated[int, typer.Option("--start", help="Skip the first N questions (a disjoint slice).")] = 0,
     concurrency: Annotated[int, typer.Option("--concurrency", "-k", help="Questions in flight.")] = 4,
+    corpus: Annotated[str | None, typer.Option("--corpus", help="Use this corpus of the store (no ingest).")] = None,
+    graph: Annotated[str | None, typer.Option("--graph", help="Use this graph of the store (no ingest).")] = None,
+    force_new: Annotated[bool, typer.Option("--force-new", help="Start the run folder afresh (drops its "
+                                                                 "records).")] = False,
 ) -> None:
-    """Evaluate an agent on a benchmark file (the store gets the file's corpus/graph first)."""
+    """Evaluate an agent on a benchmark file. The store (which must exist) gets the file's corpus/graph
+    first, unless --corpus/--graph name ones it has. Ctrl-C stops; rerunning the command resumes."""
     from .eval import run_eval
+    from .eval.runner import EvalInterrupted
     from .ingest.datasets import DATASETS
 
     if dataset not in DATASETS:
-        raise MhqaError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
-    run_eval(agent, dataset, file, llm, store, out_dir, limit=limit, concurrency=concurrency,
-             progress=True, start=start)
+        raise InvalidInput(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+    if (limit is not None and limit < 1) or start < 0:
+        raise InvalidInput("--limit must be >= 1 and --start >= 0")
+    check_store_exists(store)
+    try:
+        run_eval(agent, dataset, file, llm, store, out_dir, limit=limit, concurrency=concurrency, progress=True,
+                 start=start, force_new=force_new, context_overrides={"corpus": corpus, "graph": graph})
+    except EvalInterrupted as e:
+        err.print(Text(str(e)))
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(130)  # at once: model calls still running in worker threads are dropped
 
 
 @app.command("report")
@@ -319,7 +343,10 @@ def export_cmd(
     from .export import export
 
     counts = export(run, fmt, out_dir, min_reward=min_reward, reward=reward, think_weight=think_weight)
-    out.print(", ".join(f"{name}: {n} rows" for name, n in counts.items()) + f" -> {out_dir}", highlight=False)
+    for name in [name for name, n in counts.items() if n == 0]:
+        err.print(Text(f"note: no {name} rows in {run}; the {name} split is skipped"))
+    written = {name: n for name, n in counts.items() if n}
+    out.print(", ".join(f"{name}: {n} rows" for name, n in written.items()) + f" -> {out_dir}", highlight=False)
 
 
 @app.command("train")
@@ -344,36 +371,51 @@ def train_cmd(
 def demo_cmd(
     store: StoreOpt = None,
     data: Annotated[Path, typer.Option("--data", help="The benchmark data folder.")] = Path("../shared/data"),
-    llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: best installed pack).")] = None,
-    questions: Annotated[int, typer.Option("--questions", "-n", help="HotpotQA questions per agent.")] = 1,
+    llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: llamacpp:qwen2.5-coder-1.5b).")] = None,
+    questions: Annotated[int, typer.Option("--questions", "-n", help="Questions per agent: the first N of its "
+                                                                     "dev file.")] = 1,
 ) -> None:
-    """Ingest real benchmark data into a store, query it, and answer a few questions with an offline model."""
+    """Ingest real benchmark data into a store (default .mhqa-demo), query it, and have the five agents
+    answer the first questions of the dev files with an offline model."""
     from .demo import run_demo
 
     run_demo(store, data, llm, questions, out)
 
 
+def _usage_hint(exc: Any) -> str:
+    """Where the command's help is, unless the message already suggests a fix ("Did you mean ...")."""
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None or "did you mean" in exc.format_message().lower():
+        return ""
+    return f"; see '{ctx.command_path} --help'"
+
+
+def _fail(message: str, code: int = 2) -> None:
+    """One line on stderr (newlines folded), then exit with `code`."""
+    err.print(Text.assemble(("error: ", "red"), " ".join(message.split())))
+    sys.exit(code)
+
+
 def main() -> None:
-    """Entry point: typed errors become one line on stderr and exit code 2 (tracebacks with --debug)."""
+    """Entry point: usage errors and typed errors become one line on stderr and exit code 2
+    (tracebacks of typed errors with --debug); Ctrl-C exits 130."""
     try:
-        app(standalone_mode=False)
-    except MhqaError as e:
+        app(standalone_mode=False, prog_name="mhqa")
+    except (MhqaError, OSError) as e:  # OSError: a path the user gave cannot be read or written
         if _state["debug"]:
             raise
-        err.print(f"[red]error:[/] {type(e).__name__}: {e}", highlight=False)
-        sys.exit(2)
+        _fail(f"{type(e).__name__}: {e}")
     except (typer.Abort, KeyboardInterrupt):
-        err.print("[red]interrupted[/]")
+        err.print(Text("interrupted", "red"))
         sys.exit(130)
     except typer.Exit as e:
         sys.exit(e.exit_code)
-    except Exception as e:  # click usage errors
-        from click.exceptions import ClickException
-
-        if isinstance(e, ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
+    except typer.TyperException as e:  # typer's own click: usage errors, missing or bad files and values
+        if type(e).__name__ == "NoArgsIsHelpError":  # `mhqa ingest` alone: the help
+            err.print(e.format_message(), markup=False, highlight=False)
+            sys.exit(2)
+        hint = _usage_hint(e)
+        _fail((e.format_message().rstrip(".") if hint else e.format_message()) + hint)
 
 
 if __name__ == "__main__":

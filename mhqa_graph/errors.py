@@ -15,20 +15,32 @@ class InvalidStoreURI(StoreError):
     """The store URI has an unknown scheme or a malformed location."""
 
 
+class StoreNotFound(StoreError):
+    """No store exists at the URI (and the operation only reads one)."""
+
+
+def _in_store(store: str | None) -> str:
+    return f" in {store}" if store else ""
+
+
 class UnknownGraph(StoreError):
     """No graph with this name exists in the store."""
 
-    def __init__(self, graph: str) -> None:
-        super().__init__(f"unknown graph {graph!r}; ingest it first (mhqa ingest ...) or check `mhqa stats`")
+    def __init__(self, graph: str, store: str | None = None) -> None:
+        super().__init__(f"unknown graph {graph!r}{_in_store(store)}; ingest it first (mhqa ingest ...) "
+                         "or check `mhqa stats`")
         self.graph = graph
+        self.store = store
 
 
 class UnknownCorpus(StoreError):
     """No passage corpus with this name exists in the store."""
 
-    def __init__(self, corpus: str) -> None:
-        super().__init__(f"unknown corpus {corpus!r}; ingest it first (mhqa ingest ...) or check `mhqa stats`")
+    def __init__(self, corpus: str, store: str | None = None) -> None:
+        super().__init__(f"unknown corpus {corpus!r}{_in_store(store)}; ingest it first (mhqa ingest ...) "
+                         "or check `mhqa stats`")
         self.corpus = corpus
+        self.store = store
 
 
 class EntityNotFound(StoreError):

@@ -10,7 +10,8 @@ Formats:
   `think_weight` (0.001, as Omne), the rest of an assistant turn (tool calls, answers) 1.0, system, user
   and tool-result messages 0. `tokenize_with_weights` turns this into per-token weights.
 - roles: a DatasetDict with one split per OPERA role (plan, analysis, rewrite): prompt/completion chats
-  and the signals their rewards need.
+  and the signals their rewards need. A role with no rows (a `rag` run, an OPERA run with no rewrites)
+  is left out; its count is 0.
 - grpo: one prompt per question with gold answers, topic entities and the corpus/graph to search.
 - mygo: sft chats of trajectories whose reward >= the threshold, deduplicated.
 """
@@ -298,7 +299,8 @@ def _write_jsonl(rows: list[dict], path: Path) -> None:
 def export(run: str | Path, fmt: str, out: str | Path, min_reward: float | None = None, reward: str = "f1",
            think_weight: float = THINK_WEIGHT) -> dict[str, int]:
     """Export a run as `fmt` into `out` (a dataset folder, or for roles a DatasetDict folder with the
-    splits plan/analysis/rewrite) plus `out/<fmt or role>.jsonl`. Returns the row count per dataset."""
+    splits plan/analysis/rewrite that have rows) plus `out/<fmt or role>.jsonl`. Returns the row count
+    per dataset (0 for a role left out); TraceError if there is no row at all."""
     if fmt not in FORMATS:
         raise TraceError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     d = _datasets()
@@ -313,15 +315,19 @@ def export(run: str | Path, fmt: str, out: str | Path, min_reward: float | None 
         tables = {fmt: mygo_rows(records, reward, min_reward, think_weight)}
     else:
         tables = {fmt: sft_rows(records, reward, min_reward, think_weight)}
+    if not any(tables.values()):
+        raise TraceError(f"nothing to export as {fmt} from {run}: no record has the calls or reward it needs"
+                         + (f" (min reward {min_reward})" if min_reward is not None else ""))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    built = {name: d.Dataset.from_list(rows, features=_features(name)) for name, rows in tables.items()}
+    built = {name: d.Dataset.from_list(rows, features=_features(name)) for name, rows in tables.items() if rows}
     if fmt == "roles":
         d.DatasetDict(built).save_to_disk(str(out))
     else:
         built[fmt].save_to_disk(str(out))
     for name, rows in tables.items():
-        _write_jsonl(rows, out / f"{name}.jsonl")
+        if rows:
+            _write_jsonl(rows, out / f"{name}.jsonl")
     return {name: len(rows) for name, rows in tables.items()}
 
 

@@ -6,7 +6,11 @@ A `TraceRecorder` is a LangChain callback handler: pass it in `config={"callback
 sees every chat-model call (the role comes from the tags `get_llm` attaches) and tool call of the run,
 from any thread; the design-specific parts (plan, steps, retrieved ids) are read from the final state.
 
-    output, trace = run_with_trace(graph, "opera", "Where was ...?", context)
+    recorder = TraceRecorder("opera", context)
+    output = graph.invoke({"question": "Where was ...?"}, context=context, config={"callbacks": [recorder]})
+    trace = recorder.trace(output)  # one recorder per run
+
+    output, trace = run_with_trace(graph, "opera", "Where was ...?", context)  # the same in one call
     trace.model_dump_json()  # the `trace` field of an eval record
 """
 

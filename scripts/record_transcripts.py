@@ -19,11 +19,12 @@ import sys
 import time
 from pathlib import Path
 
+from mhqa_graph.graphs import build_graph, make_context
+from mhqa_graph.graphs.common import chat_model
+
 from mhqa_graph.eval.diagnostics import chain_json
 from mhqa_graph.eval.environments import open_environment
 from mhqa_graph.eval.runner import graph_inputs, load_questions
-from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs.common import chat_model
 from mhqa_graph.testing.replay import RecordingChatModel, RecordingStore, Transcript
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,9 @@
 """The fixtures our pytest plugin gives users (registered through the pytest11 entry point)."""
 
+import pytest
+
+from mhqa_graph.errors import InvalidInput
+
 
 def test_store_fixture_has_a_graph_and_a_corpus(mhqa_store):
     assert mhqa_store.graphs() == ["kg"] and mhqa_store.corpora() == ["docs"]
@@ -11,3 +15,14 @@ def test_fake_llms_script_each_role(fake_llms, fake_llm):
     assert roles["plan"].invoke("x").text == "p1" and roles["plan"].invoke("x").text == "p2"
     assert roles["analysis"].invoke("hello").text == "seen hello"
     assert fake_llm(["only"]).invoke("x").usage_metadata["output_tokens"] == 1
+
+
+def test_fake_llms_for_an_agent_take_exactly_its_roles(fake_llms):
+    roles = fake_llms("mujica", planner=['{"answer": "Lviv"}'], worker=['{"relevant": [], "answer": ""}'])
+    assert set(roles) == {"planner", "worker"}
+    with pytest.raises(InvalidInput, match=r"role_llms has no role 'plann' \(did you mean 'plan'\?\)"):
+        fake_llms("opera", plann=["x"], analysis=["x"], rewrite=["x"], answer=["x"])
+    with pytest.raises(InvalidInput, match="no script for role.* worker"):
+        fake_llms("mujica", planner=["x"])
+    with pytest.raises(InvalidInput, match="unknown agent 'oprea'"):
+        fake_llms("oprea", plan=["x"])

@@ -21,7 +21,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-from mhqa_graph.graphs import AGENTS
+from mhqa_graph.graphs import AGENTS, build_graph
 from mhqa_graph.graphs.common import AgentContext
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,6 +170,15 @@ def test_every_agent_is_served_with_its_forms(client):
         assert "answer" in schemas["output_schema"]["properties"], assistant["graph_id"]
 
 
+@pytest.mark.parametrize("agent", AGENTS)
+def test_every_context_field_has_a_description(client, agent):
+    """Studio's form shows each field's description beside its label."""
+    [assistant] = client.assistants.search(graph_id=agent, limit=1)
+    properties = client.assistants.get_schemas(assistant["assistant_id"])["context_schema"]["properties"]
+    assert {f.name for f in dataclasses.fields(build_graph(agent).builder.context_schema)} == set(properties)
+    assert [name for name, field in properties.items() if len(field.get("description", "")) < 10] == []
+
+
 @pytest.mark.parametrize("agent", list(AGENTS))
 def test_each_agent_answers_through_the_server(client, agent):
     thread = client.threads.create()
@@ -195,6 +204,47 @@ def test_assistant_context_is_the_default_of_its_runs(client):
     assert out["answer"] == "Christopher Nolan" and len(out["retrieved"]) == 1
 
 
-def test_invalid_question_fails_the_run(client):
-    with pytest.raises(Exception, match="InvalidQuestion"):
-        client.runs.wait(None, "direct", input={"question": "   "}, context={"llm": fake("<answer>x</answer>")})
+def rejected(call, *args, **kwargs) -> dict:
+    """The body of the HTTP 422 a request gets; the server accepted nothing."""
+    import httpx
+
+    with pytest.raises(httpx.HTTPStatusError) as caught:
+        call(*args, **kwargs)
+    response = caught.value.response
+    assert response.status_code == 422
+    return json.loads(response.read())
+
+
+def test_invalid_question_is_a_422_with_our_message(client):
+    body = rejected(client.runs.wait, None, "direct", input={"question": "   "},
+                    context={"llm": fake("<answer>x</answer>")})
+    assert body == {"error": "InvalidQuestion", "message": "question is empty"}
+
+
+@pytest.mark.parametrize(("context", "error", "message"), [
+    ({"llm": fake("x"), "top_kk": 3}, "InvalidInput", "rag has no setting(s) top_kk"),
+    ({"role_llms": {"answr": fake("x")}}, "InvalidInput", "role_llms has no role 'answr' (did you mean 'answer'?)"),
+    ({"llm": "gpt4"}, "ModelError", "llm: unknown chat model spec 'gpt4'"),
+    ({"llm": "fake:[x]"}, "ModelError", "llm: fake: expects a JSON list of strings"),
+    ({"llm": fake("x"), "top_k": "five"}, "InvalidInput", "top_k must be an integer >= 1, got 'five'"),
+    ({"llm": fake("x"), "corpus": "nope"}, "UnknownCorpus", "unknown corpus 'nope' in embedded://"),
+    ({"llm": fake("x"), "corpus": "wiki", "store": "embedded:///no/such/store"}, "StoreNotFound",
+     "no store at embedded:///no/such/store"),
+])
+def test_settings_that_cannot_work_are_a_422_before_the_run(client, context, error, message):
+    body = rejected(client.runs.wait, None, "rag", input={"question": QUESTION}, context=context)
+    assert body["error"] == error and body["message"].startswith(message), body
+
+
+def test_assistants_and_their_runs_are_checked(client):
+    assert rejected(client.assistants.create, graph_id="omne", context={"grph": "kg"})["message"].startswith(
+        "omne has no setting(s) grph")
+    assistant = client.assistants.create(graph_id="direct", context={"llm": fake("<answer>Paris</answer>")})
+    body = rejected(client.runs.wait, None, assistant["assistant_id"], input={"question": "Capital?"},
+                    context={"bogus": 1})
+    assert body["message"].startswith("direct has no setting(s) bogus")
+    bad_default = client.assistants.create(graph_id="direct", context={"llm": "gpt4"})
+    body = rejected(client.runs.wait, None, bad_default["assistant_id"], input={"question": "Capital?"})
+    assert body["error"] == "ModelError"  # the assistant's own context counts
+    out = client.runs.wait(None, assistant["assistant_id"], input={"question": "Capital of France?"})
+    assert out["answer"] == "Paris"

@@ -7,7 +7,7 @@ both give both. Corpus and graph share one name, by default `<dataset>-<file ste
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -41,25 +41,36 @@ def survey(store: KnowledgeStore, dataset: str, path: str | Path, name: str) -> 
     return {"corpus": name if n_passages else None, "graph": name if n_triples else None}, bool(complete)
 
 
-def prepare(store: KnowledgeStore, dataset: str, path: str | Path, name: str) -> dict:
+def prepare(store: KnowledgeStore, dataset: str, path: str | Path, name: str,
+            announce: Callable[[str, int], Callable[[int], None] | None] | None = None) -> dict:
     """Make sure corpus/graph `name` hold what the dataset file offers, ingesting it only when the
     store has fewer passages or triples than the file (a complete earlier build is not redone; an
-    interrupted one is completed, since ingestion is idempotent).
+    interrupted one is completed, since ingestion is idempotent). Before ingesting, `announce(what,
+    items)` is called and may return a progress callback (items done so far).
 
     Returns {"corpus": name or None, "graph": name or None, "ingested": bool}: the settings the
     agent needs, and whether anything had to be ingested this time.
     """
     env, complete = survey(store, dataset, path, name)
     if not complete:
-        ingest_dataset(store, dataset, path, name, skip_bad=True)
+        what = f"ingest {Path(path).name} into {name!r} in {store.uri}"
+        progress = announce(what, _size(dataset, path)) if announce else None
+        ingest_dataset(store, dataset, path, name, skip_bad=True, progress=progress)
     return {**env, "ingested": not complete}
 
 
+def _size(dataset: str, path: str | Path) -> int:
+    return _count(dataset_passages(dataset, path, yield_errors=True)) + \
+        _count(dataset_triples(dataset, path, yield_errors=True))
+
+
 @contextmanager
-def open_environment(store_uri: str | None, dataset: str, path: str | Path) -> Iterator[tuple[KnowledgeStore, dict]]:
+def open_environment(store_uri: str | None, dataset: str, path: str | Path,
+                     announce: Callable[[str, int], Callable[[int], None] | None] | None = None
+                     ) -> Iterator[tuple[KnowledgeStore, dict]]:
     """The store with the dataset file's environment, and `prepare`'s settings. A store that already
     holds the environment is opened read-only, so several evaluations can share it at once; otherwise
-    it is opened for writing and the environment ingested."""
+    it is opened for writing and the environment ingested (`announce` as in `prepare`)."""
     name = environment_name(dataset, path)
     try:
         store = open_store(store_uri, read_only=True)
@@ -73,4 +84,4 @@ def open_environment(store_uri: str | None, dataset: str, path: str | Path) -> I
             return
         store.close()
     with open_store(store_uri) as store:
-        yield store, prepare(store, dataset, path, name)
+        yield store, prepare(store, dataset, path, name, announce)

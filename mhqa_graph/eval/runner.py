@@ -4,6 +4,13 @@ Records are appended to `out_dir/results.jsonl`, each with one `write()` of a wh
 flush and fsync, so a killed process leaves only complete records (and at worst a torn last line,
 which a rerun cuts off). A rerun skips the ids already recorded: runs are resumable and never
 duplicate a question. A question that raises is recorded with its typed error; the run goes on.
+
+`out_dir/run.json` records what the folder is a run of: agent, llm, dataset, file and the agent's
+settings. A rerun asking for anything else raises RunMismatch instead of mixing two runs' records
+(`force_new=True` starts the folder afresh); `limit`, `start` and `concurrency` may change, so a
+rerun can extend a run. Ctrl-C (SIGINT) stops the run at once: the questions in flight are
+dropped (a rerun asks them again), `summary.json` covers the records written so far, and
+EvalInterrupted says how far it got.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +30,29 @@ from langchain_core.language_models import BaseChatModel
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ..errors import IngestError, InvalidInput
+from ..errors import IngestError, InvalidInput, MhqaError
 from ..ingest.datasets import QAItem, questions
+from ..store import open_store
 from ..traces import Trace, TraceRecorder
 from .diagnostics import chain_json, diagnose
 from .environments import open_environment
 from .health import health
 from .report import RESULTS, SUMMARY, Summary, read_records, summarize, summary_table
 from .scoring import score
+
+MANIFEST = "run.json"
+
+
+class RunMismatch(MhqaError):
+    """The run folder holds a run of another agent, model, dataset, file or settings."""
+
+
+class EvalInterrupted(Exception):
+    """SIGINT stopped the run after `done` of `total` questions; `summary.json` covers those."""
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__(f"interrupted at {done}/{total}; rerun the same command to resume")
+        self.done, self.total = done, total
 
 
 def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace, error: str | None = None) -> dict:
@@ -80,7 +103,8 @@ class ResultsWriter:
             os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        self._file.close()
+        with self._lock:  # not in the middle of a write
+            self._file.close()
 
 
 def cut_torn_line(path: Path) -> int:
@@ -132,6 +156,68 @@ def graph_inputs(item: QAItem) -> dict:
     return {"question": item.question}
 
 
+def _describe(value: Any) -> Any:
+    """A setting as the manifest records it: JSON values as they are, objects (a chat model, a store)
+    by their class name."""
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_describe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _describe(v) for k, v in value.items()}
+    return type(value).__name__
+
+
+def run_manifest(agent: str, dataset: str, path: str | Path, llm: Any, settings: dict) -> dict:
+    """What a run folder is a run of (see the module docstring)."""
+    from ..models.factory import best_installed_chat_pack
+
+    if llm in (None, "", "auto"):
+        llm = best_installed_chat_pack() or "auto"
+    return {"agent": agent, "llm": _describe(llm), "dataset": dataset, "file": str(Path(path).resolve()),
+            "settings": _describe(dict(sorted(settings.items())))}
+
+
+def claim_run_folder(out_dir: Path, manifest: dict, force_new: bool = False) -> None:
+    """Make `out_dir` a run folder of `manifest`: new, the same run (resumed), or with `force_new`
+    emptied of an earlier run; RunMismatch if it holds another run."""
+    path = out_dir / MANIFEST
+    if force_new:
+        for name in (RESULTS, SUMMARY, MANIFEST):
+            (out_dir / name).unlink(missing_ok=True)
+    elif path.exists():
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+        changed = [f"{key} {recorded.get(key)!r} -> {value!r}" for key, value in manifest.items()
+                   if recorded.get(key) != value]
+        if changed:
+            raise RunMismatch(f"{out_dir} holds another run ({'; '.join(changed)}); use another --out, "
+                              "or --force-new to start it afresh")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, ensure_ascii=False, indent=2), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _interruptible(main: Any, workers: int) -> None:
+    """Run coroutine `main` on a new event loop whose executor has `workers` threads. On Ctrl-C,
+    cancel it and return at once, without waiting for the threads still running (their results
+    are dropped), then raise KeyboardInterrupt."""
+    loop = asyncio.new_event_loop()
+    executor = ThreadPoolExecutor(max_workers=workers)
+    loop.set_default_executor(executor)
+    task = loop.create_task(main)
+    try:
+        loop.run_until_complete(task)
+    except KeyboardInterrupt:
+        task.cancel()
+        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        raise
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+        loop.close()
+
+
 def _progress(enabled: bool) -> Progress:
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("failed {task.fields[failed]}  EM {task.fields[em]:.1f}  F1 {task.fields[f1]:.1f}"),
@@ -141,9 +227,6 @@ def _progress(enabled: bool) -> Progress:
 
 async def _run_all(graph: Any, agent: str, context: Any, todo: Iterable[QAItem], done: list[dict],
                    writer: ResultsWriter, concurrency: int, bar: Progress, task: Any) -> None:
-    # Sync graph nodes run in the loop's default executor: give it room for K questions and
-    # their parallel branches (the default pool is only cpu_count + 4 threads).
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=4 * concurrency + 4))
     semaphore = asyncio.Semaphore(concurrency)
     tally = {"n": len(done), "failed": sum(1 for r in done if r.get("failed")),
              "em": sum(r["em"] for r in done), "f1": sum(r["f1"] for r in done)}
@@ -178,48 +261,94 @@ async def _run_all(graph: Any, agent: str, context: Any, todo: Iterable[QAItem],
 
 def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatModel | None, store_uri: str | None,
              out_dir: str | Path, limit: int | None = None, concurrency: int = 4,
-             context_overrides: dict | None = None, progress: bool = True, start: int = 0) -> Summary:
+             context_overrides: dict | None = None, progress: bool = True, start: int = 0,
+             force_new: bool = False) -> Summary:
     """Evaluate `agent` on `limit` questions of a dataset file (from the `start`-th on) and return the summary.
 
-    The store gets the dataset's environment first (see `environments.prepare`). Results go to
-    `out_dir/results.jsonl` (resumed if present) and the summary to `out_dir/summary.json`.
-    `context_overrides` are extra agent settings (they win over the environment's corpus/graph
-    and may hold objects, e.g. a chat model as `llm`).
+    The store (created if missing) gets the dataset's environment first (see `environments.prepare`),
+    unless `context_overrides` names a `corpus` or `graph` already in it. Results go to
+    `out_dir/results.jsonl` (resumed if present and of the same run, see the module docstring) and
+    the summary to `out_dir/summary.json`. `context_overrides` are extra agent settings (they may
+    hold objects, e.g. a chat model as `llm`). Raises EvalInterrupted on Ctrl-C.
     """
-    from ..graphs import build_graph, make_context
+    from ..graphs import build_graph, check_sources, make_context
 
     if not isinstance(concurrency, int) or concurrency < 1:
         raise InvalidInput(f"concurrency must be a positive integer, got {concurrency!r}")
+    overrides = {k: v for k, v in (context_overrides or {}).items() if v is not None}  # None keeps the default
+    given = {k: v for k, v in overrides.items() if k in ("corpus", "graph") and v}
+    make_context(agent, **{"llm": llm, **overrides})  # checked before any work: not a failure per question
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results = out_dir / RESULTS
     items = load_questions(dataset, path, limit, start)
     graph = build_graph(agent)
+    settings = {k: v for k, v in overrides.items() if k != "llm"}
+    claim_run_folder(out_dir, run_manifest(agent, dataset, path, overrides.get("llm", llm), settings), force_new)
+    results = out_dir / RESULTS
     started = time.perf_counter()
-    with open_environment(store_uri, dataset, path) as (store, env):
-        settings = {"llm": llm, "corpus": env["corpus"], "graph": env["graph"], **(context_overrides or {})}
+    console = Console(stderr=True)
+    with ExitStack() as stack:
+        if given:
+            store = stack.enter_context(open_store(store_uri))
+            env = {"corpus": given.get("corpus"), "graph": given.get("graph"), "ingested": False}
+        else:
+            announce = stack.enter_context(_IngestBar(console, progress))
+            store, env = stack.enter_context(open_environment(store_uri, dataset, path, announce))
+        settings = {"llm": llm, "corpus": env["corpus"], "graph": env["graph"], **overrides}
         context = make_context(agent, store=store, **settings)
+        check_sources(context)
         cut_torn_line(results)
         wanted = {item.id for item in items}
         done = [r for r in read_records(results) if r["id"] in wanted]
         finished = {r["id"] for r in done}
         todo = [item for item in items if item.id not in finished]
         writer = ResultsWriter(results)
+        interrupted = False
         try:
             with _progress(progress) as bar:
                 task = bar.add_task(f"{agent} {Path(path).name}", total=len(items), completed=len(done),
                                     failed=0, em=0.0, f1=0.0)
-                asyncio.run(_run_all(graph, agent, context, todo, done, writer, concurrency, bar, task))
+                # sync graph nodes run in the loop's executor: room for K questions and their parallel branches
+                _interruptible(_run_all(graph, agent, context, todo, done, writer, concurrency, bar, task),
+                               workers=4 * concurrency + 4)
+        except KeyboardInterrupt:
+            interrupted = True
         finally:
             writer.close()
-    records = [r for r in read_records(results) if r["id"] in wanted]
-    model = context.llm
-    summary = summarize(records, agent=agent, dataset=dataset, file=str(path),
-                        llm=model if isinstance(model, str) or model is None else type(model).__name__,
-                        environment=env, wall_time=round(time.perf_counter() - started, 3))
-    tmp = out_dir / (SUMMARY + ".tmp")
-    tmp.write_text(json.dumps(summary.as_dict(), ensure_ascii=False, indent=2), encoding="utf-8")
-    os.replace(tmp, out_dir / SUMMARY)
+        records = [r for r in read_records(results) if r["id"] in wanted]
+        model = context.llm
+        summary = summarize(records, agent=agent, dataset=dataset, file=str(path),
+                            llm=model if isinstance(model, str) or model is None else type(model).__name__,
+                            environment=env, wall_time=round(time.perf_counter() - started, 3))
+        tmp = out_dir / (SUMMARY + ".tmp")
+        tmp.write_text(json.dumps(summary.as_dict() | {"complete": not interrupted, "questions": len(items)},
+                                  ensure_ascii=False, indent=2), encoding="utf-8")
+        os.replace(tmp, out_dir / SUMMARY)
+        if interrupted:
+            raise EvalInterrupted(len(records), len(items))
     if progress:
         Console().print(summary_table(summary))
     return summary
+
+
+class _IngestBar:
+    """`prepare`'s announce callback: says that an ingest starts and shows its progress bar until exit."""
+
+    def __init__(self, console: Console, enabled: bool) -> None:
+        self.console, self.enabled, self.bar = console, enabled, None
+
+    def __enter__(self) -> _IngestBar:
+        return self
+
+    def __call__(self, what: str, total: int) -> Any:
+        self.console.print(f"[bold]{what}[/] (once; later runs reuse it)", highlight=False, soft_wrap=True)
+        if not self.enabled:
+            return None
+        self.bar = Progress(TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                            console=self.console)
+        task = self.bar.add_task("ingest", total=total)
+        self.bar.start()
+        return lambda done: self.bar.update(task, completed=done)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()

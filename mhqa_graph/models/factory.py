@@ -3,7 +3,7 @@
 Chat specs: a pack name ("smollm2-135m"), "hf:<folder or cached hub id>",
 "llamacpp:<pack name or .gguf file>[?threads=N&ctx=N]" (llama.cpp; needs the
 `llamacpp` extra; faster than transformers on the CPU), "openai:<base url>[#model]",
-"fake" or "fake:<json list of responses>".
+"fake" or "fake:<json list of responses>". `check_chat_spec` validates a spec without loading it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,12 @@ from langchain_core.language_models import BaseChatModel
 
 from ..embeddings import Embedder, load_embedder
 from ..errors import ModelError, ModelNotInstalled
-from .packs import PACKS, gguf_path, pack_installed, pack_path
+from .packs import PACKS, check_chat_pack, gguf_path, pack_installed, pack_path
 
 CHAT_PREFERENCE = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m")
 REQUEST_TIMEOUT_S = 60.0  # per HTTP request to an openai-compatible server
 LLAMACPP_OPTIONS = {"threads": "n_threads", "ctx": "n_ctx"}  # llamacpp: spec query -> LlamaCppChatModel field
+OPENAI_HINT = "openai-compatible servers need langchain-openai; pip install 'mhqa-graph[openai]'"
 
 
 def best_installed_chat_pack() -> str | None:
@@ -32,51 +33,82 @@ def best_installed_chat_pack() -> str | None:
     return next((name for name in CHAT_PREFERENCE if pack_installed(name)), None)
 
 
+def check_chat_spec(spec: Any, model: str = "") -> None:
+    """ModelError (ModelNotInstalled for a missing extra or pack) unless `spec` names a chat model
+    that `load_chat_model` can load (`model`: an openai spec's model if it has no #model); cheap:
+    loads, assembles and converts nothing."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ModelError(f"a chat model spec must be a non-empty string, got {spec!r}")
+    scheme, _, rest = spec.partition(":")
+    if scheme == "fake":
+        _fake_responses(rest)
+    elif scheme == "openai":
+        _openai_target(rest, model)
+        if importlib.util.find_spec("langchain_openai") is None:
+            raise ModelNotInstalled(OPENAI_HINT)
+    elif scheme == "hf" and rest:
+        _hf_location(rest)
+    elif scheme == "llamacpp":
+        ref, _ = _llamacpp_options(rest)
+        _llamacpp_ref(ref)
+    elif spec in PACKS:
+        check_chat_pack(spec)
+    else:
+        raise ModelError(f"unknown chat model spec {spec!r}; use a pack name ({', '.join(CHAT_PREFERENCE)}), "
+                         "'hf:<folder or hub id>', 'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N]', "
+                         "'openai:<base url>#<model>' or 'fake[:<json list>]'")
+
+
 def load_chat_model(spec: str, **kwargs: Any) -> BaseChatModel:
     """The chat model for `spec`; kwargs go to the model class (max_new_tokens, temperature, model, ...)."""
+    check_chat_spec(spec, kwargs.get("model", ""))
     scheme, _, rest = spec.partition(":")
     if scheme == "fake":
         return _fake(rest, **kwargs)
     if scheme == "openai":
         return _openai(rest, **kwargs)
-    if scheme == "hf" and rest:
+    if scheme == "hf":
         return _transformers(_hf_location(rest), **kwargs)
     if scheme == "llamacpp":
         return _llamacpp(rest, **kwargs)
-    if spec in PACKS:
-        if PACKS[spec].kind != "chat":
-            raise ModelError(f"{spec!r} is an embedding pack, not a chat model")
-        return _transformers(str(pack_path(spec)), model_name=spec, **kwargs)
-    raise ModelError(f"unknown chat model spec {spec!r}; use a pack name ({', '.join(CHAT_PREFERENCE)}), "
-                     "'hf:<folder or hub id>', 'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N]', "
-                     "'openai:<base url>#<model>' or 'fake[:<json list>]'")
+    return _transformers(str(pack_path(spec)), model_name=spec, **kwargs)
+
+
+def _fake_responses(rest: str) -> list[str] | None:
+    if not rest:
+        return None
+    try:
+        responses = json.loads(rest)
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"fake: expects a JSON list of strings, e.g. 'fake:[\"an answer\"]': {exc}") from None
+    if not isinstance(responses, list) or not all(isinstance(r, str) for r in responses):
+        raise ModelError("fake: expects a JSON list of strings, e.g. 'fake:[\"an answer\"]'")
+    return responses
 
 
 def _fake(rest: str, **kwargs: Any) -> BaseChatModel:
     from ..testing.fakes import FakeChatModel
 
-    if rest:
-        try:
-            responses = json.loads(rest)
-        except json.JSONDecodeError as exc:
-            raise ModelError(f"fake: expects a JSON list of strings: {exc}") from None
-        if not isinstance(responses, list) or not all(isinstance(r, str) for r in responses):
-            raise ModelError("fake: expects a JSON list of strings")
+    responses = _fake_responses(rest)
+    if responses is not None:
         kwargs["responses"] = responses
     return FakeChatModel(**kwargs)
 
 
-def _openai(rest: str, **kwargs: Any) -> BaseChatModel:
+def _openai_target(rest: str, model: str) -> tuple[str, str]:
     base_url, _, fragment = rest.partition("#")
-    model = kwargs.pop("model", "")
     model = fragment or model
     if not base_url or not model:
         raise ModelError("openai: needs a base url and a model: 'openai:<base url>#<model>' or model=...")
+    return base_url, model
+
+
+def _openai(rest: str, **kwargs: Any) -> BaseChatModel:
+    base_url, model = _openai_target(rest, kwargs.pop("model", ""))
     try:
         from langchain_openai import ChatOpenAI
     except ImportError:
-        raise ModelNotInstalled("openai-compatible servers need langchain-openai; "
-                                "pip install 'mhqa-graph[openai]'") from None
+        raise ModelNotInstalled(OPENAI_HINT) from None
     if "max_new_tokens" in kwargs:  # the local models' name for it
         kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
     kwargs.setdefault("timeout", REQUEST_TIMEOUT_S)
@@ -84,27 +116,38 @@ def _openai(rest: str, **kwargs: Any) -> BaseChatModel:
     return ChatOpenAI(base_url=base_url, model=model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), **kwargs)
 
 
-def _llamacpp(rest: str, **kwargs: Any) -> BaseChatModel:
-    """'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N]'; a pack's GGUF is assembled and kept once."""
+def _llamacpp_options(rest: str) -> tuple[str, dict[str, int]]:
+    """The model reference and the LlamaCppChatModel fields of '<ref>[?threads=N&ctx=N]'."""
     ref, _, query = rest.partition("?")
+    options = {}
     for key, value in parse_qsl(query, keep_blank_values=True, separator="&"):
         if key not in LLAMACPP_OPTIONS:
             raise ModelError(f"llamacpp: unknown option {key!r}; known: {', '.join(LLAMACPP_OPTIONS)}")
         if not value.isdigit() or int(value) < 1:
             raise ModelError(f"llamacpp: {key} must be a positive integer, got {value!r}")
-        kwargs[LLAMACPP_OPTIONS[key]] = int(value)
+        options[LLAMACPP_OPTIONS[key]] = int(value)
+    return ref, options
+
+
+def _llamacpp_ref(ref: str) -> None:
     if importlib.util.find_spec("llama_cpp") is None:  # fail before assembling a pack's GGUF
         raise ModelNotInstalled("llamacpp: models need llama-cpp-python; pip install 'mhqa-graph[llamacpp]'")
     if ref in PACKS:
-        if PACKS[ref].kind != "chat":
-            raise ModelError(f"{ref!r} is an embedding pack, not a chat model")
-        path = gguf_path(ref)
-        kwargs.setdefault("model_name", ref)
-    elif ref.endswith(".gguf") and Path(ref).expanduser().is_file():
-        path = Path(ref).expanduser()
-    else:
+        check_chat_pack(ref, gguf=True)
+    elif not (ref.endswith(".gguf") and Path(ref).expanduser().is_file()):
         raise ModelError(f"llamacpp: expects a chat pack name ({', '.join(CHAT_PREFERENCE)}) or an existing "
                          f".gguf file, got {ref!r}")
+
+
+def _llamacpp(rest: str, **kwargs: Any) -> BaseChatModel:
+    """'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N]'; a pack's GGUF is assembled and kept once."""
+    ref, options = _llamacpp_options(rest)
+    kwargs.update(options)
+    if ref in PACKS:
+        path = gguf_path(ref)
+        kwargs.setdefault("model_name", ref)
+    else:
+        path = Path(ref).expanduser()
     from .llamacpp import LlamaCppChatModel
 
     return LlamaCppChatModel(model_path=str(path), **kwargs)

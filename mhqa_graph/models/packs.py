@@ -122,6 +122,16 @@ def pack_pulled(name: str) -> bool:
     return marker.is_file() and marker.read_text().strip() == pack.sha256
 
 
+def check_chat_pack(name: str, gguf: bool = False) -> None:
+    """ModelError unless `name` is a chat pack that can load without pip installing anything: its
+    wheels are installed, or it is already converted (`gguf`: its GGUF is kept, for llama.cpp)."""
+    pack = get_pack(name)
+    if pack.kind != "chat":
+        raise ModelError(f"{name!r} is an embedding pack, not a chat model")
+    if not (_gguf_kept(pack) if gguf else pack_pulled(name)):
+        _installed_files(pack)
+
+
 def pack_path(name: str) -> Path:
     """The folder to load: the installed embedding model, or the converted chat model (pulled if missing)."""
     pack = get_pack(name)

@@ -5,6 +5,9 @@
 
 No URI: $MHQA_STORE, else an embedded store in the user data dir.
 Query parameters: `embedder=<spec>` (both backends), `database=<name>` (Neo4j).
+
+Only writers create a store: `open_store(uri, create=False)` (what every read-only command, agent
+and eval uses) raises `StoreNotFound` for an embedded directory that holds no store.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import os
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ..errors import InvalidStoreURI
+from ..errors import InvalidStoreURI, StoreNotFound
 from .base import KnowledgeStore
 
 NEO4J_SCHEMES = ("neo4j", "neo4j+s", "neo4j+ssc", "bolt", "bolt+s", "bolt+ssc")
@@ -27,24 +30,50 @@ def default_store_uri() -> str:
     return "embedded://" + str(Path(user_data_dir("mhqa-graph")) / "store")
 
 
-def open_store(uri: str | None = None, *, embedder: str | None = None, read_only: bool = False) -> KnowledgeStore:
-    """Open (creating if needed) the store at `uri`. See the module docstring for URIs."""
-    uri = uri or default_store_uri()
+def _embedded_dir(uri: str) -> Path | None:
+    """The directory of an embedded URI, None for a Neo4j one; InvalidStoreURI for anything else."""
     parts = urlsplit(uri)
-    params = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-    embedder = embedder or params.get("embedder")
     if parts.scheme == "embedded":
         path = unquote(parts.netloc + parts.path) if parts.netloc else unquote(parts.path)
         if not path:
             raise InvalidStoreURI(f"{uri!r}: embedded URI needs a directory, e.g. embedded:///data/store")
+        return Path(path).expanduser()
+    if parts.scheme in NEO4J_SCHEMES:
+        return None
+    hint = ""
+    if not parts.scheme or len(parts.scheme) == 1:  # a plain path (or a Windows drive letter)
+        hint = f"; did you mean embedded://{Path(uri).expanduser().resolve()}?"
+    raise InvalidStoreURI(f"{uri!r}: scheme must be 'embedded' or one of {', '.join(NEO4J_SCHEMES)}{hint}")
+
+
+def check_store_exists(uri: str | None = None) -> str:
+    """The URI (default: `default_store_uri()`) if a store is there; StoreNotFound if an embedded
+    directory holds none. A Neo4j URI passes: whether the server is up shows when it is opened."""
+    uri = uri or default_store_uri()
+    root = _embedded_dir(uri)
+    if root is not None and not (root / "store.sqlite").is_file():
+        raise StoreNotFound(f"no store at {uri}; build one with `mhqa ingest ... --store {uri}`, "
+                            "or check --store / MHQA_STORE")
+    return uri
+
+
+def open_store(uri: str | None = None, *, embedder: str | None = None, read_only: bool = False,
+               create: bool = True) -> KnowledgeStore:
+    """Open the store at `uri`, creating an embedded one if needed unless `create` is False
+    (then StoreNotFound). See the module docstring for URIs."""
+    uri = uri or default_store_uri()
+    root = _embedded_dir(uri)
+    params = {k: v[-1] for k, v in parse_qs(urlsplit(uri).query).items()}
+    embedder = embedder or params.get("embedder")
+    if root is not None:
+        if not create:
+            check_store_exists(uri)
         from .embedded import EmbeddedStore
 
-        return EmbeddedStore(Path(path).expanduser(), embedder=embedder, read_only=read_only)
-    if parts.scheme in NEO4J_SCHEMES:
-        from .neo4j_backend import Neo4jStore
+        return EmbeddedStore(root, embedder=embedder, read_only=read_only)
+    from .neo4j_backend import Neo4jStore
 
-        return Neo4jStore.from_uri(uri, embedder=embedder, database=params.get("database"), read_only=read_only)
-    raise InvalidStoreURI(f"{uri!r}: scheme must be 'embedded' or one of {', '.join(NEO4J_SCHEMES)}")
+    return Neo4jStore.from_uri(uri, embedder=embedder, database=params.get("database"), read_only=read_only)
 
 
-__all__ = ["KnowledgeStore", "open_store", "default_store_uri"]
+__all__ = ["KnowledgeStore", "check_store_exists", "default_store_uri", "open_store"]

@@ -153,9 +153,20 @@ class EmbeddedStore(KnowledgeStore):
         self._vectors: dict[tuple[str, str], _VectorIndex] = {}
         self._closed = False
         self._open_files()
-        self.embedder: Embedder = self._resolve_embedder(embedder)
+        self._embedder: Embedder | None = None
+        if embedder not in (None, "", "auto") or not self._meta("embedder") or not read_only:
+            self._embedder = self._resolve_embedder(embedder)  # a mismatch fails the open
         if not read_only:
             self._catch_up()
+
+    @property
+    def embedder(self) -> Embedder:
+        """The store's embedder; a read-only open loads it on first use (`stats` never does)."""
+        if self._embedder is None:
+            with self._write_lock:
+                if self._embedder is None:
+                    self._embedder = self._resolve_embedder(None)
+        return self._embedder
 
     # -- opening ----------------------------------------------------------------
     def _open_files(self) -> None:
@@ -335,7 +346,7 @@ class EmbeddedStore(KnowledgeStore):
     def _require(self, kind: str, name: str) -> None:
         row = self._read().execute("SELECT 1 FROM collections WHERE kind = ? AND name = ?", (kind, name)).fetchone()
         if row is None:
-            raise UnknownGraph(name) if kind == "graph" else UnknownCorpus(name)
+            raise UnknownGraph(name, self.uri) if kind == "graph" else UnknownCorpus(name, self.uri)
 
     def _match_entities(self, graph: str, text: str, k: int) -> list[EntityHit]:
         self._require("graph", graph)

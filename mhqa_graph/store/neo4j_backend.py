@@ -203,7 +203,7 @@ class Neo4jStore(KnowledgeStore):
 
     def _check_collection(self, kind: str, name: str, rows: list[Row]) -> Row:
         if not rows:
-            raise UnknownGraph(name) if kind == "graph" else UnknownCorpus(name)
+            raise UnknownGraph(name, self.uri) if kind == "graph" else UnknownCorpus(name, self.uri)
         if rows[0]["embedder"] != self._embedder.spec:
             raise EmbedderMismatch(f"{kind} {name!r} was built with embedder {rows[0]['embedder']!r}, "
                                    f"not {self._embedder.spec!r}")

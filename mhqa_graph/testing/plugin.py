@@ -1,8 +1,14 @@
 """pytest plugin (registered on install): fixtures to test apps built on mhqa-graph without a model.
 
     def test_my_app(mhqa_store, fake_llms):
-        roles = fake_llms(plan=['{"subgoals": ["Who directed Polish-Russian War?"]}'], analysis=[...])
-        graph.invoke({"question": "..."}, context=OperaContext(role_llms=roles, store=mhqa_store, corpus="docs"))
+        roles = fake_llms("opera", plan=['{"subgoals": ["Who directed Polish-Russian War?"]}'], analysis=[...],
+                          rewrite=[...], answer=["Xawery Żuławski"])
+        graph.invoke({"question": "..."}, context=make_context("opera", role_llms=roles, store=mhqa_store,
+                                                               corpus="docs"))
+
+Given an agent, `fake_llms` rejects a role the agent does not have (a typo such as `plann=` would
+otherwise leave `plan` to the default model) and one it has but was not given a script. The reply
+format of each role is in the `mhqa_graph.graphs` docstring and the README ("Testing your own app").
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from ..errors import InvalidInput
 from ..store import KnowledgeStore, open_store
 from .conformance import PASSAGES, TRIPLES
 from .fakes import FakeChatModel
@@ -40,10 +47,27 @@ def fake_llm() -> Callable[..., FakeChatModel]:
 
 @pytest.fixture
 def fake_llms() -> Callable[..., dict[str, FakeChatModel]]:
-    """Per-role scripts for an agent's `role_llms`: `fake_llms(plan=[...], analysis=[...])`."""
+    """Per-role scripts for an agent's `role_llms`: `fake_llms("opera", plan=[...], analysis=[...], ...)`;
+    with the agent, every script must name one of its roles and every role needs a script."""
 
-    def make(latency: float = 0.0, **scripts: list[str] | Callable) -> dict[str, FakeChatModel]:
+    def make(agent: str | None = None, latency: float = 0.0,
+             **scripts: list[str] | Callable) -> dict[str, FakeChatModel]:
+        if agent is not None:
+            check_roles(agent, scripts)
         return {role: FakeChatModel(respond=s, latency=latency) if callable(s) else
                 FakeChatModel(responses=list(s), latency=latency) for role, s in scripts.items()}
 
     return make
+
+
+def check_roles(agent: str, scripts: dict[str, object]) -> None:
+    """InvalidInput unless `scripts` has exactly the roles of `agent`."""
+    from ..graphs import ROLES, build_graph, make_context
+
+
+    build_graph(agent)  # an unknown agent fails here
+    missing = [role for role in ROLES[agent] if role not in scripts]
+    make_context(agent, role_llms={role: "fake" for role in scripts}, llm="fake")  # an unknown role fails here
+    if missing:
+        raise InvalidInput(f"fake_llms({agent!r}): no script for role(s) {', '.join(missing)}; "
+                           "they would fall back to the default model")
