@@ -348,7 +348,7 @@ def test_demo_with_a_fake_model(data_dir, tmp_path):
     for agent in ("direct", "rag", "opera", "mujica", "omne"):
         assert f"{agent} Q: " in done.stdout
     assert "(no retrieval: the model's own knowledge)" in done.stdout and "retrieved: " in done.stdout
-    assert "plan: " in done.stdout and "(no sub-question)" in done.stdout and "(no tool call)" in done.stdout
+    assert "plan: " in done.stdout and "level 0: q1 " in done.stdout and "(no tool call)" in done.stdout
     assert f"gold: {gold!r}" in done.stdout and f"gold: {wiki[0]['answer']!r}" in done.stdout
     # direct, rag and OPERA (its synthesis; its plan was not JSON) say the gold answer; Mujica and Omne cannot
     assert "3 of 5 agents answered correctly" in done.stdout and "total time" in done.stdout
