@@ -327,3 +327,10 @@ def test_stage1_warm_starts_on_the_teacher_and_stops_when_the_format_stays_zero(
     assert first["stage"] == 1 and first["steps"] == 2 and "stage 1 stopped at step 2" in first["stopped"]
     stopped = [r for r in log_records(cfg) if r.get("event") == "stopped"]
     assert len(stopped) == 1 and "warm-start" in stopped[0]["message"]
+
+
+def test_a_teacher_is_an_omne_setting():
+    from mhqa_graph.training import train
+
+    with pytest.raises(InvalidInput, match="teacher"):
+        train("mygo", YAML.parent / "mygo.yaml", teacher="llamacpp:qwen2.5-coder-1.5b")

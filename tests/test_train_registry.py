@@ -35,8 +35,3 @@ def test_unknown_keys_fail_before_loading_a_model(method, tmp_path):
 def test_unknown_method(tmp_path):
     with pytest.raises(InvalidInput, match="ppo"):
         train("ppo", tmp_path / "x.yaml")
-
-
-def test_a_teacher_is_an_omne_setting(tmp_path):
-    with pytest.raises(InvalidInput, match="teacher"):
-        train("mygo", CONFIGS / "mygo.yaml", teacher="llamacpp:qwen2.5-coder-1.5b")
