@@ -8,10 +8,14 @@ Formats:
   Every message is {role, content, weight, segments}; `segments` ([{text, weight}], concatenating to
   `content`) carry the loss weight per character span: assistant <think>…</think> blocks get
   `think_weight` (0.001, as Omne), the rest of an assistant turn (tool calls, answers) 1.0, system, user
-  and tool-result messages 0. `tokenize_with_weights` turns this into per-token weights.
+  and tool-result messages 0. `tokenize_with_weights` turns this into per-token weights. A malformed reply
+  that the agent had to repair (ask_json's "That reply could not be used" message, Omne's nudge, or
+  Omne's forced answer after a reply with no action) is no target: the reply and the repair message are
+  dropped, so the chat goes from the prompt straight to the reply that worked (`clean_turns`).
 - roles: a DatasetDict with one split per OPERA role (plan, analysis, rewrite): prompt/completion chats
-  and the signals their rewards need. A role with no rows (a `rag` run, an OPERA run with no rewrites)
-  is left out; its count is 0.
+  and the signals their rewards need (analysis and rewrite rows: the sub-goal, its 1-based `step` of the
+  plan's `steps`, the query and the retrieved ids). A role with no rows (a `rag` run, an OPERA run with no
+  rewrites) is left out; its count is 0.
 - grpo: one prompt per question with gold answers, topic entities and the corpus/graph to search.
 - mygo: sft chats of trajectories whose reward >= the threshold, deduplicated.
 """
@@ -27,12 +31,14 @@ from typing import Any
 
 from .errors import MhqaError
 from .eval.scoring import normalize_answer
+from .graphs.omne_prompts import FORCE_ANSWER, NUDGE
 from .traces import LLMCall, Trace, TraceError, load_trace
 
 FORMATS = ("sft", "roles", "grpo", "mygo")
 OPERA_ROLES = ("plan", "analysis", "rewrite")
 REWARDS = ("f1", "em")
 THINK_WEIGHT = 0.001
+REPAIR_PREFIX = "That reply could not be used"  # graphs/common.py ask_json's repair message
 MYGO_THRESHOLD = 1.0  # default --min-reward of mygo: keep fully correct trajectories
 
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
@@ -117,16 +123,54 @@ def weighted_message(role: str, content: str, think_weight: float = THINK_WEIGHT
     return {"role": role, "content": content, "weight": 0.0, "segments": [{"text": content, "weight": 0.0}]}
 
 
+def _continues(sent: list[tuple[str, str]], turns: list[tuple[str, str]]) -> bool:
+    """Whether a call's input `sent` starts with the conversation `turns`, whose last reply may reach it
+    cut (Omne keeps a reply only through its last tool call)."""
+    n = len(turns)
+    if len(sent) < n or sent[:n - 1] != turns[:n - 1]:
+        return False
+    (role, text), (sent_role, sent_text) = turns[-1], sent[n - 1]
+    return role == sent_role and (text == sent_text or (role == "assistant" and text.startswith(sent_text)))
+
+
+def _is_retry(role: str, text: str) -> bool:
+    return role == "user" and (text.startswith(REPAIR_PREFIX) or text == NUDGE)
+
+
+def clean_turns(turns: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The conversation without its repairs: a reply followed by a repair message or a nudge is dropped
+    with that message, and a reply followed by the forced-answer message is dropped (the message stays:
+    the forced answer replies to it). What remains goes from each prompt to the reply that worked."""
+    out: list[tuple[str, str]] = []
+    for role, text in turns:
+        after_reply = bool(out) and out[-1][0] == "assistant"
+        if after_reply and (_is_retry(role, text) or (role == "user" and text == FORCE_ANSWER)):
+            out.pop()
+            if _is_retry(role, text):
+                continue
+        out.append((role, text))
+    return out
+
+
+def clean_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`clean_turns` over chat messages ({role, content, ...}), e.g. rows exported before it existed."""
+    kept, out = clean_turns([(m["role"], m["content"]) for m in messages]), []
+    for m in messages:
+        if len(out) < len(kept) and (m["role"], m["content"]) == kept[len(out)]:
+            out.append(m)
+    return out
+
+
 def conversations(trace: Trace) -> list[tuple[list[str], list[tuple[str, str]]]]:
     """The trace's LLM calls merged into conversations: (roles, [(speaker, text)]). A call whose input
-    starts with a conversation so far (its messages and replies) continues it; failed calls are left out."""
+    starts with a conversation so far (its messages and replies, the last one possibly cut as the agent
+    kept it) continues it; failed calls are left out."""
     convs: list[tuple[list[str], list[tuple[str, str]]]] = []
     for call in trace.llm_calls:
         if call.error:
             continue
         sent = [(m.role, m.content) for m in call.messages]
-        prior = max((c for c in convs if len(c[1]) <= len(sent) and sent[:len(c[1])] == c[1]),
-                    key=lambda c: len(c[1]), default=None)
+        prior = max((c for c in convs if _continues(sent, c[1])), key=lambda c: len(c[1]), default=None)
         turns = [*sent, ("assistant", call.output)]
         if prior is None:
             convs.append(([call.role], turns))
@@ -146,7 +190,7 @@ def _base(record: Mapping[str, Any], reward: str) -> dict[str, Any]:
 def chat_rows(record: Mapping[str, Any], trace: Trace, reward: str, think_weight: float) -> list[dict[str, Any]]:
     base = _base(record, reward) | {"agent": trace.agent}
     return [base | {"conversation": i, "roles": roles,
-                    "messages": [weighted_message(who, text, think_weight) for who, text in turns]}
+                    "messages": [weighted_message(who, text, think_weight) for who, text in clean_turns(turns)]}
             for i, (roles, turns) in enumerate(conversations(trace))]
 
 
@@ -228,7 +272,8 @@ def role_rows(records: list[dict], reward: str = "f1",
             found = replies[key][at][0]
             step, attempt = attempts[found]
             hits = attempt.get("hits") or []
-            signals = {"subgoal": subgoals[step], "query": str(attempt.get("query", "")),
+            signals = {"subgoal": subgoals[step], "step": step + 1, "steps": len(trace.plan) or len(subgoals),
+                       "query": str(attempt.get("query", "")),
                        "retrieved_ids": [str(h.get("id")) for h in hits],
                        "retrieved_titles": [str(h.get("title")) for h in hits]}
             if call.role == "analysis":
@@ -284,7 +329,8 @@ def _features(kind: str) -> Any:
                    "completion": chat}
     if kind == "plan":
         return d.Features(role | {"plan": d.List(text)})
-    step = role | {"subgoal": text, "query": text, "retrieved_ids": d.List(text), "retrieved_titles": d.List(text)}
+    step = role | {"subgoal": text, "step": d.Value("int32"), "steps": d.Value("int32"), "query": text,
+                   "retrieved_ids": d.List(text), "retrieved_titles": d.List(text)}
     if kind == "analysis":
         return d.Features(step | {"sufficient": d.Value("bool"), "step_answer": text})
     return d.Features(step | {"rewrite": text, "next_retrieved_ids": d.List(text)})

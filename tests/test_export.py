@@ -14,7 +14,15 @@ from mhqa_graph.graphs.opera import OperaContext
 from test_traces import QUESTION, analysis, opera_roles, run_mujica, run_omne, run_opera, store  # noqa: F401
 
 from mhqa_graph.eval.scoring import score
-from mhqa_graph.export import ExtraNotInstalled, conversations, export, segments, tokenize_with_weights
+from mhqa_graph.export import (
+    ExtraNotInstalled,
+    clean_messages,
+    conversations,
+    export,
+    segments,
+    tokenize_with_weights,
+    weighted_message,
+)
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.traces import TraceError, run_with_trace
 
@@ -245,3 +253,68 @@ def test_roles_match_identical_replies_to_their_own_attempts(store, tmp_path):  
     assert [r["query"] for r in rows][:3] == ["Who directed Inception?", "Inception film director",
                                               "Inception film director"]
     assert [r["sufficient"] for r in rows] == [False, False, True, True]
+
+
+# -- repairs are no targets ------------------------------------------------------------------------
+def one_record_run(tmp_path, qid: str, out: dict, trace) -> str:
+    (tmp_path / "results.jsonl").write_text(json.dumps(record(qid, trace.question, ["London"], out, trace)) + "\n")
+    return str(tmp_path)
+
+
+def trained_texts(row: dict) -> list[str]:
+    return [m["content"] for m in row["messages"] if m["weight"] > 0]
+
+
+def test_a_repaired_reply_and_its_repair_message_weigh_nothing(store, tmp_path):  # noqa: F811
+    """OPERA's analysis agent first writes no JSON; ask_json shows it the problem and it replies again. The
+    sft/mygo chat of that call goes from the prompt straight to the good reply."""
+    roles = opera_roles()
+    bad = "The passages say Nolan directed it."
+    roles["analysis"] = FakeChatModel(responses=[bad, analysis("Christopher Nolan"), analysis("London")], cycle=False)
+    ctx = OperaContext(llm=FakeChatModel(responses=["x"]), role_llms=roles, store=store, corpus="wiki")
+    out, trace = run_with_trace(build_graph("opera"), "opera", QUESTION, ctx)
+    repair = trace.llm_calls[2]
+    assert [m.role for m in repair.messages][-2:] == ["assistant", "user"]  # the real repair exchange
+    assert repair.messages[-2].content == bad and repair.messages[-1].content.startswith("That reply could not be used")
+    run = one_record_run(tmp_path, "hp1", out, trace)
+    for fmt in ("sft", "mygo"):
+        export(run, fmt, tmp_path / fmt)
+        rows = datasets.load_from_disk(str(tmp_path / fmt)).to_list()
+        texts = [m["content"] for r in rows for m in r["messages"]]
+        assert bad not in texts and not any(t.startswith("That reply could not be used") for t in texts)
+        repaired = next(r for r in rows if r["roles"] == ["analysis"])
+        assert [m["role"] for m in repaired["messages"]] == ["system", "user", "assistant"]
+        assert trained_texts(repaired) == [analysis("Christopher Nolan")]
+
+
+def test_omne_nudges_and_replies_without_action_weigh_nothing(store, tmp_path):  # noqa: F811
+    from mhqa_graph.graphs.omne_prompts import FORCE_ANSWER, NUDGE
+    from test_traces import OMNE_SCRIPT, run_omne
+
+    idle = "<think>Let me think about the director.</think>"
+    script = [OMNE_SCRIPT[0], idle, OMNE_SCRIPT[1], idle + " Hmm.", "<think>So.</think><answer>London</answer>"]
+    out, trace, _ = run_omne(store, script=script)
+    [(_, turns)] = conversations(trace)
+    assert ("user", NUDGE) in turns and ("user", FORCE_ANSWER) in turns  # nudged once, then forced to answer
+    run = one_record_run(tmp_path, "wk1", out, trace)
+    export(run, "sft", tmp_path / "sft")
+    [row] = datasets.load_from_disk(str(tmp_path / "sft")).to_list()
+    contents = [m["content"] for m in row["messages"]]
+    assert NUDGE not in contents and not any(c.startswith(idle) for c in contents)
+    assert FORCE_ANSWER in contents  # the forced answer replies to it
+    assert trained_texts(row) == [OMNE_SCRIPT[0], OMNE_SCRIPT[1], "<think>So.</think><answer>London</answer>"]
+    # the weighted-SFT tokeniser cleans rows exported before the cleaning existed
+    raw = [weighted_message(who, text) for who, text in turns]
+    assert clean_messages(raw) == row["messages"]
+
+
+def test_omne_replies_cut_after_their_last_call_still_chain(store):  # noqa: F811
+    """The Omne graph keeps a reply only through its last call; the next call's input holds that cut
+    reply, and the chat continues with it (the text after the call is no target)."""
+    from test_traces import OMNE_SCRIPT, run_omne
+
+    chatty = [OMNE_SCRIPT[0] + "\nNow I wait for the result.", *OMNE_SCRIPT[1:]]
+    _, trace, _ = run_omne(store, script=chatty)
+    [(_, turns)] = conversations(trace)
+    replies = [text for who, text in turns if who == "assistant"]
+    assert replies[0] == OMNE_SCRIPT[0] and len(replies) == 4

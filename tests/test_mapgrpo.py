@@ -1,6 +1,7 @@
 """MAPGRPO on a tiny random Qwen2, a hash-embedder store and a tiny HotpotQA file: the role rewards run
-the real OPERA graph and store, an expert completion joins its GRPO group and is trained on, and the
-three roles train progressively end to end (LoRA and full fine-tuning)."""
+the real OPERA graph and store against the gold chains, an expert completion anchors its GRPO group (and
+is trained on only when asked), each role trains its own adapter while the earlier ones stay frozen, and
+the three roles train progressively end to end (LoRA and full fine-tuning)."""
 
 from __future__ import annotations
 
@@ -13,15 +14,18 @@ pytest.importorskip("trl")
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from mhqa_graph.training import mapgrpo  # noqa: E402
-from mhqa_graph.training.common import RolloutConfig, load_config, rollouts  # noqa: E402
+from mhqa_graph.training.common import DevConfig, RolloutConfig, load_config, rollouts  # noqa: E402
 from mhqa_graph.training.mapgrpo import (  # noqa: E402
     ExpertGRPOTrainer,
     MAPGRPOConfig,
     MAPGRPOTrainer,
     RoleRewards,
+    first_prompt,
     grpo_args,
     load_expert,
     prompt_key,
+    shown_passages,
+    stage_rows,
 )
 from mhqa_graph.training.rewards import AnalysisRewardConfig, PlanRewardConfig, RewriteRewardConfig  # noqa: E402
 from mhqa_graph.training.tiny import tiny_model_and_tokenizer  # noqa: E402
@@ -31,7 +35,8 @@ from test_eval import ROWS, write_dataset  # noqa: E402
 from mhqa_graph.errors import InvalidInput  # noqa: E402
 from mhqa_graph.eval import environment_name, prepare  # noqa: E402
 from mhqa_graph.eval.runner import load_questions  # noqa: E402
-from mhqa_graph.export import export  # noqa: E402
+from mhqa_graph.export import export, role_rows  # noqa: E402
+from mhqa_graph.ingest.datasets import Hop  # noqa: E402
 from mhqa_graph.store import open_store  # noqa: E402
 from mhqa_graph.testing.fakes import FakeChatModel  # noqa: E402
 
@@ -93,7 +98,8 @@ def config(env, out: Path, **changes) -> MAPGRPOConfig:
     cfg = load_config(MAPGRPOConfig, YAML)
     cfg.model.name, cfg.model.lora_r = "tiny", 4
     cfg.rollout.dataset, cfg.rollout.path, cfg.rollout.store = "hotpotqa", str(env["data"]), env["store"]
-    cfg.rollout.limit, cfg.rollout.max_new_tokens, cfg.rollout.context = 1, 12, dict(CONTEXT)
+    cfg.rollout.limit, cfg.rollout.start, cfg.rollout.max_new_tokens, cfg.rollout.context = 1, 0, 12, dict(CONTEXT)
+    cfg.dev = DevConfig()
     cfg.grpo = dict(num_generations=2, beta=0.0, per_device_train_batch_size=2, num_train_epochs=1, learning_rate=0.05,
                     max_completion_length=12)
     cfg.output_dir = str(out)
@@ -107,8 +113,9 @@ def test_example_config_loads_with_the_issue_weights():
     cfg = load_config(MAPGRPOConfig, YAML)
     assert cfg.plan_reward == PlanRewardConfig(logic=0.4, structure=0.2, execution=0.4)
     assert cfg.analysis_reward == AnalysisRewardConfig(sufficiency=0.3, accuracy=0.5, format=0.2)
-    assert cfg.rewrite_reward == RewriteRewardConfig(gain=0.8, format=0.2, metric="recall")
+    assert cfg.rewrite_reward == RewriteRewardConfig(retrieval=0.8, format=0.2)
     assert cfg.roles == ["plan", "analysis", "rewrite"] and cfg.rollout.agent == "opera"
+    assert cfg.inject_roles == ["plan"] and cfg.expert_gradient is False
     args = grpo_args(cfg, "/tmp/unused")
     assert (args.num_generations, args.beta) == (cfg.grpo["num_generations"], cfg.grpo["beta"]) == (4, 0.04)
 
@@ -123,7 +130,7 @@ def test_example_config_loads_with_the_issue_weights():
     ({"grpo": {"no_such_argument": 1}}, "grpo"),
     ({"grpo": {"num_generations": 3, "per_device_train_batch_size": 4}}, "grpo"),  # batch not a multiple of G
     ({"plan_reward": PlanRewardConfig(logic=-1.0)}, "non-negative"),
-    ({"rewrite_reward": RewriteRewardConfig(metric="map")}, "recall or ndcg"),
+    ({"inject_roles": ["answer"]}, "inject_roles"),
     ({"expert": "/no/such/folder"}, "expert"),
     ({"executor": ""}, "executor"),
 ])
@@ -166,7 +173,7 @@ def test_plan_reward_executes_the_plan_through_opera(env, tmp_path):
     with open_store(env["store"], read_only=True) as store:
         rewards = RoleRewards(cfg, store, env["corpus"], None, executor)
         scores = rewards.plan([[{"role": "assistant", "content": p}] for p in plans], question=[question] * 3,
-                              answers=[["Tulsa"]] * 3, log_metric=logged.__setitem__)
+                              answers=[["Tulsa"]] * 3, chain=["[]"] * 3, log_metric=logged.__setitem__)
         # right plan: logic + structure + execution; wrong sub-goal: no answer; no plan: OPERA plans the
         # question as its only sub-goal, which answers it, so only the execution share
         assert scores == pytest.approx([1.0, 0.6, 0.4])
@@ -174,25 +181,66 @@ def test_plan_reward_executes_the_plan_through_opera(env, tmp_path):
         asked = [m[-1].text for m in executor.calls if m[0].text.startswith("You are the Analysis-Answer")]
         assert any("Current sub-goal: Who founded Gamma Records?" in text for text in asked)
         calls = len(executor.calls)
-        assert rewards.plan([plans[0]], question=[question], answers=[["Tulsa"]]) == pytest.approx([1.0])
+        assert rewards.plan([plans[0]], question=[question], answers=[["Tulsa"]], chain=["[]"]) == pytest.approx([1.0])
         assert len(executor.calls) == calls and rewards.executions == 3  # cached
 
 
-def test_rewrite_reward_is_the_retrieval_gain_in_the_store(env, tmp_path):
+def test_rewrite_reward_is_the_root_ndcg_of_the_new_query_in_the_store(env, tmp_path):
     cfg = config(env, tmp_path)
     cfg.rollout.context = {"top_k": 1}
-    gold = list(load_questions("hotpotqa", env["data"])[0].supporting_ids)  # Page q1, about Tulsa
+    item = load_questions("hotpotqa", env["data"])[0]  # Page q1, about Tulsa
+    chain = json.dumps([{"passage_ids": list(h.passage_ids)} for h in item.chain])
     with open_store(env["store"], read_only=True) as store:
         rewards = RoleRewards(cfg, store, env["corpus"], None, None)
-        assert rewards.search("In which year was Delta born?") != gold
-        assert rewards.search("Which city did the band Alpha first perform in?") == gold
-        completions = ['{"query": "Which city did the band Alpha first perform in?"}',
-                       '{"query": "In which year was Delta born?"}', "Alpha first perform city?"]
+        right, wrong = "Which city did the band Alpha first perform in?", "In which year was Delta born?"
+        assert rewards.search(right)[0][0] == item.supporting_ids[0]
+        assert item.supporting_ids[0] not in [i for i, _ in rewards.search(wrong)]
+        completions = [json.dumps({"query": right}), json.dumps({"query": wrong}), '{"query": ""}']
         logged = {}
-        scores = rewards.rewrite(completions, query=["In which year was Delta born?"] * 3,
-                                 supporting_ids=[gold] * 3, log_metric=logged.__setitem__)
-    assert scores[:2] == pytest.approx([1.0, 0.2]) and scores[2] in (0.0, pytest.approx(0.8))
-    assert logged["rewrite/gain"] > 0
+        scores = rewards.rewrite(completions, query=[right] * 3, supporting_ids=[list(item.supporting_ids)] * 3,
+                                 step=[1] * 3, steps=[1] * 3, chain=[chain] * 3, log_metric=logged.__setitem__)
+        # a query that keeps the gold passage at rank 1 is worth the most, even without a gain over the old one
+        assert scores[:2] == pytest.approx([1.0, 0.2])
+        assert scores[2] == pytest.approx(0.8)  # an empty query: OPERA searches the old one again; no format share
+        assert logged["rewrite/ndcg"] == pytest.approx(2 / 3)
+        no_chain = rewards.rewrite(completions[:1], query=[wrong], supporting_ids=[list(item.supporting_ids)],
+                                   step=[1], steps=[1], chain=["[]"])
+        assert no_chain == pytest.approx([1.0])  # the supporting passages stand in for the chain
+
+
+def test_analysis_reward_reads_what_the_prompt_showed(env, tmp_path):
+    cfg = config(env, tmp_path)
+    user = ("Question: Where was the director of Inception born?\nEarlier findings:\n1. Who directed Inception? -> "
+            "Christopher Nolan\nCurrent sub-goal: Where was Christopher Nolan born?\n\nRetrieved passages:\n"
+            "[1] Christopher Nolan: (Christopher Nolan) -[place of birth]-> (London)\n\nReply with JSON only, in "
+            "this format:\n{}")
+    prompt = [{"role": "system", "content": "You are the Analysis-Answer agent."}, {"role": "user", "content": user}]
+    assert shown_passages(prompt) == "[1] Christopher Nolan: (Christopher Nolan) -[place of birth]-> (London)"
+    chain = json.dumps([{"answer": "Christopher Nolan", "triples": [["Inception", "director", "Christopher Nolan"]]},
+                        {"answer": "London", "triples": [["Christopher Nolan", "place of birth", "London"]]}])
+    found = '{"sufficient": true, "answer": "London"}'
+    with open_store(env["store"], read_only=True) as store:
+        rewards = RoleRewards(cfg, store, env["corpus"], None, None)
+        scores = rewards.analysis([prompt, prompt], [found, '{"sufficient": false, "answer": ""}'],
+                                  answers=[["London"]] * 2, retrieved_ids=[["Christopher Nolan"]] * 2, step=[2, 1],
+                                  steps=[2, 2], chain=[chain, chain])
+    # step 2 saw its hop's fact and answered it; step 1's fact (Inception's director) is not in these passages
+    assert scores == pytest.approx([1.0, 0.3 + 0.2])
+
+
+def test_role_rows_carry_step_and_gold_chain_and_repairs_are_cut(env, tmp_path):
+    cfg = RolloutConfig(agent="opera", dataset="hotpotqa", path=str(env["data"]), store=env["store"], limit=1,
+                        context=CONTEXT)
+    records = rollouts(cfg, expert_model(), tmp_path / "run")
+    rows = role_rows(records)
+    analysis_rows, _ = stage_rows(rows["analysis"], {}, lambda qid: [Hop(passage_ids=("x",))] if qid == "q1" else [])
+    assert [(r["step"], r["steps"]) for r in analysis_rows] == [(1, 1), (1, 1)]  # one sub-goal, two attempts
+    assert all(json.loads(r["chain"]) == [{"question": None, "answer": None, "passage_ids": ["x"], "triples": []}]
+               for r in analysis_rows)
+    prompt = analysis_rows[0]["prompt"]
+    repaired = [*prompt, {"role": "assistant", "content": "oops"},
+                {"role": "user", "content": "That reply could not be used (no JSON). Reply again."}]
+    assert first_prompt(repaired) == prompt
 
 
 def test_expert_rows_load_from_the_export_folder(expert_dir):
@@ -215,7 +263,8 @@ def completion_logp(model, tokenizer, prompt: list[dict], ids: list[int]) -> flo
     return sum(logps[len(prompt_ids) - 1 + i, t].item() for i, t in enumerate(ids))
 
 
-def test_expert_completion_joins_its_group_and_is_trained_on(tmp_path):
+@pytest.mark.parametrize("gradient", [False, True])
+def test_expert_completion_anchors_its_group_and_is_trained_on_when_asked(tmp_path, gradient):
     model, tokenizer = tiny_model_and_tokenizer(seed=5)
     with_expert = [{"role": "user", "content": "Who directed Inception?"}]
     without = [{"role": "user", "content": "Where was Nolan born?"}]
@@ -234,7 +283,8 @@ def test_expert_completion_joins_its_group_and_is_trained_on(tmp_path):
                      tmp_path)
     trainer = ExpertGRPOTrainer(model, reward_funcs=[reward], args=args,
                                 train_dataset=Dataset.from_list([{"prompt": with_expert}, {"prompt": without}]),
-                                processing_class=tokenizer, experts={prompt_key(with_expert): expert})
+                                processing_class=tokenizer, experts={prompt_key(with_expert): expert},
+                                expert_gradient=gradient)
     batches = []
     score_batch = trainer._generate_and_score_completions
 
@@ -256,12 +306,18 @@ def test_expert_completion_joins_its_group_and_is_trained_on(tmp_path):
     assert len(members) == group and rows[0] in members
     i = rows[0]
     assert out["completion_ids"][i][:len(expert_ids)].tolist() == expert_ids
-    assert out["completion_mask"][i].sum().item() == len(expert_ids)  # its tokens are in the loss
+    # its reward is in the group's baseline: the sampled members fall below it
     rewards = torch.tensor([float(texts[j] == expert) for j in members])
     expected = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
     torch.testing.assert_close(out["advantages"][members], expected, atol=1e-4, rtol=0)
-    assert out["advantages"][i] > 0
-    assert after > before  # the positive advantage made the expert completion more likely
+    assert out["advantages"][i] > 0 and all(out["advantages"][j] < 0 for j in members if j != i)
+    sampled = out["completion_mask"].sum() - out["completion_mask"][i].sum()
+    if gradient:
+        assert out["completion_mask"][i].sum().item() == len(expert_ids)  # its tokens are in the loss
+        assert after > before  # the positive advantage made the expert completion more likely
+    else:
+        assert out["completion_mask"][i].sum().item() == 0  # no direct gradient: it only anchors
+    assert out["num_items_in_batch"].item() == sampled.item() + (len(expert_ids) if gradient else 0)
 
 
 # -- end to end ----------------------------------------------------------------------------------
@@ -273,25 +329,49 @@ def test_progressive_lora_training_end_to_end(env, expert_dir, tmp_path, monkeyp
     out = tmp_path / "run"
     cfg = config(env, out, expert=str(expert_dir), expert_min_score=1.0)
     cfg.grpo["beta"] = 0.04  # KL to TRL's "ref" copy of the adapter, dropped after each stage
+    cfg.dev = DevConfig(path=str(env["data"]), start=4, limit=1)
+    cfg.inject_roles = ["plan", "analysis"]  # the tiny model's own analyses all score 0: the expert's give a signal
     trainer = MAPGRPOTrainer(cfg)
     seen = []
 
+    def snapshot() -> dict:
+        return {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
+
     def watched(cfg, llm, out_dir, role_llms=None):  # the weights each stage's rollouts run with
         assert llm._model is trainer.model and cfg.agent == "opera"
-        seen.append({k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k})
+        assert {r: m.adapter for r, m in role_llms.items()} == {"plan": "plan", "analysis": "analysis",
+                                                               "rewrite": "rewrite", "answer": None}
+        seen.append(snapshot())
         return rollouts(cfg, llm, out_dir, role_llms)
 
     monkeypatch.setattr(mapgrpo, "rollouts", watched)
+    monkeypatch.setattr(mapgrpo, "evaluate_dev", lambda *args: dev_runs.append(args[4]) or {"dev_f1": 0.0})
+    dev_runs = []
     summary = trainer.train()
+    seen.append(snapshot())
+    assert list(summary["dev"]) == ["untrained", "plan", "analysis", "rewrite"] and len(dev_runs) == 4
+    assert all(m.temperature == 0.0 and m.adapter == r for roles in dev_runs for r, m in roles.items() if r != "answer")
 
     assert list(summary["roles"]) == ["plan", "analysis", "rewrite"]
-    for stage in summary["roles"].values():
-        # the policy's prompts of one question plus the expert's prompts of the other one
-        assert stage["steps"] == stage["prompts"] > stage["expert_prompts"] > 0
-    assert summary["roles"]["plan"]["plan_executions"] > 0
-    # LoRA B starts at zero; each stage's rollouts see what the earlier stages trained
+    plan = summary["roles"]["plan"]
+    # the policy's plan prompt (a repaired one cut back to the first ask) is the expert's of that question,
+    # plus the expert's of the other question
+    assert plan["steps"] == plan["prompts"] == plan["expert_prompts"] == 2 and plan["plan_executions"] > 0
+    analysis, rewrite = summary["roles"]["analysis"], summary["roles"]["rewrite"]
+    assert analysis["steps"] == analysis["prompts"] > analysis["expert_prompts"] > 0
+    assert rewrite["steps"] == rewrite["prompts"] > 0 == rewrite["expert_prompts"]  # not in inject_roles
+
+    def adapter(snapshot: dict, role: str) -> dict:
+        return {k: v for k, v in snapshot.items() if f".{role}." in k}
+
+    # LoRA B starts at zero; each stage trains its own role's adapter only; the earlier ones stay frozen
     assert all(not v.any() for v in seen[0].values())
-    assert any(v.any() for v in seen[1].values()) and any(not torch.equal(seen[1][k], seen[2][k]) for k in seen[1])
+    assert any(v.any() for v in adapter(seen[1], "plan").values())
+    assert not any(v.any() for role in ("analysis", "rewrite") for v in adapter(seen[1], role).values())
+    for role, later in (("plan", 2), ("plan", 3), ("analysis", 3)):
+        assert all(torch.equal(v, seen[later][k]) for k, v in adapter(seen[later - 1], role).items())
+    assert any(v.any() for v in adapter(seen[2], "analysis").values())
+    assert any(v.any() for v in adapter(seen[3], "rewrite").values())
     logs = log_entries(out)
     for role, stage in summary["roles"].items():
         steps = [e for e in logs if e.get("role") == role and f"rewards/{role}/mean" in e]
@@ -300,11 +380,12 @@ def test_progressive_lora_training_end_to_end(env, expert_dir, tmp_path, monkeyp
         assert sum(e["expert/injected"] for e in steps) == stage["expert_prompts"]  # once in each expert's group
         assert all(e["reward_std"] > 0 for e in steps if e["expert/injected"])
         assert [e["event"] for e in logs if e.get("role") == role and "event" in e] == ["rollouts"]
-    assert any("plan/execution" in e for e in logs) and any("rewrite/gain" in e for e in logs)
+    assert any("plan/execution" in e for e in logs) and any("rewrite/ndcg" in e for e in logs)
     final = Path(summary["final"])
-    assert (final / "adapter_config.json").is_file() and not (final / "ref").exists()
-    weights = load_file(final / "adapter_model.safetensors")
-    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in weights.items())
+    assert not (final / "ref").exists() and not (final / "adapter_model.safetensors").exists()
+    for role in ("plan", "analysis", "rewrite"):
+        weights = load_file(final / role / "adapter_model.safetensors")
+        assert any("lora_B" in k and v.abs().sum() > 0 for k, v in weights.items())
 
 
 def test_a_role_with_too_few_prompts_for_a_step_is_skipped(env, tmp_path):
@@ -314,12 +395,13 @@ def test_a_role_with_too_few_prompts_for_a_step_is_skipped(env, tmp_path):
     summary = MAPGRPOTrainer(cfg).train()
     assert summary["roles"]["rewrite"]["steps"] == 0
     assert [e["event"] for e in log_entries(out)] == ["rollouts", "skipped", "saved"]
-    assert (Path(summary["final"]) / "adapter_config.json").is_file()
+    assert (Path(summary["final"]) / "rewrite" / "adapter_config.json").is_file()
 
 
 def test_full_finetuning_with_kl_end_to_end(env, expert_dir, tmp_path):
     out = tmp_path / "run"
-    cfg = config(env, out, expert=str(expert_dir), roles=["analysis", "rewrite"])
+    cfg = config(env, out, expert=str(expert_dir), roles=["analysis", "rewrite"], inject_roles=["analysis", "rewrite"],
+                 expert_gradient=True)
     cfg.model.lora = False
     cfg.grpo |= {"beta": 0.1, "max_steps": 2, "per_device_train_batch_size": 4}
     summary = MAPGRPOTrainer(cfg).train()

@@ -1,5 +1,8 @@
-"""MyGO end to end on a tiny random Qwen2: rollouts through the real graphs, rising τ, SFT on what is kept."""
+"""MyGO end to end on a tiny random Qwen2: rollouts through the real graphs, rising τ, SFT on what is kept,
+only trajectories that consulted workers when asked, a checkpoint per iteration and resumption; every
+example config's training and dev slices are disjoint."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -8,8 +11,9 @@ import pytest
 pytest.importorskip("trl")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-from mhqa_graph.training.common import load_config  # noqa: E402
-from mhqa_graph.training.mygo import MyGOConfig, MyGOTrainer, kept, sft_rows  # noqa: E402
+from mhqa_graph.training import TRAINERS  # noqa: E402
+from mhqa_graph.training.common import DevConfig, check_disjoint, load_config  # noqa: E402
+from mhqa_graph.training.mygo import MyGOConfig, MyGOTrainer, kept, sft_rows, worker_rounds  # noqa: E402
 from test_eval import scripted, write_dataset  # noqa: E402
 
 from mhqa_graph.errors import InvalidInput  # noqa: E402
@@ -29,6 +33,7 @@ def tiny_config(tmp_path: Path, **overrides) -> MyGOConfig:
     config.rollout.path = str(write_dataset(tmp_path / "tiny.jsonl", YES))
     config.rollout.store = f"embedded://{tmp_path}/s?embedder=hash"
     config.rollout.limit, config.rollout.samples, config.rollout.max_new_tokens = 3, 2, 12
+    config.rollout.start, config.dev = 0, DevConfig()
     config.rollout.temperature = 0.0  # the warmed-up tiny model is right only at its mode
     config.output_dir = str(tmp_path / "out")
     config.sft = {"learning_rate": 1e-2, "gradient_accumulation_steps": 1, "max_length": 512}
@@ -46,6 +51,65 @@ def test_kept_needs_a_positive_reward_at_least_tau():
     assert [r["id"] for r in kept(records, 0.0)] == ["a", "b"]
     assert [r["id"] for r in kept(records, 0.5)] == ["a"]
     assert [r["id"] for r in kept(records, 0.5, reward="em")] == ["a"]
+
+
+def mujica_record(rid: str, roles: list[str], f1: float = 1.0) -> dict:
+    return record(rid, f1) | {"trace": {"llm_calls": [{"role": r} for r in roles]}}
+
+
+def test_only_trajectories_that_consulted_workers_are_kept_when_asked():
+    alone = mujica_record("a", ["planner"])  # the planner answered directly
+    once = mujica_record("b", ["planner", "worker", "worker", "planner"])
+    twice = mujica_record("c", ["planner", "worker", "planner", "worker", "worker", "planner"])
+    assert [worker_rounds(r) for r in (alone, once, twice)] == [0, 1, 2]
+    assert [r["id"] for r in kept([alone, once, twice], 0.5)] == ["a", "b", "c"]
+    assert [r["id"] for r in kept([alone, once, twice], 0.5, min_worker_rounds=1)] == ["b", "c"]
+    assert [r["id"] for r in kept([alone, once, twice], 0.5, min_worker_rounds=2)] == ["c"]
+
+
+EXAMPLES = sorted(CONFIG.parent.rglob("*.yaml"))  # configs/train/<method>.yaml and learn/<method>-<run>.yaml
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_configs_train_and_evaluate_on_disjoint_slices(path, data_dir, tmp_path):
+    import importlib
+
+    module, config_cls, _ = TRAINERS[path.stem.split("-")[0]]
+    cls = getattr(importlib.import_module(f"mhqa_graph.training.{module}"), config_cls)
+    config = load_config(cls, path)
+    assert config.dev.path and config.dev.start == 0 and config.dev.limit <= 100  # within the usual eval slice
+    root = CONFIG.parents[2]  # paths in the configs are relative to the repository root
+    rollout = dataclasses.replace(config.rollout, path=str(root / config.rollout.path))
+    dev = dataclasses.replace(config.dev, path=str(root / config.dev.path))
+    assert "../shared/data" in config.rollout.path and Path(rollout.path).resolve().is_relative_to(data_dir.resolve())
+    check_disjoint(rollout, dev)
+    with pytest.raises(InvalidInput, match="share"):  # the check bites: training on the dev slice itself
+        check_disjoint(dataclasses.replace(rollout, path=dev.path, start=dev.start), dev)
+
+
+def test_each_iteration_is_saved_and_a_rerun_resumes_after_the_last(tmp_path):
+    import torch
+
+    config = tiny_config(tmp_path, iterations=1)
+    first = MyGOTrainer(config)
+    first.train()
+    assert (Path(config.output_dir) / "iter1" / "checkpoint" / "adapter_model.safetensors").is_file()
+    with torch.no_grad():  # stand-in for trained weights, saved as iteration 1's
+        for name, p in first.model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.5)
+    first.tau = 0.7
+    first.save(1)
+    config.iterations = 2
+    second = MyGOTrainer(config)
+    assert second.resume() == 1 and second.tau == 0.7
+    trained = dict(first.model.named_parameters())
+    assert all(torch.equal(p, trained[n]) for n, p in second.model.named_parameters())
+    summary = second.train()  # resumes again from iteration 1: only iteration 2 runs
+    assert [r["iteration"] for r in summary["iterations"]] == [2] and summary["tau"] >= 0.7
+    log = [json.loads(line) for line in (Path(config.output_dir) / "log.jsonl").read_text().splitlines()]
+    assert {"event": "resumed", "after_iteration": 1, "tau": 0.7} in log
+    assert json.loads((Path(config.output_dir) / "iter2" / "checkpoint" / "state.json").read_text())["iteration"] == 2
 
 
 def test_config_from_yaml_and_bad_configs(tmp_path):

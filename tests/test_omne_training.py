@@ -1,6 +1,8 @@
 """Omne's training stages on a tiny random Qwen2 over a hash-embedder store with a handful of 2Wiki
 evidence triples: episodes are runs of the Omne graph whose tool-result tokens are masked from the GRPO
-loss, each stage trains end to end (LoRA and full fine-tuning), stage 3 penalises repeated calls."""
+loss, generation stops at <tool_response> and what the graph did not keep is cut, a low budget forces the
+final answer, each stage trains end to end (LoRA and full fine-tuning), stage 3 penalises repeated calls,
+stage 1 warm-starts on teacher trajectories and stops when the format stays 0."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import pytest
 
 pytest.importorskip("trl")
 import torch  # noqa: E402
-from mhqa_graph.training.common import ModelConfig, load_config  # noqa: E402
+from mhqa_graph.graphs.omne_prompts import FORCE_ANSWER  # noqa: E402
+from mhqa_graph.training.common import DevConfig, ModelConfig, load_config  # noqa: E402
 from mhqa_graph.training.omne import (  # noqa: E402
     LOG,
     EpisodeModel,
@@ -34,7 +37,7 @@ TINY_GRPO = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False, "m
              "per_device_train_batch_size": 2, "max_completion_length": 1024, "learning_rate": 0.05,
              "disable_tqdm": True}
 TINY_SFT = {"use_cpu": True, "bf16": False, "gradient_checkpointing": False, "max_steps": 2,
-            "per_device_train_batch_size": 2, "learning_rate": 0.05, "max_length": 1024, "disable_tqdm": True}
+            "per_device_train_batch_size": 2, "learning_rate": 0.05, "max_length": 2048, "disable_tqdm": True}
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -57,20 +60,26 @@ def replies(rid: str, answer: str, repeat: bool = False) -> list[str]:
             f"<think>The father is known.</think><answer>{answer}</answer>"]
 
 
-def script(model, tokenizer, monkeypatch, repeat: bool = False) -> list[str]:
-    """Make `model.generate` write scripted episodes: the reply of turn n (assistant turns in its input),
-    with the right answer in every other episode so that GRPO groups have different rewards."""
+def script(model, tokenizer, monkeypatch, repeat: bool = False, after: str = "") -> list[str]:
+    """Make `model.generate` write scripted episodes: the reply of turn n (assistant turns in its input), or
+    the answer after the forced-answer message, with the right answer in every other episode so that GRPO
+    groups have different rewards. With `after`, call turns go on with it and stop at a <tool_response>
+    they start (as generation with the graph's stop strings does), else they end with the end-of-turn token."""
     inputs, finished = [], [0]
 
-    def generate(input_ids, max_new_tokens, **kwargs):
+    def generate(input_ids, max_new_tokens, stop_strings=None, **kwargs):
+        assert stop_strings == ["<tool_response>"]
         text = tokenizer.decode(input_ids[0])
         inputs.append(text)
         rid = text.split("father of Ann ")[1].split("?")[0]
-        turn = text.count("<|im_start|>assistant") - 1
+        turn = 2 if text.rstrip().endswith(FORCE_ANSWER + "<|im_end|>\n<|im_start|>assistant") \
+            else text.count("<|im_start|>assistant") - 1
         answer = f"Bob {rid}" if finished[0] % 2 == 0 else "Nobody"
         reply = replies(rid, answer, repeat)[turn]
         finished[0] += turn == 2
-        new = tokenizer.encode(reply, add_special_tokens=False)[:max_new_tokens - 1] + [tokenizer.eos_token_id]
+        end = tokenizer.encode(after + "<tool_response>", add_special_tokens=False) if after and turn < 2 \
+            else [tokenizer.eos_token_id]
+        new = tokenizer.encode(reply, add_special_tokens=False)[:max_new_tokens - len(end)] + end
         return torch.cat([input_ids, torch.tensor([new])], dim=1)
 
     monkeypatch.setattr(model, "generate", generate)
@@ -84,7 +93,8 @@ def config(tmp_path) -> OmneConfig:
     cfg = load_config(OmneConfig, YAML)
     rollout = dataclasses.replace(cfg.rollout, path=str(data), store=f"embedded://{tmp_path}/s?embedder=hash",
                                   limit=None, max_new_tokens=160)
-    return dataclasses.replace(cfg, model=ModelConfig(name="tiny", lora=True), rollout=rollout,
+    rollout = dataclasses.replace(rollout, start=0)
+    return dataclasses.replace(cfg, model=ModelConfig(name="tiny", lora=True), rollout=rollout, dev=DevConfig(),
                                output_dir=str(tmp_path / "out"), grpo=TINY_GRPO, grpo_stage3={}, sft=TINY_SFT,
                                sft_min_reward=None)
 
@@ -105,11 +115,13 @@ def test_yaml_config_loads_and_bad_configs_raise(tmp_path):
     cfg = load_config(OmneConfig, YAML)
     assert cfg.stages == [1, 2, 3] and cfg.rollout.agent == "omne" and cfg.think_weight == 0.001
     assert cfg.grpo["num_generations"] == 4 and cfg.grpo["beta"] == 0.0 and cfg.reward.result_floor == 0.1
+    assert cfg.sft_min_reward == 0.5 == OmneConfig(rollout=cfg.rollout).sft_min_reward
+    assert cfg.grpo["max_completion_length"] == 3072 and cfg.episode_reserve == 256
     for bad in ({"stages": [3, 1]}, {"stages": [4]}, {"stages": []}, {"rollout": {"agent": "mujica", "path": "x"}},
                 {"rollout": {"agent": "omne"}}, {"grpo": {"temperature": 0}}, {"grpo_stage3": {"use_vllm": True}},
                 {"sft": {"output_dir": "elsewhere"}}, {"think_weight": -1}, {"reward": {"result_floor": 2}},
-                {"reward": {"think": False}},
-                {"no_such_key": 1}):
+                {"reward": {"think": False}}, {"warm_start": True}, {"warm_start": True, "stages": [2], "teacher": "x"},
+                {"format_patience": -1}, {"no_such_key": 1}):
         path = tmp_path / "bad.yaml"
         path.write_text(json.dumps({"rollout": {"agent": "omne", "path": "x"}} | bad))
         with pytest.raises(InvalidInput):
@@ -151,22 +163,58 @@ def test_episodes_run_the_omne_graph_and_mask_tool_results(config, monkeypatch):
     assert seen[-1] == tok.decode(ep["prompt_ids"] + ids[:len(ids) - len(tok.encode(ep["turns"][-1])) - 1])
 
 
-def test_episode_budget_ends_the_graph_and_a_changing_template_stops_training(config, monkeypatch):
+def test_generation_stops_at_tool_response_and_what_the_graph_drops_is_cut(config, monkeypatch):
     trainer = OmneTrainer(config)
-    script(trainer.model, trainer.tokenizer, monkeypatch)
     tok = trainer.tokenizer
+    seen = script(trainer.model, tok, monkeypatch, after="\nI wait for the result.\n")
+    with open_store(config.rollout.store) as store:
+        env = OmneEnvironment(config.rollout, store)
+        ep = env.episode(trainer.model, tok, next(iter(env.questions)), budget=1024)
+    kept = replies("1", "Bob 1")
+    # the replies as written, up to the stop; the text after the call makes their format 0
+    assert ep["turns"][:2] == [t + "\nI wait for the result.\n" for t in kept[:2]] and ep["turns"][2] == kept[2]
+    assert omne_reward(ep["turns"], ["Bob 1"]) == 0.0 and omne_reward(kept, ["Bob 1"], successful_calls=2) == 1.0
+    ids, mask = ep["completion_ids"], ep["env_mask"]
+    # only the kept calls are trained; the end of each call turn is the template's, not sampled
+    assert tok.decode([i for i, m in zip(ids, mask) if m]) == kept[0] + kept[1] + kept[2] + "<|im_end|>"
+    assert "I wait" not in tok.decode(ids) and "<tool_response>\nEntity: Ann 1" in tok.decode(ids)
+    # each prompt was the graph's conversation exactly: the sequence so far reads as its template
+    assert seen[-1] == tok.decode(ep["prompt_ids"] + ids[:len(ids) - len(tok.encode(kept[2])) - 1])
+
+
+def test_a_low_budget_forces_the_final_answer(config, monkeypatch):
+    trainer = OmneTrainer(config)
+    tok = trainer.tokenizer
+    script(trainer.model, tok, monkeypatch)
     with open_store(config.rollout.store) as store:
         env = OmneEnvironment(config.rollout, store)
         prompt = next(iter(env.questions))
-        short = env.episode(trainer.model, tok, prompt, budget=100)
-        assert len(short["turns"]) == 1 and len(short["completion_ids"]) <= 100
-        assert omne_reward(short["turns"], ["Bob 1"]) == 0.0  # no answer: the format fails
+        full = env.episode(trainer.model, tok, prompt, budget=1024)
+        # room for one call and its result, then too little for another turn and the reserve
+        budget = len(full["completion_ids"]) - 20
+        ep = env.episode(trainer.model, tok, prompt, budget=budget, reserve=budget // 2)
+        assert len(ep["completion_ids"]) <= budget and ep["episode_forced"] == 1
+        assert len(ep["turns"]) < 3 and ep["turns"][-1] == replies("1", "Nobody")[2]  # an answer, not a 0
+        graph_text = tok.decode([i for i, m in zip(ep["completion_ids"], ep["env_mask"]) if not m])
+        assert FORCE_ANSWER in graph_text
+        assert omne_reward(ep["turns"], ["Bob 1"], successful_calls=ep["episode_successful_calls"]) == \
+            pytest.approx(0.1)  # the format holds: the reward is the answer's
+        tiny = env.episode(trainer.model, tok, prompt, budget=60, reserve=0)  # no room even for one whole reply
+        assert len(tiny["completion_ids"]) <= 60 and omne_reward(tiny["turns"], ["Bob 1"]) == 0.0
+
+
+def test_a_changing_template_stops_training(config, monkeypatch):
+    trainer = OmneTrainer(config)
+    tok = trainer.tokenizer
+    script(trainer.model, tok, monkeypatch)
+    with open_store(config.rollout.store) as store:
+        env = OmneEnvironment(config.rollout, store)
         # a template that drops the <think> of earlier turns: the sequence is no longer what the graph shows
         monkeypatch.setattr(tok, "chat_template", CHATML.replace(
             "{{ m['content'] }}", "{{ m['content'].split('</think>')[-1] if m['role'] == 'assistant' and not loop.last "
                                   "else m['content'] }}"))
         with pytest.raises(MhqaError, match="renders the conversation differently"):
-            env.episode(trainer.model, tok, prompt, budget=1024)
+            env.episode(trainer.model, tok, next(iter(env.questions)), budget=1024)
 
 
 def test_tool_result_tokens_get_no_gradient(config, monkeypatch):
@@ -232,7 +280,7 @@ def test_rl_stages_train_end_to_end(config, monkeypatch, lora):
 
 def test_all_stages_with_the_tiny_policy_and_a_teacher_for_sft(config, tmp_path):
     teacher = "fake:" + json.dumps(replies("1", "Bob 1"))
-    cfg = dataclasses.replace(config, sft_teacher=teacher, grpo={**TINY_GRPO, "max_completion_length": 128},
+    cfg = dataclasses.replace(config, teacher=teacher, grpo={**TINY_GRPO, "max_completion_length": 128},
                               rollout=dataclasses.replace(config.rollout, limit=1, max_new_tokens=16))
     trainer = OmneTrainer(cfg)
     rows = trainer.sft_data()
@@ -247,7 +295,42 @@ def test_all_stages_with_the_tiny_policy_and_a_teacher_for_sft(config, tmp_path)
     think = [seg for m in rows[0]["messages"] for seg in m["segments"] if seg["text"].startswith("<think>")]
     assert len(think) == 3 and all(seg["weight"] == 0.001 for seg in think)
     # the teacher's run, exported as the CLI does, is read back as stage 2's given dataset
-    export(Path(cfg.output_dir) / "stage2" / "rollouts" / "sample0", "sft", tmp_path / "sft")
+    export(Path(cfg.output_dir) / "sft_rollouts" / "sample0", "sft", tmp_path / "sft")
     for path in (tmp_path / "sft", tmp_path / "sft" / "sft.jsonl"):
         given = OmneTrainer(dataclasses.replace(cfg, stages=[2], sft_data=str(path))).sft_data()
         assert [m["content"] for m in given[0]["messages"]] == [m["content"] for m in rows[0]["messages"]]
+
+
+def test_teacher_trajectories_need_the_reward_and_the_format(config):
+    wrong = "fake:" + json.dumps(replies("1", "Nobody"))
+    sloppy = "fake:" + json.dumps([replies("1", "Bob 1")[0] + " Waiting.", *replies("1", "Bob 1")[1:]])
+    for teacher in (wrong, sloppy):
+        cfg = dataclasses.replace(config, stages=[2], teacher=teacher, sft_min_reward=0.5,
+                                  rollout=dataclasses.replace(config.rollout, limit=1, max_new_tokens=16))
+        with pytest.raises(InvalidInput, match="no trajectories"):
+            OmneTrainer(cfg).sft_data()
+
+
+def test_stage1_warm_starts_on_the_teacher_and_stops_when_the_format_stays_zero(config, monkeypatch):
+    """A random policy never writes the protocol: without a warm start every reward is 0 and stage 1 stops
+    with a message; the warm start is an SFT on the teacher's trajectories before it."""
+    teacher = "fake:" + json.dumps(replies("1", "Bob 1"))
+    cfg = dataclasses.replace(config, stages=[1], teacher=teacher, warm_start=True, format_patience=2,
+                              sft_min_reward=0.5, grpo={**TINY_GRPO, "max_steps": 4, "max_completion_length": 64},
+                              rollout=dataclasses.replace(config.rollout, limit=1, max_new_tokens=16))
+    trainer = OmneTrainer(cfg)
+    before = weights(trainer.model)
+    with pytest.warns(UserWarning, match="format reward stayed 0"):
+        summary = trainer.train()
+    warm, first = summary["stages"]
+    assert (warm["stage"], warm["kind"]) == (0, "sft") and warm["steps"] == 2 and changed(before, trainer.model)
+    assert first["stage"] == 1 and first["steps"] == 2 and "stage 1 stopped at step 2" in first["stopped"]
+    stopped = [r for r in log_records(cfg) if r.get("event") == "stopped"]
+    assert len(stopped) == 1 and "warm-start" in stopped[0]["message"]
+
+
+def test_a_teacher_is_an_omne_setting():
+    from mhqa_graph.training import train
+
+    with pytest.raises(InvalidInput, match="teacher"):
+        train("mygo", YAML.parent / "mygo.yaml", teacher="llamacpp:qwen2.5-coder-1.5b")

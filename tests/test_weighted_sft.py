@@ -81,6 +81,21 @@ def test_tokenized_rows_weight_only_agent_tokens(rows, tokenizer):
     assert THINK_WEIGHT not in reweighted["loss_weights"] and 0.5 in reweighted["loss_weights"]
 
 
+def test_repaired_replies_in_old_rows_are_not_trained(tokenizer):
+    """Rows exported before repairs were cleaned still hold the bad reply and the repair message."""
+    from mhqa_graph.export import weighted_message
+
+    bad, good = "Christopher Nolan, I think", '{"sufficient": true, "answer": "Christopher Nolan"}'
+    turns = [("system", "Answer in JSON."), ("user", "Who directed Inception?"), ("assistant", bad),
+             ("user", "That reply could not be used (no JSON object found in the reply). Reply again with valid JSON."),
+             ("assistant", good)]
+    row = tokenize_row(tokenizer, [weighted_message(who, text) for who, text in turns])
+    trained = tokenizer.decode([i for i, w in zip(row["input_ids"], row["loss_weights"]) if w > 0])
+    assert trained == good + "<|im_end|>"
+    assert "I think" not in tokenizer.decode(row["input_ids"]) and "could not be used" not in tokenizer.decode(
+        row["input_ids"])
+
+
 def test_all_weights_one_equals_trl_sft_loss(rows, tokenizer, tmp_path):
     model, _ = tiny_model_and_tokenizer(seed=1)
     batch = batch_of(tokenizer, rows)

@@ -20,8 +20,12 @@ TRAINERS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def train(method: str, config_path: str | Path, output_dir: str | None = None) -> dict[str, Any]:
-    """Run `method` with the YAML config at `config_path` (optionally writing to `output_dir`)."""
+def train(method: str, config_path: str | Path, output_dir: str | None = None,
+          teacher: str | None = None) -> dict[str, Any]:
+    """Run `method` with the YAML config at `config_path` (optionally writing to `output_dir`; for Omne,
+    `teacher` is the model spec whose trajectories make the SFT data and the warm start)."""
+    if teacher is not None and method != "omne":
+        raise InvalidInput(f"a teacher is an Omne setting; {method} has none")
     if method not in TRAINERS:
         raise InvalidInput(f"unknown training method {method!r}; choose one of {', '.join(TRAINERS)}")
     name, config_cls, trainer_cls = TRAINERS[method]
@@ -34,4 +38,6 @@ def train(method: str, config_path: str | Path, output_dir: str | None = None) -
     config = load_config(getattr(module, config_cls), config_path)
     if output_dir:
         config.output_dir = output_dir
+    if teacher is not None:
+        config.teacher = teacher
     return getattr(module, trainer_cls)(config).train()

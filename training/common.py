@@ -4,6 +4,10 @@ agent graphs with the model under training.
     model, tokenizer = load_model(ModelConfig(name="qwen2.5-coder-0.5b", lora=True))
     llm = chat_model_for(model, tokenizer, temperature=0.7)          # the agents' `llm`, current weights
     records = rollouts(RolloutConfig(agent="mujica", dataset="2wiki", path=...), llm, "runs/mygo/iter1")
+    metrics = evaluate_dev(rollout, DevConfig(path=...), llm, "runs/mygo/dev0")   # dev F1, calls, ...
+
+Every trainer config has a `dev` slice of held-out questions; `check_disjoint` refuses one that shares a
+question with the training slice.
 """
 
 from __future__ import annotations
@@ -50,6 +54,60 @@ class RolloutConfig:
     temperature: float = 0.7
     max_new_tokens: int = 256
     context: dict[str, Any] = field(default_factory=dict)  # more agent settings: top_k, max_rounds, ...
+
+
+@dataclass
+class DevConfig:
+    """Held-out questions (same dataset, agent and store as the rollouts) that the trainer answers
+    greedily before training and after each iteration or stage; no `path`: no dev evaluation."""
+
+    path: str = ""
+    start: int = 0
+    limit: int | None = 100
+
+
+def dev_rollout(rollout: RolloutConfig, dev: DevConfig) -> RolloutConfig:
+    """The rollout settings of the dev evaluation: the dev slice, one greedy sample per question."""
+    return dataclasses.replace(rollout, path=dev.path, start=dev.start, limit=dev.limit, samples=1, temperature=0.0)
+
+
+def check_disjoint(rollout: RolloutConfig, dev: DevConfig) -> None:
+    """InvalidInput when the training slice and the dev slice share a question (by id or by text)."""
+    from mhqa_graph.eval.runner import load_questions
+
+    if not dev.path:
+        return
+    train = load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)
+    held = load_questions(rollout.dataset, dev.path, dev.limit, dev.start)
+
+    def norm(text: str) -> str:
+        return " ".join(text.lower().split())
+
+    shared = ({q.id for q in train} & {q.id for q in held}) | \
+        ({norm(q.question) for q in train} & {norm(q.question) for q in held})
+    if shared:
+        raise InvalidInput(f"the training slice ({rollout.path} from #{rollout.start}) and the dev slice ({dev.path} "
+                           f"from #{dev.start}) share {len(shared)} question(s), e.g. {sorted(shared)[0]!r}")
+
+
+def dev_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Mean dev F1 and EM, LLM calls per question, and the share of questions in which a worker was
+    consulted (Mujica) or a tool was called (Omne)."""
+    n = max(1, len(records))
+    traces = [r.get("trace") or {} for r in records]
+    return {"dev_f1": sum(r.get("f1") or 0.0 for r in records) / n,
+            "dev_em": sum(r.get("em") or 0.0 for r in records) / n,
+            "dev_llm_calls": sum(r.get("llm_calls") or 0 for r in records) / n,
+            "dev_worker_rate": sum(any(c.get("role") == "worker" for c in t.get("llm_calls") or [])
+                                   for t in traces) / n,
+            "dev_tool_rate": sum(bool(t.get("tool_calls")) for t in traces) / n,
+            "dev_questions": len(records)}
+
+
+def evaluate_dev(rollout: RolloutConfig, dev: DevConfig, llm: Any, out_dir: str | Path,
+                 role_llms: dict[str, Any] | None = None) -> dict[str, float]:
+    """`dev_metrics` of a greedy run over the dev slice (a resumable eval run in `out_dir/sample0`)."""
+    return dev_metrics(rollouts(dev_rollout(rollout, dev), llm, out_dir, role_llms))
 
 
 def load_model(config: ModelConfig) -> tuple[Any, Any]:

@@ -1,37 +1,46 @@
 """MAPGRPO (OPERA, arXiv 2508.16438): multi-agent progressive GRPO, one OPERA role at a time.
 
-For each role in order (plan, then analysis-answer, then rewrite):
-1. roll out OPERA (graphs/opera.py, the inference graph) with the model under training as every role's
-   `llm`, over `rollout`'s questions; `role_rows` turns the traces into the role's prompts and signals;
-2. train the role with TRL's GRPO on those prompts (group size `grpo.num_generations`, KL `grpo.beta`)
-   and the role's reward (training/rewards.py):
-   - plan: λ1·logic + λ2·structure + λ3·execution, execution = F1 of the answer OPERA reaches when it
-     runs with the completion as its plan (the other roles played by `executor`: the current policy,
-     greedy, or a model spec);
-   - analysis: α·sufficiency + β·accuracy + γ·format (accuracy against the question's gold answers);
-   - rewrite: ω1·retrieval gain + ω2·format; the gain compares the gold supporting passages found by
-     the sub-goal's query and by the rewritten one (as OPERA parses it), both searched at the context's
-     top_k in the read-only store, so it measures the query alone;
-3. high-score sample selection: `expert` is a `mhqa export --format roles` folder (e.g. a stronger
-   model's run). For every prompt with an expert row (best `expert_score` >= `expert_min_score`), one
-   member of its group is replaced by the expert completion, scored by the same reward, so the group's
-   advantages include it. The expert rows' prompts join the role's training prompts.
+With LoRA, every role has its own PEFT adapter (`plan`, `analysis`, `rewrite`); OPERA runs with one
+role-aware chat model per role (`RoleChatModel`, which switches the adapter for each call) and the final
+synthesis (`answer`, not trained) on the base model. For each role in order (plan, then analysis-answer,
+then rewrite):
+1. roll out OPERA over `rollout`'s questions, every role on its own adapter as trained so far;
+   `role_rows` turns the traces into the role's prompts and signals, and each question's gold chain
+   (`QAItem.chain`, one `Hop` per reasoning step, carried by the eval records) gives the gold;
+2. train only that role's adapter with TRL's GRPO (group size `grpo.num_generations`, KL `grpo.beta`):
+   the earlier roles' adapters are frozen (requires_grad off, not in the optimizer), so their weights
+   stay bit-identical. Rewards (training/rewards.py):
+   - plan: λ1·logic + λ2·structure + λ3·execution; logic 0 for a one-sub-goal plan of a multi-hop
+     question and for forward references, structure the sub-goal count and placeholder links against
+     the gold chain, execution = F1 of the answer OPERA reaches with the completion as its plan (the
+     other roles played by `executor`: the current policy with its role adapters, greedy, or a spec);
+   - analysis: α·𝕀[sufficient = gold] + β·EM(answer, gold sub-answer) + γ·format for sub-goal i against
+     hop i of the chain (the label: whether that hop's evidence was in the passages or facts shown);
+     without per-hop gold only the last sub-goal is scored, against the final answer;
+   - rewrite: ω1·√NDCG@k of the rewritten query's retrieval (as OPERA parses it, searched at the
+     context's top_k in the read-only store) against the hop's gold evidence + ω2·format;
+3. high-score sample selection, for the roles in `inject_roles` (default: plan, as the paper): `expert`
+   is a `mhqa export --format roles` folder (e.g. a stronger model's run). For every prompt with an
+   expert row (best `expert_score` >= `expert_min_score`), one member of its group is replaced by the
+   expert completion, scored by the same reward: it anchors the group's baseline (mean and std). Its own
+   tokens get no gradient unless `expert_gradient` (the paper's current text adds the sample to the
+   group without training on it directly). The expert rows' prompts join the role's training prompts.
 
-Progressive: the next role's rollouts run with the weights the earlier roles' training left. With LoRA
-there is one adapter for all roles, trained on through the stages: the OPERA graph serves every role
-from one `llm`, so one adapter is what inference uses (per-role adapters would need adapter switching
-inside one graph run), and the final adapter carries all roles. With beta > 0 the KL reference is the
-policy that entered the stage (TRL copies a PEFT adapter as "ref"; a fully fine-tuned model is saved
-and reloaded as the reference), so each stage stays close to what the earlier stages built.
+Full fine-tuning (`model.lora: false`) has one set of weights for every role, so earlier roles change
+when later ones train; use LoRA for the paper's frozen roles. With beta > 0 the KL reference is the
+policy that entered the stage (TRL copies the active adapter as "ref"; a fully fine-tuned model is
+saved and reloaded as the reference). With `dev.path`, OPERA answers the dev slice greedily before
+training and after each role (dev F1, LLM calls per question in log.jsonl).
 
     trainer = MAPGRPOTrainer(load_config(MAPGRPOConfig, "configs/train/mapgrpo.yaml"))
-    summary = trainer.train()     # output_dir/log.jsonl, output_dir/final
+    summary = trainer.train()     # output_dir/log.jsonl, output_dir/final/<role> adapters
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -40,25 +49,44 @@ from typing import Any
 
 import torch
 from datasets import Dataset, load_from_disk
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.messages import BaseMessage
+from langchain_core.outputs import ChatResult
 from mhqa_graph.graphs import build_graph, make_context
+from mhqa_graph.graphs import opera_prompts as P
 from mhqa_graph.graphs.opera import parse_rewrite, retrieve_contexts
 from trl import GRPOConfig, GRPOTrainer
 
 from mhqa_graph.errors import InvalidInput
+from mhqa_graph.eval.diagnostics import chain_from_json, chain_json
+from mhqa_graph.eval.runner import load_questions
 from mhqa_graph.eval.scoring import score
-from mhqa_graph.export import OPERA_ROLES, role_rows
+from mhqa_graph.export import OPERA_ROLES, REPAIR_PREFIX, role_rows
+from mhqa_graph.ingest.datasets import Hop
+from mhqa_graph.models.chat import TransformersChatModel
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 
-from .common import ModelConfig, RolloutConfig, chat_model_for, jsonl_log, load_model, rollouts, write_log
+from .common import (
+    DevConfig,
+    ModelConfig,
+    RolloutConfig,
+    check_disjoint,
+    evaluate_dev,
+    jsonl_log,
+    load_model,
+    rollouts,
+    write_log,
+)
 from .rewards import (
     AnalysisRewardConfig,
     PlanRewardConfig,
     RewriteRewardConfig,
+    analysis_gold,
     analysis_reward,
-    ndcg,
+    evidence_ndcg,
+    per_hop,
     plan_reward,
-    recall,
     rewrite_reward,
 )
 
@@ -71,6 +99,7 @@ class MAPGRPOConfig:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(agent="opera"))
+    dev: DevConfig = field(default_factory=DevConfig)  # held-out questions answered before and after each role
     roles: list[str] = field(default_factory=lambda: list(OPERA_ROLES))  # trained in this order
     grpo: dict[str, Any] = field(default_factory=dict)  # GRPOConfig arguments: num_generations, beta, max_steps, ...
     plan_reward: PlanRewardConfig = field(default_factory=PlanRewardConfig)
@@ -81,6 +110,8 @@ class MAPGRPOConfig:
     expert: str = ""  # a roles export folder (DatasetDict or <role>.jsonl files) of high-score samples
     expert_score: str = "reward"  # the field holding an expert row's score
     expert_min_score: float = 0.0  # expert rows scoring less are not injected
+    inject_roles: list[str] = field(default_factory=lambda: ["plan"])  # the roles whose groups take expert samples
+    expert_gradient: bool = False  # train on the injected sample's own tokens too (default: it only anchors)
     output_dir: str = "runs/mapgrpo"
 
 
@@ -105,24 +136,86 @@ def check_config(config: MAPGRPOConfig) -> None:
     if list(config.roles) != sorted(set(config.roles), key=OPERA_ROLES.index):
         raise InvalidInput(f"roles train progressively in the order {' -> '.join(OPERA_ROLES)}, each once; "
                            f"got {config.roles!r}")
+    if not isinstance(config.inject_roles, list) or any(r not in OPERA_ROLES for r in config.inject_roles):
+        raise InvalidInput(f"inject_roles must be a list of {', '.join(OPERA_ROLES)}, got {config.inject_roles!r}")
     if not isinstance(config.grpo, dict):
         raise InvalidInput(f"grpo must be a mapping of GRPOConfig arguments, got {type(config.grpo).__name__}")
     args = grpo_args(config, Path(config.output_dir) / "grpo")  # GRPOConfig checks num_generations >= 2
     if args.beta < 0:
         raise InvalidInput(f"grpo.beta (the KL coefficient) must be >= 0, got {args.beta}")
     for name in ("plan_reward", "analysis_reward", "rewrite_reward"):
-        weights = {k: v for k, v in asdict(getattr(config, name)).items() if k not in ("metric", "max_subgoals")}
+        weights = {k: v for k, v in asdict(getattr(config, name)).items() if k != "max_subgoals"}
         if any(not isinstance(v, (int, float)) or v < 0 for v in weights.values()):
             raise InvalidInput(f"{name}: weights must be non-negative numbers, got {weights}")
-    if config.rewrite_reward.metric not in ("recall", "ndcg"):
-        raise InvalidInput(f"rewrite_reward.metric must be recall or ndcg, got {config.rewrite_reward.metric!r}")
     if not isinstance(config.executor, str) or not config.executor:
         raise InvalidInput("executor must be 'policy' or a chat model spec")
     if config.expert and not Path(config.expert).is_dir():
         raise InvalidInput(f"expert: {config.expert} is not a roles export folder")
 
 
-# -- prompts and expert samples ------------------------------------------------------------------
+# -- one adapter per role ------------------------------------------------------------------------
+_SWITCH = threading.Lock()  # adapter switches and the generation they serve, one at a time
+
+
+@contextmanager
+def using_adapter(model: Any, adapter: str | None) -> Iterator[None]:
+    """`model` generating with `adapter` (None: the base model, adapters off); afterwards the active
+    adapter and every parameter's requires_grad are as before, so a role being trained stays the only
+    trainable one even while other roles generate inside its reward function."""
+    if not hasattr(model, "peft_config"):
+        yield
+        return
+    with _SWITCH:
+        active = model.active_adapter
+        grads = {n: p.requires_grad for n, p in model.named_parameters()}
+        try:
+            if adapter is None:
+                with model.disable_adapter():
+                    yield
+            else:
+                model.set_adapter(adapter)
+                yield
+        finally:
+            model.set_adapter(active)
+            for n, p in model.named_parameters():
+                p.requires_grad_(grads[n])
+
+
+class RoleChatModel(TransformersChatModel):
+    """The policy as the chat model of one OPERA role: every call generates with the role's adapter."""
+
+    adapter: str | None = None
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        with using_adapter(self._model, self.adapter):
+            return super()._generate(messages, stop, run_manager, **kwargs)
+
+
+def add_role_adapters(model: Any) -> None:
+    """Give a PEFT model one fresh LoRA adapter per OPERA role (the config of its "default" adapter),
+    replacing "default"."""
+    config = model.peft_config["default"]
+    for role in OPERA_ROLES:
+        model.add_adapter(role, config)
+    model.set_adapter(OPERA_ROLES[0])
+    model.delete_adapter("default")
+
+
+def role_models(model: Any, tokenizer: Any, temperature: float, max_new_tokens: int) -> tuple[Any, dict[str, Any]]:
+    """(the base model for every other call, {role: its adapter's chat model}) over the policy. Without
+    adapters (full fine-tuning) every role is the one model."""
+    def chat(adapter: str | None) -> RoleChatModel:
+        return RoleChatModel.from_loaded(model, tokenizer, model_name=f"policy:{adapter or 'base'}",
+                                         temperature=temperature, max_new_tokens=max_new_tokens, adapter=adapter)
+
+    if not hasattr(model, "peft_config"):
+        base = chat(None)
+        return base, {role: base for role in (*OPERA_ROLES, "answer")}
+    return chat(None), {role: chat(role) for role in OPERA_ROLES} | {"answer": chat(None)}
+
+
+# -- prompts, gold and expert samples ------------------------------------------------------------
 def prompt_key(prompt: list[dict[str, Any]]) -> str:
     return json.dumps([[m["role"], m["content"]] for m in prompt], ensure_ascii=False)
 
@@ -132,18 +225,46 @@ def completion_text(completion: Any) -> str:
     return completion if isinstance(completion, str) else "".join(m["content"] for m in completion)
 
 
-def training_row(row: dict[str, Any]) -> dict[str, Any]:
-    """The columns GRPO and the role rewards need from a role row (plan rows have no query/retrieved ids)."""
-    return {"prompt": [{"role": m["role"], "content": m["content"]} for m in row["prompt"]],
-            "id": str(row.get("id", "")), "question": str(row.get("question", "")),
+def first_prompt(prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The prompt as first asked: a repair exchange at its end (the bad reply and "That reply could not be
+    used ...") is cut off, so the role learns to reply right the first time."""
+    while len(prompt) >= 2 and prompt[-2]["role"] == "assistant" and prompt[-1]["role"] == "user" \
+            and prompt[-1]["content"].startswith(REPAIR_PREFIX):
+        prompt = prompt[:-2]
+    return prompt
+
+
+def training_row(row: dict[str, Any], chain: list[Hop] | None = None) -> dict[str, Any]:
+    """The columns GRPO and the role rewards need from a role row (plan rows have no query or step) and
+    the question's gold chain (JSON, as eval records carry it)."""
+    prompt = first_prompt([{"role": m["role"], "content": m["content"]} for m in row["prompt"]])
+    return {"prompt": prompt, "id": str(row.get("id", "")), "question": str(row.get("question", "")),
             "answers": [str(a) for a in row.get("answers") or []],
             "supporting_ids": [str(i) for i in row.get("supporting_ids") or []],
-            "retrieved_ids": [str(i) for i in row.get("retrieved_ids") or []], "query": str(row.get("query") or "")}
+            "retrieved_ids": [str(i) for i in row.get("retrieved_ids") or []], "query": str(row.get("query") or ""),
+            "step": int(row.get("step") or 0), "steps": int(row.get("steps") or 0),
+            "chain": json.dumps(chain_json(chain or []), ensure_ascii=False)}
+
+
+class GoldChains:
+    """Each question's gold chain by id: from the rollouts' eval records, else (expert rows of other
+    questions) from the rollout's dataset file, read once when first needed."""
+
+    def __init__(self, records: list[dict[str, Any]], rollout: RolloutConfig) -> None:
+        self.chains = {str(r.get("id")): chain_from_json(r.get("chain") or []) for r in records}
+        self.rollout, self.read = rollout, False
+
+    def __call__(self, qid: str) -> list[Hop]:
+        if qid not in self.chains and not self.read:
+            self.read = True
+            for item in load_questions(self.rollout.dataset, self.rollout.path):
+                self.chains.setdefault(item.id, list(item.chain))
+        return self.chains.get(qid, [])
 
 
 def load_expert(path: str | Path, role: str, score_key: str = "reward",
                 min_score: float = 0.0) -> dict[str, dict[str, Any]]:
-    """prompt key -> {row (its training columns), expert (the completion text), score} of the best-scoring
+    """prompt key -> {row (the expert's role row), expert (the completion text), score} of the best-scoring
     expert row of `role` with score >= min_score, from a roles export folder: its DatasetDict
     (load_from_disk) or its `<role>.jsonl`."""
     path = Path(path)
@@ -163,19 +284,19 @@ def load_expert(path: str | Path, role: str, score_key: str = "reward",
                                f"{score_key!r}")
         if value < min_score:
             continue
-        key = prompt_key(row["prompt"])
+        key = prompt_key(first_prompt(row["prompt"]))
         if key not in best or value > best[key]["score"]:
-            best[key] = {"row": training_row(row), "expert": completion_text(row["completion"]),
-                         "score": float(value)}
+            best[key] = {"row": row, "expert": completion_text(row["completion"]), "score": float(value)}
     return best
 
 
-def stage_rows(rows: list[dict[str, Any]],
-               experts: dict[str, dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str, str]]:
-    """The stage's training prompts (the policy's, one per distinct prompt, then the expert-only ones) and
-    the expert completion of each prompt that has one."""
+def stage_rows(rows: list[dict[str, Any]], experts: dict[str, dict[str, Any]],
+               chains: Any = lambda qid: []) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The stage's training prompts (the policy's, one per distinct prompt, then the expert-only ones) with
+    their gold chains (`chains`: question id -> chain), and the expert completion of each prompt."""
     out, seen = [], set()
-    for row in [training_row(r) for r in rows] + [e["row"] for e in experts.values()]:
+    for row in [*rows, *(e["row"] for e in experts.values())]:
+        row = training_row(row, chains(str(row.get("id", ""))))
         key = prompt_key(row["prompt"])
         if key not in seen:
             seen.add(key)
@@ -187,12 +308,16 @@ def stage_rows(rows: list[dict[str, Any]],
 class ExpertGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose groups take one expert completion: for a prompt in `experts` (prompt key ->
     completion text), the group's last member is replaced after generation by the expert's tokens plus eos,
-    all of them (max_completion_length bounds generation only: a cut would train a prefix on the reward of
-    the whole). Rewards, advantages and the loss then treat it like any member."""
+    all of them (max_completion_length bounds generation only: a cut would score a prefix by the whole).
+    Its reward enters the group's mean and std, so it anchors the others' advantages; with
+    `expert_gradient` False its own tokens are masked out of the loss."""
 
-    def __init__(self, *args: Any, experts: dict[str, str] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, experts: dict[str, str] | None = None, expert_gradient: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.experts = experts or {}
+        self.expert_gradient = expert_gradient
+        self._injected: list[int] = []
 
     def _expert_ids(self, text: str) -> list[int]:
         tok = self.processing_class
@@ -204,7 +329,7 @@ class ExpertGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         group = self.num_generations if mode == "train" else self.num_generations_eval
         offset = self.accelerator.process_index * len(prompts)  # groups run across processes' slices
-        injected = 0
+        self._injected = []
         for i, prompt in enumerate(prompts):
             text = self.experts.get(prompt_key(prompt)) if (offset + i) % group == group - 1 else None
             if text is None:
@@ -213,9 +338,18 @@ class ExpertGRPOTrainer(GRPOTrainer):
             completions[i] = [{"role": "assistant", "content": text}] if isinstance(completions[i], list) else text
             if logprobs is not None:  # no sampling logprobs for it: TRL neutralises NaN in importance sampling
                 logprobs[i] = [None] * len(completion_ids[i])
-            injected += 1
-        self._metrics[mode]["expert/injected"].append(float(injected))
+            self._injected.append(i)
+        self._metrics[mode]["expert/injected"].append(float(len(self._injected)))
         return tuple(out)
+
+    def _generate_and_score_completions(self, inputs: list) -> dict[str, Any]:
+        out = super()._generate_and_score_completions(inputs)
+        if self._injected and not self.expert_gradient:
+            mask = out["completion_mask"]
+            removed = mask[self._injected].sum()
+            mask[self._injected] = 0
+            out["num_items_in_batch"] = out["num_items_in_batch"] - self.accelerator.gather(removed).sum()
+        return out
 
 
 # -- role rewards --------------------------------------------------------------------------------
@@ -233,19 +367,34 @@ def evaluating(model: Any) -> Iterator[None]:
         model.train(was)
 
 
+_PASSAGES_HEAD = "Retrieved passages:\n"
+_PASSAGES_TAIL = P.ANALYSIS_USER.split("{passages}", 1)[1].split("{format}", 1)[0]
+
+
+def shown_passages(prompt: list[dict[str, Any]]) -> str:
+    """The retrieved passages or facts an Analysis-Answer prompt showed (its last user message between
+    "Retrieved passages:" and the format instructions; the whole message if those are missing)."""
+    text = next((m["content"] for m in reversed(prompt) if m["role"] == "user"), "")
+    if _PASSAGES_HEAD in text:
+        text = text.split(_PASSAGES_HEAD, 1)[1]
+    return text.rsplit(_PASSAGES_TAIL, 1)[0]
+
+
 class RoleRewards:
     """The reward functions of the roles (TRL signature: completions plus the dataset columns) over one
-    open store and the rollouts' corpus/graph. `executor` plays the non-plan roles when a plan runs;
-    `model` (the policy behind it, if any) is put in eval mode meanwhile."""
+    open store and the rollouts' corpus/graph. `executor` (the base chat model) and `executor_roles`
+    (role -> chat model) play the non-plan roles when a plan runs; `model` (the policy behind them, if
+    any) is put in eval mode meanwhile."""
 
     def __init__(self, config: MAPGRPOConfig, store: Any, corpus: str | None, graph: str | None,
-                 executor: Any, model: Any = None) -> None:
+                 executor: Any, model: Any = None, executor_roles: dict[str, Any] | None = None) -> None:
         self.config, self.store, self.executor, self.model = config, store, executor, model
+        self.executor_roles = {k: v for k, v in (executor_roles or {}).items() if k != "plan"}
         self.settings = {"corpus": corpus, "graph": graph, **config.rollout.context,
                          "max_new_tokens": config.rollout.max_new_tokens}
         self.graph = build_graph("opera")
         self.cache: dict[tuple[str, str], float] = {}
-        self.searches: dict[str, list[str]] = {}  # query -> retrieved ids (the store is read-only)
+        self.searches: dict[str, list[tuple[str, str]]] = {}  # query -> retrieved (id, text) (read-only store)
         self.executions = 0  # OPERA runs made for plan execution scores
 
     def context(self, **settings: Any) -> Any:
@@ -256,44 +405,49 @@ class RoleRewards:
         key = (question, plan)
         if self.config.execution_cache and key in self.cache:
             return self.cache[key]
-        ctx = self.context(llm=self.executor, role_llms={"plan": FakeChatModel(responses=[plan])})
+        ctx = self.context(llm=self.executor, role_llms=self.executor_roles | {"plan": FakeChatModel(responses=[plan])})
         with evaluating(self.model):
             result = self.graph.invoke({"question": question}, context=ctx)
         self.executions += 1
         self.cache[key] = score(result.get("answer") or "", answers)[1]
         return self.cache[key]
 
-    def search(self, query: str) -> list[str]:
+    def search(self, query: str) -> list[tuple[str, str]]:
         if query not in self.searches:
             ctx = self.context()
-            self.searches[query] = [h.id for h in retrieve_contexts(ctx, query, ctx.top_k)]
+            self.searches[query] = [(h.id, h.text) for h in retrieve_contexts(ctx, query, ctx.top_k)]
         return self.searches[query]
 
-    def plan(self, completions: list, question: list[str], answers: list[list[str]], log_metric: Any = None,
-             **_: Any) -> list[float]:
+    def plan(self, completions: list, question: list[str], answers: list[list[str]], chain: list[str],
+             log_metric: Any = None, **_: Any) -> list[float]:
         texts = [completion_text(c) for c in completions]
         executions = [self.execution(q, a, t) for q, a, t in zip(question, answers, texts)]
         if log_metric:
             log_metric("plan/execution", sum(executions) / len(executions))
-        return [plan_reward(t, e, self.config.plan_reward) for t, e in zip(texts, executions)]
+        return [plan_reward(t, e, chain_from_json(json.loads(c)), config=self.config.plan_reward)
+                for t, e, c in zip(texts, executions, chain)]
 
-    def analysis(self, completions: list, answers: list[list[str]], retrieved_ids: list[list[str]],
-                 supporting_ids: list[list[str]], **_: Any) -> list[float]:
-        return [analysis_reward(completion_text(c), a, r, s, self.config.analysis_reward)
-                for c, a, r, s in zip(completions, answers, retrieved_ids, supporting_ids)]
+    def analysis(self, prompts: list, completions: list, answers: list[list[str]], retrieved_ids: list[list[str]],
+                 step: list[int], steps: list[int], chain: list[str], **_: Any) -> list[float]:
+        rewards = []
+        for prompt, c, a, ids, i, n, hops in zip(prompts, completions, answers, retrieved_ids, step, steps, chain):
+            gold = analysis_gold(i, n, chain_from_json(json.loads(hops)), a, ids, shown_passages(prompt))
+            rewards.append(analysis_reward(completion_text(c), gold, self.config.analysis_reward))
+        return rewards
 
-    def rewrite(self, completions: list, query: list[str], supporting_ids: list[list[str]], log_metric: Any = None,
-                **_: Any) -> list[float]:
-        metric = {"recall": recall, "ndcg": ndcg}[self.config.rewrite_reward.metric]
-        rewards, gains = [], []
-        for c, before_query, gold in zip(completions, query, supporting_ids):
+    def rewrite(self, completions: list, query: list[str], supporting_ids: list[list[str]], step: list[int],
+                steps: list[int], chain: list[str], log_metric: Any = None, **_: Any) -> list[float]:
+        k = self.context().top_k
+        rewards, scores = [], []
+        for c, before_query, support, i, n, hops in zip(completions, query, supporting_ids, step, steps, chain):
             text = completion_text(c)
-            before = self.search(before_query)
-            after = self.search(parse_rewrite(text) or before_query)  # OPERA keeps the last query on an empty one
-            rewards.append(rewrite_reward(text, before, after, gold, self.config.rewrite_reward))
-            gains.append(metric(after, gold) - metric(before, gold))
+            gold = chain_from_json(json.loads(hops)) or [Hop(passage_ids=(pid,)) for pid in support]
+            evidence = [gold[i - 1]] if per_hop(gold, n) and 1 <= i <= n else gold
+            retrieved = self.search(parse_rewrite(text) or before_query)  # OPERA keeps the last query on an empty one
+            scores.append(evidence_ndcg(retrieved, evidence, k))
+            rewards.append(rewrite_reward(text, scores[-1], self.config.rewrite_reward))
         if log_metric:
-            log_metric("rewrite/gain", sum(gains) / len(gains))
+            log_metric("rewrite/ndcg", sum(scores) / len(scores))
         return rewards
 
 
@@ -307,17 +461,40 @@ def environment(records: list[dict[str, Any]]) -> tuple[str | None, str | None]:
 class MAPGRPOTrainer:
     def __init__(self, config: MAPGRPOConfig) -> None:
         check_config(config)
+        check_disjoint(config.rollout, config.dev)
         self.config = config
         self.model, self.tokenizer = load_model(config.model)
+        if config.model.lora:
+            add_role_adapters(self.model)
 
-    def _grpo_trainer(self, stage: Path, args: GRPOConfig, **kwargs: Any) -> ExpertGRPOTrainer:
-        """The stage's GRPO trainer. Full fine-tuning with beta > 0: TRL loads the KL reference from
-        config._name_or_path, so the current model is saved and named there while the trainer is built
-        (with LoRA, TRL copies the current adapter as "ref" itself)."""
+    def role_models(self, temperature: float) -> tuple[Any, dict[str, Any]]:
+        return role_models(self.model, self.tokenizer, temperature, self.config.rollout.max_new_tokens)
+
+    def _grpo_trainer(self, role: str, stage: Path, args: GRPOConfig, **kwargs: Any) -> ExpertGRPOTrainer:
+        """The GRPO trainer of `role`'s stage, on that role's adapter only. The KL reference (beta > 0) is the
+        policy entering the stage: with LoRA, TRL adds a "ref" adapter copied from the one it knows as
+        "default", so the role's config stands in for "default" while the trainer is built and its weights
+        are copied into "ref"; with full fine-tuning TRL loads the reference from config._name_or_path,
+        so the current model is saved and named there meanwhile."""
         def build() -> ExpertGRPOTrainer:
             return ExpertGRPOTrainer(self.model, args=args, processing_class=self.tokenizer, **kwargs)
 
-        if args.beta == 0 or self.config.model.lora:
+        if self.config.model.lora:
+            self.model.set_adapter(role)  # the only trainable adapter of this stage: earlier roles stay frozen
+            if args.beta == 0:
+                return build()
+            self.model.peft_config["default"] = self.model.peft_config[role]
+            try:
+                trainer = build()
+            finally:
+                del self.model.peft_config["default"]
+            with torch.no_grad():
+                for name, param in self.model.named_parameters():
+                    if f".{role}." in name:
+                        self.model.get_parameter(name.replace(f".{role}.", ".ref.")).copy_(param)
+            self.model.set_adapter(role)
+            return trainer
+        if args.beta == 0:
             return build()
         path, name = stage / "reference", self.model.config._name_or_path
         self.model.save_pretrained(path)
@@ -328,13 +505,24 @@ class MAPGRPOTrainer:
             self.model.config._name_or_path = name
             shutil.rmtree(path)
 
+    def dev(self, name: str) -> dict[str, Any]:
+        """Dev metrics of OPERA with every role as trained so far (greedy), logged as event `dev`."""
+        cfg = self.config
+        if not cfg.dev.path:
+            return {}
+        base, roles = self.role_models(0.0)
+        metrics = evaluate_dev(cfg.rollout, cfg.dev, base, Path(cfg.output_dir) / "dev" / name, roles)
+        write_log(Path(cfg.output_dir) / LOG, {"event": "dev", "after": name, **metrics})
+        return metrics
+
     def train_role(self, role: str) -> dict[str, Any]:
         cfg, out = self.config, Path(self.config.output_dir)
         stage = out / role
-        llm = chat_model_for(self.model, self.tokenizer, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
-        records = rollouts(cfg.rollout, llm, stage / "rollouts")
-        experts = load_expert(cfg.expert, role, cfg.expert_score, cfg.expert_min_score) if cfg.expert else {}
-        rows, expert_texts = stage_rows(role_rows(records)[role], experts)
+        base, roles = self.role_models(cfg.rollout.temperature)
+        records = rollouts(cfg.rollout, base, stage / "rollouts", roles)
+        experts = load_expert(cfg.expert, role, cfg.expert_score, cfg.expert_min_score) \
+            if cfg.expert and role in cfg.inject_roles else {}
+        rows, expert_texts = stage_rows(role_rows(records)[role], experts, GoldChains(records, cfg.rollout))
         info = {"role": role, "event": "rollouts", "records": len(records),
                 "rollout_f1": sum(r.get("f1") or 0.0 for r in records) / max(1, len(records)),
                 "prompts": len(rows), "expert_prompts": len(expert_texts)}
@@ -349,11 +537,11 @@ class MAPGRPOTrainer:
         log = jsonl_log(out / LOG, role=role)
         with open_store(cfg.rollout.store, read_only=True) as store:
             policy = cfg.executor == "policy"
-            executor = chat_model_for(self.model, self.tokenizer, 0.0, cfg.rollout.max_new_tokens) if policy \
-                else cfg.executor
-            rewards = RoleRewards(cfg, store, corpus, graph, executor, self.model if policy else None)
-            trainer = self._grpo_trainer(stage, args, reward_funcs=[getattr(rewards, role)], callbacks=[log],
-                                         train_dataset=Dataset.from_list(rows), experts=expert_texts)
+            executor, executor_roles = self.role_models(0.0) if policy else (cfg.executor, {})
+            rewards = RoleRewards(cfg, store, corpus, graph, executor, self.model if policy else None, executor_roles)
+            trainer = self._grpo_trainer(role, stage, args, reward_funcs=[getattr(rewards, role)], callbacks=[log],
+                                         train_dataset=Dataset.from_list(rows), experts=expert_texts,
+                                         expert_gradient=cfg.expert_gradient)
             result = trainer.train()
         if "ref" in getattr(self.model, "peft_config", {}):  # TRL's frozen copy of the adapter: not trained on
             self.model.delete_adapter("ref")
@@ -361,12 +549,17 @@ class MAPGRPOTrainer:
                        "plan_executions": rewards.executions, "log": log.entries}
 
     def train(self) -> dict[str, Any]:
-        """Train the roles in order; returns {"roles": {role: summary}, "final": path}."""
+        """Train the roles in order; returns {"roles": {role: summary}, "dev": {stage: metrics}, "final": path}.
+        With LoRA, `final` holds one adapter folder per role (`final/plan`, ...)."""
         out = Path(self.config.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        summary = {"roles": {role: self.train_role(role) for role in self.config.roles}}
+        dev = {"untrained": self.dev("untrained")}
+        summary: dict[str, Any] = {"roles": {}}
+        for role in self.config.roles:
+            summary["roles"][role] = self.train_role(role)
+            dev[role] = self.dev(role)
         final = out / "final"
         self.model.save_pretrained(final)
         self.tokenizer.save_pretrained(final)
         write_log(out / LOG, {"event": "saved", "final": str(final)})
-        return summary | {"final": str(final)}
+        return summary | {"dev": dev if self.config.dev.path else {}, "final": str(final)}

@@ -5,9 +5,16 @@ Iteration k:
    `rollout.temperature` with the model under training (the same graph as inference);
 2. reward = F1 (or EM) of each final answer; τ_k = max(τ_{k-1}, mean reward of the batch), from τ_0;
 3. keep the trajectories with reward >= τ_k (and > 0: a wrong answer is never a target), deduplicated;
-4. plain SFT (MLE on the agent's own tokens only; prompts and retrieved text get no loss) on them.
-An optional warm-up SFT on high-scoring trajectories (an eval run of a stronger model) comes first.
-Each iteration logs τ, mean reward, kept fraction and loss to `output_dir/log.jsonl`.
+   when Mujica's `min_worker_rounds` (in `rollout.context`) is > 0, only those in which the planner
+   consulted workers that many rounds (read from the trace: runs of LLM calls with role "worker"), so a
+   planner answering alone is never the target;
+4. plain SFT (MLE on the agent's own tokens only; prompts and retrieved text get no loss) on them;
+5. the adapter (or model) and τ are saved to `output_dir/iter{k}/checkpoint`; a rerun resumes after the
+   last saved iteration (rollouts, being eval runs, resume too).
+An optional warm-up SFT on high-scoring trajectories (an eval run of a stronger model) comes first
+(checkpoint `iter0`). Each iteration logs τ, mean reward, kept fraction and loss to `output_dir/log.jsonl`,
+and with `dev.path` the dev metrics (F1, LLM calls per question, worker dispatch rate) before training
+and after each iteration.
 """
 
 from __future__ import annotations
@@ -21,7 +28,17 @@ from typing import Any
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.export import mygo_rows, read_records, reward_of
 
-from .common import ModelConfig, RolloutConfig, chat_model_for, load_model, rollouts, write_log
+from .common import (
+    DevConfig,
+    ModelConfig,
+    RolloutConfig,
+    chat_model_for,
+    check_disjoint,
+    evaluate_dev,
+    load_model,
+    rollouts,
+    write_log,
+)
 from .rewards import keep, next_tau
 
 SFT_DEFAULTS: dict[str, Any] = {"learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 1,
@@ -34,6 +51,7 @@ SFT_DEFAULTS: dict[str, Any] = {"learning_rate": 1e-4, "num_train_epochs": 1, "p
 class MyGOConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    dev: DevConfig = field(default_factory=DevConfig)  # held-out questions answered before and after each iteration
     iterations: int = 2
     tau_0: float = 0.0
     reward: str = "f1"  # f1 | em
@@ -53,9 +71,18 @@ class MyGOConfig:
             raise InvalidInput(f"rollout.samples must be >= 1, got {self.rollout.samples}")
 
 
-def kept(records: list[dict[str, Any]], tau: float, reward: str = "f1") -> list[dict[str, Any]]:
-    """The trajectories that finished with 0 < reward >= τ."""
-    return [r for r in keep(records, tau, key=reward) if r[reward] > 0 and not r.get("failed")]
+def worker_rounds(record: dict[str, Any]) -> int:
+    """The rounds in which the planner consulted workers: runs of consecutive LLM calls with role "worker"
+    in the record's trace."""
+    roles = [c.get("role") for c in (record.get("trace") or {}).get("llm_calls") or []]
+    return sum(role == "worker" and (i == 0 or roles[i - 1] != "worker") for i, role in enumerate(roles))
+
+
+def kept(records: list[dict[str, Any]], tau: float, reward: str = "f1",
+         min_worker_rounds: int = 0) -> list[dict[str, Any]]:
+    """The trajectories that finished with 0 < reward >= τ and at least `min_worker_rounds` worker rounds."""
+    return [r for r in keep(records, tau, key=reward) if r[reward] > 0 and not r.get("failed")
+            and worker_rounds(r) >= min_worker_rounds]
 
 
 def sft_rows(records: list[dict[str, Any]], reward: str = "f1") -> list[dict[str, Any]]:
@@ -63,16 +90,25 @@ def sft_rows(records: list[dict[str, Any]], reward: str = "f1") -> list[dict[str
     return mygo_rows(records, reward, min_reward=0.0, think_weight=1.0)
 
 
+CHECKPOINT = "checkpoint"
+STATE = "state.json"
+
+
 class MyGOTrainer:
     """Runs MyGO iterations on one model (LoRA adapter or full weights) and saves it to `output_dir/final`."""
 
     def __init__(self, config: MyGOConfig, model: Any = None, tokenizer: Any = None) -> None:
+        check_disjoint(config.rollout, config.dev)
         self.config = config
         self.out = Path(config.output_dir)
         if model is None:
             model, tokenizer = load_model(config.model)
         self.model, self.tokenizer = model, tokenizer
         self.tau = config.tau_0
+
+    @property
+    def min_worker_rounds(self) -> int:
+        return int(self.config.rollout.context.get("min_worker_rounds") or 0)
 
     def sft(self, rows: list[dict[str, Any]], out_dir: Path) -> float:
         """One plain-SFT pass over `rows`; returns the mean training loss."""
@@ -88,22 +124,58 @@ class MyGOTrainer:
                                      processing_class=self.tokenizer)
         return float(trainer.train().training_loss)
 
+    def save(self, k: int) -> None:
+        """The weights and τ after iteration `k` (0: the warm-up), in `iter{k}/checkpoint`."""
+        path = self.out / f"iter{k}" / CHECKPOINT
+        self.model.save_pretrained(path)
+        (path / STATE).write_text(json.dumps({"iteration": k, "tau": self.tau}), encoding="utf-8")
+
+    def resume(self) -> int:
+        """Load the last saved checkpoint (weights and τ); returns its iteration, -1 if there is none."""
+        saved = sorted((json.loads(p.read_text(encoding="utf-8"))["iteration"], p.parent)
+                       for p in self.out.glob(f"iter*/{CHECKPOINT}/{STATE}"))
+        if not saved:
+            return -1
+        k, path = saved[-1]
+        from safetensors.torch import load_file
+
+        if hasattr(self.model, "peft_config"):
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.model, load_file(str(path / "adapter_model.safetensors")))
+        else:
+            self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+        self.tau = json.loads((path / STATE).read_text(encoding="utf-8"))["tau"]
+        write_log(self.out / "log.jsonl", {"event": "resumed", "after_iteration": k, "tau": self.tau})
+        return k
+
+    def dev(self, name: str) -> dict[str, Any]:
+        """Dev metrics of the current weights (greedy), a resumable run in `dev/<name>`; {} without a dev slice."""
+        cfg = self.config
+        if not cfg.dev.path:
+            return {}
+        llm = chat_model_for(self.model, self.tokenizer, 0.0, cfg.rollout.max_new_tokens)
+        return evaluate_dev(cfg.rollout, cfg.dev, llm, self.out / "dev" / name)
+
     def iteration(self, k: int) -> dict[str, Any]:
-        """Rollouts, τ, keep, SFT; the iteration's metrics, also appended to log.jsonl."""
+        """Rollouts, τ, keep, SFT, checkpoint; the iteration's metrics, also appended to log.jsonl."""
         cfg = self.config
         started = time.perf_counter()
         llm = chat_model_for(self.model, self.tokenizer, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
         records = rollouts(cfg.rollout, llm, self.out / f"iter{k}" / "rollouts")
         rewards = [reward_of(r, cfg.reward) for r in records]
         self.tau = next_tau(self.tau, rewards)
-        good = kept(records, self.tau, cfg.reward)
+        good = kept(records, self.tau, cfg.reward, self.min_worker_rounds)
         rows = sft_rows(good, cfg.reward)
         rollout_s = time.perf_counter() - started
         loss = self.sft(rows, self.out / f"iter{k}" / "sft") if rows else None
+        sft_s = time.perf_counter() - started - rollout_s
+        self.save(k)
         row = {"iteration": k, "tau": self.tau, "mean_reward": sum(rewards) / len(rewards),
                "trajectories": len(records), "kept": len(good), "kept_fraction": len(good) / len(records),
+               "with_workers": sum(worker_rounds(r) >= max(1, self.min_worker_rounds) for r in records),
                "sft_rows": len(rows), "loss": loss, "failures": sum(bool(r.get("failed")) for r in records),
-               "rollout_s": round(rollout_s, 1), "sft_s": round(time.perf_counter() - started - rollout_s, 1)}
+               "rollout_s": round(rollout_s, 1), "sft_s": round(sft_s, 1), **self.dev(f"iter{k}")}
         write_log(self.out / "log.jsonl", row)
         return row
 
@@ -112,15 +184,22 @@ class MyGOTrainer:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2), encoding="utf-8")
         history = []
-        if cfg.warmup_run:
-            rows = sft_rows(kept(read_records(cfg.warmup_run), cfg.warmup_min_reward, cfg.reward), cfg.reward)
+        done = self.resume()
+        untrained = self.dev("untrained")  # resumable: a finished dev run is read back, not redone
+        if untrained and done < 0:
+            write_log(self.out / "log.jsonl", {"event": "dev", "after": "untrained", **untrained})
+        if cfg.warmup_run and done < 0:
+            rows = sft_rows(kept(read_records(cfg.warmup_run), cfg.warmup_min_reward, cfg.reward,
+                                 self.min_worker_rounds), cfg.reward)
             if not rows:
                 raise InvalidInput(f"warm-up run {cfg.warmup_run} has no trajectory with "
                                    f"{cfg.reward} >= {cfg.warmup_min_reward}")
             row = {"iteration": 0, "warmup_rows": len(rows), "loss": self.sft(rows, self.out / "warmup")}
+            self.save(0)
+            row |= self.dev("iter0")
             write_log(self.out / "log.jsonl", row)
             history.append(row)
-        history += [self.iteration(k) for k in range(1, cfg.iterations + 1)]
+        history += [self.iteration(k) for k in range(max(1, done + 1), cfg.iterations + 1)]
         self.model.save_pretrained(self.out / "final")
         self.tokenizer.save_pretrained(self.out / "final")
-        return {"iterations": history, "tau": self.tau, "final": str(self.out / "final")}
+        return {"iterations": history, "tau": self.tau, "dev_untrained": untrained, "final": str(self.out / "final")}

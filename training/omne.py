@@ -1,8 +1,12 @@
 """Omne's three training stages (arXiv 2508.17330), each continuing from the weights of the one before:
 
-1. GRPO over multi-turn tool episodes, R = R_format * (0.1 + 0.9 * R_result): the format (a <think>
-   before every tool call, well-formed calls, one final <answer>) gates the reward.
-2. Weighted SFT on Omne trajectories: <think> tokens weigh 0.001, tool calls and answers 1.0, tool results 0.
+1. GRPO over multi-turn tool episodes, R = R_format * (0.1 + 0.9 * R_result): the format (turns of blocks
+   only, a <think> opening each, well-formed calls, one final <answer>, no invented <tool_response>, one
+   successful tool call at least) gates the reward. A stage whose format stays 0 for `format_patience`
+   logged steps stops with a message; `warm_start` first runs stage-2-style SFT on the teacher's
+   trajectories, so a policy that never writes the protocol can start.
+2. Weighted SFT on Omne trajectories: <think> tokens weigh 0.001, tool calls and answers 1.0, tool results 0;
+   rollout trajectories need F1 >= `sft_min_reward` (0.5) and the format.
 3. GRPO again, with R minus a penalty per repeated identical tool call.
 
 An RL episode is a run of the Omne graph itself (graphs/omne.py: its prompts, parsing, tools over the
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,15 +45,28 @@ from mhqa_graph.export import THINK_WEIGHT, sft_rows
 from mhqa_graph.models.chat import TransformersChatModel, chat_dicts
 from mhqa_graph.store import open_store
 
-from .common import ModelConfig, RolloutConfig, chat_model_for, jsonl_log, load_model, rollouts
+from .common import (
+    DevConfig,
+    ModelConfig,
+    RolloutConfig,
+    chat_model_for,
+    check_disjoint,
+    evaluate_dev,
+    jsonl_log,
+    load_model,
+    rollouts,
+    write_log,
+)
 from .rewards import OmneRewardConfig, format_reward, omne_reward, repetition_penalty, tool_calls
 
 STAGES = {1: "grpo", 2: "sft", 3: "grpo"}
 LOG = "log.jsonl"
 # what rollout_func returns per episode besides logprobs; all but the first three reach the reward functions
 EPISODE_KEYS = ("prompt_ids", "completion_ids", "env_mask", "turns", "episode_rounds", "episode_tool_calls",
-                "episode_repeated_calls")
-GRPO_DEFAULTS = {"report_to": [], "save_strategy": "no", "logging_steps": 1, "max_completion_length": 2048}
+                "episode_successful_calls", "episode_repeated_calls", "episode_forced")
+# 3,072 episode tokens: a clean 3-hop PathQuestion episode (entity_matcher, node_info x 3, answer) measures
+# 660-1,080 completion tokens, leaving room for longer reasoning, a failed call or two and the forced answer
+GRPO_DEFAULTS = {"report_to": [], "save_strategy": "no", "logging_steps": 1, "max_completion_length": 3072}
 SFT_DEFAULTS = {"report_to": [], "save_strategy": "no", "logging_steps": 1, "max_length": 4096}
 
 
@@ -61,6 +79,7 @@ class OmneConfig:
     # max_new_tokens is per model turn, temperature that of stage 2's rollouts (RL samples as `grpo` says),
     # context holds Omne settings (max_rounds, top_k, think)
     rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(agent="omne"))
+    dev: DevConfig = field(default_factory=DevConfig)  # held-out questions answered before and after each stage
     stages: list[int] = field(default_factory=lambda: [1, 2, 3])
     output_dir: str = "runs/train/omne"
     reward: OmneRewardConfig = field(default_factory=OmneRewardConfig)  # stages 1 and 3
@@ -70,8 +89,11 @@ class OmneConfig:
     sft: dict[str, Any] = field(default_factory=dict)  # WeightedSFTConfig args of stage 2
     think_weight: float = THINK_WEIGHT  # stage 2 loss weight of <think> tokens
     sft_data: str | None = None  # an exported sft dataset (folder or .jsonl); None: Omne rollouts make it
-    sft_teacher: str | None = None  # model spec whose rollouts make the SFT data; None: the policy itself
-    sft_min_reward: float | None = None  # keep trajectories with F1 >= this (None: all)
+    teacher: str | None = None  # model spec whose Omne rollouts make the SFT data; None: the policy itself
+    sft_min_reward: float | None = 0.5  # keep rollout trajectories with F1 >= this and the format (None: all)
+    warm_start: bool = False  # SFT on the stage-2 data (the teacher's) before stage 1
+    episode_reserve: int = 256  # episode tokens kept back for the forced final answer
+    format_patience: int = 10  # an RL stage stops after this many logged steps with format 0 (0: never)
 
     def __post_init__(self) -> None:
         if not isinstance(self.stages, list) or not self.stages or any(s not in STAGES for s in self.stages) \
@@ -84,6 +106,12 @@ class OmneConfig:
             raise InvalidInput("rollout.path (the benchmark file of the questions) is required")
         if self.think_weight < 0 or self.repetition_weight < 0:
             raise InvalidInput("think_weight and repetition_weight must be >= 0")
+        if self.warm_start and 1 not in self.stages:
+            raise InvalidInput("warm_start is an SFT before stage 1; stages has no 1")
+        if self.warm_start and not (self.teacher or self.sft_data):
+            raise InvalidInput("warm_start needs teacher trajectories: set teacher (a model spec) or sft_data")
+        if self.episode_reserve < 0 or self.format_patience < 0:
+            raise InvalidInput("episode_reserve and format_patience must be >= 0")
         if self.rollout.context.get("think", True) != self.reward.think:
             raise InvalidInput("reward.think must match rollout.context.think (the format asks what the prompt asks)")
         if not 0 <= self.reward.result_floor <= 1:
@@ -106,34 +134,71 @@ class EpisodeModel(TransformersChatModel):
     one conversation; each is turned into tokens as the previous sequence (prompt, replies as sampled)
     plus the chat-template tokens of the messages the graph added since the last reply, and the reply
     is generated from exactly that, sampled as the model's generation config says (in RL, GRPOConfig's
-    temperature, top_p, top_k, ...). Raises ModelError (the graph stops) once `budget` completion tokens
-    are used."""
+    temperature, top_p, top_k, ...), stopping at the graph's stop strings (`<tool_response>`: results are
+    the system's to write); the text before the stop is the reply.
 
-    budget: int = 2048  # completion tokens of the episode: replies and what the graph adds between them
+    The graph keeps a reply only through its last tool call (`parse_reply(...).kept`). When the next
+    prompt holds such a cut reply, the sampled tokens are cut to the shortest prefix that decodes to it
+    (tokens of a remainder inside a token, and the end-of-turn token, are added with env_mask 0), so the
+    sequence stays what the graph shows the model and nothing after the call is trained.
+
+    `budget` caps the episode's completion tokens (replies and what the graph adds). When fewer than
+    `max_new_tokens + reserve` are left before a turn, the turn is the forced final answer instead: the
+    graph's own FORCE_ANSWER message is added (env_mask 0) and the reply answers it; the episode then
+    ends (a later call raises ModelError, as does a turn with no room at all)."""
+
+    budget: int = 3072  # completion tokens of the episode: replies and what the graph adds between them
+    reserve: int = 256  # tokens kept back for the forced answer: its message and the reply
 
     _prompt: list[int] = PrivateAttr(default_factory=list)
     _completion: list[int] = PrivateAttr(default_factory=list)
     _mask: list[int] = PrivateAttr(default_factory=list)  # 1: sampled by the policy, 0: added by the graph
     _replies: list[str] = PrivateAttr(default_factory=list)
     _chat: list[dict[str, str]] = PrivateAttr(default_factory=list)  # the conversation through the last reply
+    _reply_start: int = PrivateAttr(default=0)  # where the last reply's tokens start in _completion
+    _closed: bool = PrivateAttr(default=False)  # the forced answer was given
+    _forced: bool = PrivateAttr(default=False)
     _fault: str | None = PrivateAttr(default=None)
 
     def episode(self) -> dict[str, Any]:
-        """prompt_ids, completion_ids, env_mask and the reply texts (`turns`) of the episode so far."""
+        """prompt_ids, completion_ids, env_mask, the reply texts (`turns`) and whether the budget forced
+        the last answer (`forced`)."""
         if self._fault:
             raise MhqaError(f"cannot train on this episode: {self._fault}")
         return {"prompt_ids": list(self._prompt), "completion_ids": list(self._completion),
-                "env_mask": list(self._mask), "turns": list(self._replies)}
+                "env_mask": list(self._mask), "turns": list(self._replies), "forced": self._forced}
 
     def _template(self, chat: list[dict[str, str]], generation_prompt: bool) -> list[int]:
         return self._tokenizer.apply_chat_template(chat, add_generation_prompt=generation_prompt,
                                                    return_dict=True)["input_ids"]
 
+    def _cut_reply(self, kept: str) -> None:
+        """Cut the last reply's tokens to `kept` (a prefix of its text) and close the turn (env_mask 0)."""
+        tok, eos = self._tokenizer, self._tokenizer.eos_token_id
+        reply = self._completion[self._reply_start:]
+        if reply and reply[-1] == eos and tok.decode(reply[:-1], skip_special_tokens=True) == kept:
+            return  # the whole reply, ended by the model
+        n = next((j for j in range(len(reply) + 1) if tok.decode(reply[:j], skip_special_tokens=True)
+                  .startswith(kept)), len(reply))
+        if tok.decode(reply[:n], skip_special_tokens=True) != kept:  # `kept` ends inside token n: re-encode the rest
+            n -= 1
+            rest = tok.encode(kept[len(tok.decode(reply[:n], skip_special_tokens=True)):], add_special_tokens=False)
+        else:
+            rest = []
+        cut = self._reply_start + n
+        self._completion[cut:] = [*rest, eos]
+        self._mask[cut:] = [0] * (len(rest) + 1)
+
     def _added_ids(self, chat: list[dict[str, str]]) -> list[int]:
-        """The template tokens of the messages after the last reply, through the generation prompt."""
+        """The template tokens of the messages after the last reply, through the generation prompt; the
+        last reply is cut first when the graph kept only its beginning."""
         n = len(self._chat)
-        if chat[:n] != self._chat or len(chat) == n:
+        last = chat[n - 1] if len(chat) > n else None
+        if last is None or chat[:n - 1] != self._chat[:n - 1] or last["role"] != "assistant" \
+                or not self._chat[-1]["content"].startswith(last["content"]):
             raise ModelError("the Omne graph's prompt does not continue the episode's conversation")
+        self._cut_reply(last["content"])
+        self._chat[-1] = last
         eos = self._tokenizer.eos_token_id
         head = self._template(self._chat, False)
         ends = [i for i, t in enumerate(head) if t == eos]
@@ -146,33 +211,54 @@ class EpisodeModel(TransformersChatModel):
             added = [eos, *added]  # the reply was cut at max_new_tokens: the template closes it
         return added
 
+    def _next_ids(self, chat: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[int]]:
+        """The conversation this turn answers and the tokens to add before it: the graph's prompt, or, when
+        the budget runs low, that prompt plus the forced-answer message."""
+        if not self._prompt:
+            return chat, []
+        added = self._added_ids(chat)
+        if chat[-1]["content"] == P.FORCE_ANSWER:
+            return chat, added
+        if self.budget - len(self._completion) - len(added) >= self.max_new_tokens + self.reserve:
+            return chat, added
+        forced = [*chat, {"role": "user", "content": P.FORCE_ANSWER}]
+        self._forced = True
+        return forced, self._added_ids(forced)
+
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         import torch
 
-        chat = chat_dicts(messages)
+        if self._closed:
+            raise ModelError(f"the episode used its budget of {self.budget} completion tokens")
+        try:
+            chat, added = self._next_ids(chat_dicts(messages))
+        except ModelError as exc:  # the graph would only record it: episode() raises it
+            self._fault = str(exc)
+            raise
         if not self._prompt:
             self._prompt = self._template(chat, True)
-        else:
-            try:
-                added = self._added_ids(chat)
-            except ModelError as exc:  # the graph would only record it: episode() raises it
-                self._fault = str(exc)
-                raise
-            if len(self._completion) + len(added) >= self.budget:
-                raise ModelError(f"the episode used its budget of {self.budget} completion tokens")
-            self._completion += added
-            self._mask += [0] * len(added)
-        max_new = min(self.max_new_tokens, self.budget - len(self._completion))
+        max_new = min(self.max_new_tokens, self.budget - len(self._completion) - len(added) - 1)  # 1: a closing eos
+        if max_new < 1:
+            self._closed = True
+            raise ModelError(f"the episode used its budget of {self.budget} completion tokens")
+        self._completion += added
+        self._mask += [0] * len(added)
+        self._closed = self._forced
+        stops = [s for s in (stop or self.stop or []) if s]
         ids = torch.tensor([self._prompt + self._completion])
-        out = self._model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new)
+        out = self._model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                                   stop_strings=stops or None, tokenizer=self._tokenizer)
         new = out[0, ids.shape[1]:].tolist()
+        self._reply_start = len(self._completion)
         self._completion += new
         self._mask += [1] * len(new)
         text = self._tokenizer.decode(new, skip_special_tokens=True)
+        for s in stops:
+            text = text.split(s, 1)[0]
         self._replies.append(text)
         self._chat = [*chat, {"role": "assistant", "content": text}]
-        finish = "stop" if new and new[-1] == self._tokenizer.eos_token_id else "length"
+        finish = "stop" if new and (new[-1] == self._tokenizer.eos_token_id or len(new) < max_new) else "length"
         return ChatResult(generations=[ChatGeneration(message=AIMessage(
             text, response_metadata={"model_name": self._name, "finish_reason": finish}))])
 
@@ -212,21 +298,26 @@ class OmneEnvironment:
         return Dataset.from_list([{"prompt": [{"role": "user", "content": key}], "answers": q.answers}
                                   for key, q in self.questions.items()])
 
-    def episode(self, model: Any, tokenizer: Any, prompt: str, budget: int) -> dict[str, Any]:
+    def episode(self, model: Any, tokenizer: Any, prompt: str, budget: int, reserve: int = 256) -> dict[str, Any]:
         """One run of the Omne graph on the question of `prompt` with `model` as the policy."""
         question = self.questions[prompt]
         llm = EpisodeModel.from_loaded(model, tokenizer, model_name="policy", max_new_tokens=self.config.max_new_tokens,
-                                       budget=budget)
+                                       budget=budget, reserve=reserve)
         inputs = {"question": question.question, "topic_entities": question.topic_entities}
         output = self.graph.invoke(inputs, context=dataclasses.replace(self.context, llm=llm))
         result = llm.episode()
         if not result["prompt_ids"]:
             raise MhqaError(f"the Omne graph made no model call: {output.get('error')}")
-        return result | {"episode_rounds": output["rounds"], "episode_tool_calls": len(output["tool_calls"]),
-                         "episode_repeated_calls": output["repeated_calls"]}
+        calls = output["tool_calls"]
+        return {k: v for k, v in result.items() if k != "forced"} | {
+            "episode_rounds": output["rounds"], "episode_tool_calls": len(calls),
+            "episode_successful_calls": sum(not c["repeated"] and not c["result_preview"].startswith("Error")
+                                            for c in calls),
+            "episode_repeated_calls": output["repeated_calls"], "episode_forced": int(result["forced"])}
 
-    def rollout_func(self) -> Callable[[list, Any], dict[str, list]]:
-        """TRL's `rollout_func`: one episode per prompt (GRPOTrainer repeats each num_generations times)."""
+    def rollout_func(self, reserve: int = 256) -> Callable[[list, Any], dict[str, list]]:
+        """TRL's `rollout_func`: one episode per prompt (GRPOTrainer repeats each num_generations times),
+        within `max_completion_length` tokens of which `reserve` are kept for the forced answer."""
 
         def rollout(prompts: list, trainer: Any) -> dict[str, list]:
             from trl.models.utils import unwrap_model_for_generation
@@ -239,7 +330,7 @@ class OmneEnvironment:
                 for prompt in prompts:
                     key = prompt[-1]["content"] if isinstance(prompt, list) else prompt
                     episodes.append(self.episode(model, trainer.processing_class, key,
-                                                 trainer.args.max_completion_length))
+                                                 trainer.args.max_completion_length, reserve))
             # logprobs None: no importance-sampling correction, as TRL's own transformers generation
             return {key: [e[key] for e in episodes] for key in EPISODE_KEYS} | {"logprobs": None}
 
@@ -254,12 +345,17 @@ def stage_rewards(stage: int, reward: OmneRewardConfig, repetition_weight: float
     base = dataclasses.replace(reward, repetition_weight=0.0)
 
     def omne(prompts: list, completions: list, turns: list[list[str]], answers: list[list[str]],
+             episode_successful_calls: list[int] | None = None,
              log_metric: Callable[[str, float], None] | None = None, **kwargs: Any) -> list[float]:
+        successful = episode_successful_calls or [None] * len(turns)
         if log_metric is not None:  # TRL averages these per logging step
-            log_metric("episodes/format", sum(format_reward(t, base) for t in turns) / len(turns))
+            formats = [format_reward(t, base, n) for t, n in zip(turns, successful)]
+            log_metric("episodes/format", sum(formats) / len(formats))
             for key in EPISODE_KEYS[4:]:
-                log_metric(f"episodes/{key.removeprefix('episode_')}", sum(kwargs[key]) / len(kwargs[key]))
-        return [omne_reward(t, a, base) for t, a in zip(turns, answers)]
+                values = episode_successful_calls if key == "episode_successful_calls" else kwargs.get(key)
+                if values is not None:
+                    log_metric(f"episodes/{key.removeprefix('episode_')}", sum(values) / len(values))
+        return [omne_reward(t, a, base, n) for t, a, n in zip(turns, answers, successful)]
 
     def repetition(prompts: list, completions: list, turns: list[list[str]], **kwargs: Any) -> list[float]:
         return [repetition_penalty(tool_calls(t, base), repetition_weight) for t in turns]
@@ -281,13 +377,45 @@ def read_sft_data(path: str) -> list[dict[str, Any]]:
         raise InvalidInput(f"cannot read sft_data {path}: {exc}") from None
 
 
+def format_stop(patience: int, stage: int) -> Any:
+    """A callback that stops an RL stage once `patience` logged steps in a row had `episodes/format` 0:
+    every reward, so every advantage, is 0 and nothing is learnt. Its `message` says so (None if not)."""
+    from transformers import TrainerCallback
+
+    class FormatStop(TrainerCallback):
+        zeros, message = 0, None
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+            if not logs or "episodes/format" not in logs:
+                return
+            self.zeros = self.zeros + 1 if logs["episodes/format"] == 0 else 0
+            if patience and self.zeros >= patience:
+                self.message = (f"stage {stage} stopped at step {state.global_step}: the format reward stayed 0 for "
+                                f"{self.zeros} steps (no episode followed the tool protocol), so every advantage was "
+                                "0; warm-start the policy on teacher trajectories (teacher + warm_start: true) or "
+                                "run stage 2 first")
+                control.should_training_stop = True
+
+    return FormatStop()
+
+
+def format_ok(row: dict[str, Any], record: dict[str, Any], reward: OmneRewardConfig) -> bool:
+    """Whether an Omne chat's assistant turns follow the protocol (`format_reward`); a run the graph marked
+    NoToolCall had no successful tool call."""
+    turns = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+    successful = 0 if str(record.get("error") or "").startswith("NoToolCall") else None
+    return bool(turns) and format_reward(turns, reward, successful) == 1
+
+
 class OmneTrainer:
     """Runs the configured stages on one model; `train()` returns a summary of every stage's logs."""
 
     def __init__(self, config: OmneConfig) -> None:
+        check_disjoint(config.rollout, config.dev)
         self.config = config
         self.out = Path(config.output_dir)
         self.model, self.tokenizer = load_model(config.model)
+        self._sft_rows: list[dict[str, Any]] | None = None
 
     def _trl_args(self, cls: type, defaults: dict, args: dict, stage: int, **fixed: Any) -> Any:
         try:
@@ -304,28 +432,40 @@ class OmneTrainer:
                               {**self.config.grpo, **(self.config.grpo_stage3 if stage == 3 else {})}, stage)
         return GRPOTrainer(model=self.model, args=args, processing_class=self.tokenizer,
                            reward_funcs=stage_rewards(stage, self.config.reward, self.config.repetition_weight),
-                           train_dataset=env.dataset(), rollout_func=env.rollout_func(), callbacks=callbacks)
+                           train_dataset=env.dataset(), rollout_func=env.rollout_func(self.config.episode_reserve),
+                           callbacks=callbacks)
 
     def _grpo(self, stage: int, log: Any) -> Any:
+        stop = format_stop(self.config.format_patience, stage)
         with open_store(self.config.rollout.store) as store:
-            trainer = self.grpo_trainer(stage, OmneEnvironment(self.config.rollout, store), [log])
+            trainer = self.grpo_trainer(stage, OmneEnvironment(self.config.rollout, store), [log, stop])
             trainer.train()
+        if stop.message:
+            warnings.warn(stop.message, stacklevel=2)
+            write_log(self.out / LOG, {"stage": stage, "event": "stopped", "message": stop.message})
+        trainer.stopped = stop.message
         return trainer
 
     def sft_data(self) -> list[dict[str, Any]]:
-        """Stage 2's chats: `sft_data`, else the sft export of Omne rollouts by the teacher (or the policy)."""
+        """Stage 2's (and the warm start's) chats: `sft_data`, else the sft export of Omne rollouts by the
+        teacher (or the policy) with F1 >= `sft_min_reward` whose turns follow the format. Made once."""
+        if self._sft_rows is not None:
+            return self._sft_rows
         cfg = self.config
         if cfg.sft_data:
             rows = read_sft_data(cfg.sft_data)
         else:
-            llm = cfg.sft_teacher or chat_model_for(self.model, self.tokenizer, temperature=cfg.rollout.temperature,
-                                                    max_new_tokens=cfg.rollout.max_new_tokens)
-            records = rollouts(cfg.rollout, llm, self.out / "stage2" / "rollouts")
-            rows = sft_rows(records, min_reward=cfg.sft_min_reward, think_weight=cfg.think_weight)
+            llm = cfg.teacher or chat_model_for(self.model, self.tokenizer, temperature=cfg.rollout.temperature,
+                                                max_new_tokens=cfg.rollout.max_new_tokens)
+            records = rollouts(cfg.rollout, llm, self.out / "sft_rollouts")
+            rows = [row for record in records for row in sft_rows([record], min_reward=cfg.sft_min_reward,
+                                                                  think_weight=cfg.think_weight)
+                    if cfg.sft_min_reward is None or format_ok(row, record, cfg.reward)]
         rows = [{"messages": r["messages"]} for r in rows
                 if any(m["role"] == "assistant" for m in r.get("messages") or [])]
         if not rows:
-            raise InvalidInput("stage 2 has no trajectories to train on (check sft_data / sft_min_reward)")
+            raise InvalidInput("no trajectories to train on in SFT (check sft_data / teacher / sft_min_reward)")
+        self._sft_rows = rows
         return rows
 
     def _sft(self, stage: int, log: Any) -> Any:
@@ -340,14 +480,29 @@ class OmneTrainer:
         trainer.train()
         return trainer
 
+    def dev(self, name: str) -> dict[str, Any]:
+        """Dev metrics of the policy (greedy), logged as event `dev`: F1, tool-call rate, LLM calls."""
+        cfg = self.config
+        if not cfg.dev.path:
+            return {}
+        llm = chat_model_for(self.model, self.tokenizer, 0.0, cfg.rollout.max_new_tokens)
+        metrics = evaluate_dev(cfg.rollout, cfg.dev, llm, self.out / "dev" / name)
+        write_log(self.out / LOG, {"event": "dev", "after": name, **metrics})
+        return metrics
+
     def train(self) -> dict[str, Any]:
+        """The warm start (stage 0) if asked, then the configured stages, each followed by a dev evaluation."""
         self.out.mkdir(parents=True, exist_ok=True)
-        summary: dict[str, Any] = {"stages": []}
-        for stage in self.config.stages:
+        summary: dict[str, Any] = {"stages": [], "dev": {"untrained": self.dev("untrained")}}
+        for stage in ([0] if self.config.warm_start else []) + self.config.stages:
             log = jsonl_log(self.out / LOG, stage=stage)
-            trainer = (self._grpo if STAGES[stage] == "grpo" else self._sft)(stage, log)
-            summary["stages"].append({"stage": stage, "kind": STAGES[stage], "steps": trainer.state.global_step,
-                                      "log": log.entries})
+            kind = "sft" if stage == 0 else STAGES[stage]
+            trainer = (self._grpo if kind == "grpo" else self._sft)(stage, log)
+            summary["stages"].append({"stage": stage, "kind": kind, "steps": trainer.state.global_step,
+                                      "stopped": getattr(trainer, "stopped", None), "log": log.entries})
+            summary["dev"][f"stage{stage}"] = self.dev(f"stage{stage}")
+        if not self.config.dev.path:
+            summary["dev"] = {}
         final = self.out / "final"
         self.model.save_pretrained(final)
         self.tokenizer.save_pretrained(final)

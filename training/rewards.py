@@ -2,8 +2,10 @@
 
 - Omne: R = R_format * (floor + (1 - floor) * R_result), floor 0.1 (format gates the reward), plus a
   repetition penalty for repeated identical tool calls in stage 3.
-- OPERA (MAPGRPO), one reward per role: plan = λ1·logic + λ2·structure + λ3·execution,
-  analysis-answer = α·sufficiency + β·accuracy + γ·format, rewrite = ω1·retrieval gain + ω2·format.
+- OPERA (MAPGRPO), one reward per role, scored against the question's gold chain (`QAItem.chain`, one
+  `Hop` per reasoning step) where the data has one:
+  plan = λ1·logic + λ2·structure + λ3·execution, analysis-answer = α·𝕀[sufficiency = gold] +
+  β·EM(sub-answer, gold sub-answer) + γ·format, rewrite = ω1·√NDCG@k + ω2·format.
 - MyGO: the threshold τ_k = max(τ_{k-1}, mean batch reward) and the trajectories it keeps.
 
 Each family has an `XRewardConfig` dataclass with its weights, as TRL trainers have an `XConfig`.
@@ -14,13 +16,16 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mhqa_graph.graphs.omne_prompts import TOOL_SPECS
 
+from mhqa_graph.eval.diagnostics import _norm as normalize_line  # the normalisation hop_seen expects
+from mhqa_graph.eval.diagnostics import hop_seen
 from mhqa_graph.eval.scoring import score
+from mhqa_graph.ingest.datasets import Hop
 from mhqa_graph.parsing import extract_json
 
 OMNE_TOOLS = tuple(spec["name"] for spec in TOOL_SPECS)
@@ -30,24 +35,27 @@ OMNE_TOOLS = tuple(spec["name"] for spec in TOOL_SPECS)
 @dataclass
 class OmneRewardConfig:
     result_floor: float = 0.1  # reward of a well-formed completion with a wrong answer
-    think: bool = True  # a <think> block must come before every tool call
+    think: bool = True  # a non-empty <think> block must open every turn, call turns and the answer turn
+    require_tool: bool = True  # an episode without one successful tool call has no format (questions need the KG)
     tools: tuple[str, ...] = OMNE_TOOLS
     repetition_weight: float = 0.0  # stage 3: subtracted per repeated identical tool call
 
 
 _TAG = re.compile(r"</?(think|tool_call|answer)>", re.IGNORECASE)
 _BLOCK = re.compile(r"<(think|tool_call|answer)>(.*?)</\1>", re.DOTALL | re.IGNORECASE)
+_RESPONSE = re.compile(r"</?tool_response>", re.IGNORECASE)
 
 
 def _blocks(turn: str) -> list[tuple[str, str]] | None:
-    """The (tag, body) blocks of one assistant turn in order; None if a tag is unclosed, nested or stray."""
+    """The (tag, body) blocks of one assistant turn in order; None if a tag is unclosed, nested or stray,
+    or if there is text (other than white space) outside the blocks."""
     blocks, pos = [], 0
     for m in _BLOCK.finditer(turn):
-        if _TAG.search(turn, pos, m.start()) or _TAG.search(m.group(2)):
+        if _TAG.search(turn, pos, m.start()) or _TAG.search(m.group(2)) or turn[pos:m.start()].strip():
             return None
         blocks.append((m.group(1).lower(), m.group(2)))
         pos = m.end()
-    return None if _TAG.search(turn, pos) else blocks
+    return None if turn[pos:].strip() else blocks
 
 
 def _tool_call(body: str, tools: Sequence[str]) -> dict[str, Any] | None:
@@ -65,27 +73,31 @@ def _turns(completion: str | Sequence[str]) -> list[str]:
     return [completion] if isinstance(completion, str) else list(completion)
 
 
-def format_reward(completion: str | Sequence[str], config: OmneRewardConfig = OmneRewardConfig()) -> int:
-    """1 if the assistant turns (one string or a list, tool results left out) follow the protocol, else 0:
-    every turn but the last makes >= 1 well-formed <tool_call> (strict JSON {"name": a known tool,
-    "arguments": {...}}) and no answer, with a non-empty <think> block before its first call when
-    `config.think`; the last turn has exactly one non-empty <answer> and no tool call; tags are closed
-    and not nested, and no turn has two <think> blocks."""
+def format_reward(completion: str | Sequence[str], config: OmneRewardConfig = OmneRewardConfig(),
+                  successful_calls: int | None = None) -> int:
+    """1 if the assistant turns (one string or a list, tool results left out) follow the protocol, else 0.
+    Every turn is blocks only (white space between them): no text outside <think>, <tool_call> and
+    <answer>, no <tool_response> the model wrote itself, tags closed and not nested, at most one <think>,
+    first. With `config.think` every turn opens with a non-empty <think>. Every turn but the last makes
+    >= 1 well-formed <tool_call> (strict JSON {"name": a known tool, "arguments": {...}}) and no answer;
+    the last has exactly one non-empty <answer> and no call. With `config.require_tool`, an episode whose
+    `successful_calls` (tool calls that returned a result, not an error or a repeat) is 0 gets 0; None
+    means unknown and is not checked."""
     turns = _turns(completion)
-    if not turns:
+    if not turns or (config.require_tool and successful_calls == 0):
         return 0
     for n, turn in enumerate(turns):
-        blocks = _blocks(turn)
-        if blocks is None:
+        blocks = None if _RESPONSE.search(turn) else _blocks(turn)
+        if not blocks:
             return 0
         tags = [tag for tag, _ in blocks]
         if tags.count("think") > 1 or (tags.count("think") == 1 and tags[0] != "think"):
             return 0
+        if config.think and not (tags[0] == "think" and blocks[0][1].strip()):
+            return 0
         if n < len(turns) - 1:
             calls = [body for tag, body in blocks if tag == "tool_call"]
             if not calls or "answer" in tags or any(_tool_call(c, config.tools) is None for c in calls):
-                return 0
-            if config.think and not (tags[0] == "think" and blocks[0][1].strip()):
                 return 0
         else:
             answers = [body for tag, body in blocks if tag == "answer"]
@@ -127,14 +139,50 @@ def repetition_penalty(calls: Sequence[Mapping[str, Any]], weight: float) -> flo
     return -weight * (len(keys) - len(set(keys)))
 
 
-def omne_reward(completion: str | Sequence[str], golds: Iterable[str],
-                config: OmneRewardConfig = OmneRewardConfig()) -> float:
+def omne_reward(completion: str | Sequence[str], golds: Iterable[str], config: OmneRewardConfig = OmneRewardConfig(),
+                successful_calls: int | None = None) -> float:
     """R_format * (floor + (1 - floor) * R_result), plus the repetition penalty when configured."""
-    reward = format_reward(completion, config) * (
+    reward = format_reward(completion, config, successful_calls) * (
         config.result_floor + (1 - config.result_floor) * result_reward(final_answer(completion), golds))
     if config.repetition_weight:
         reward += repetition_penalty(tool_calls(completion, config), config.repetition_weight)
     return reward
+
+
+# -- gold chains ---------------------------------------------------------------------------------
+def per_hop(chain: Sequence[Hop], subgoals: int) -> bool:
+    """Whether sub-goal i of a plan can be scored against hop i of the gold chain: the chain has
+    sub-answers for every hop and the plan as many sub-goals as the chain hops."""
+    return bool(chain) and len(chain) == subgoals and all(h.answer for h in chain)
+
+
+def shown_lines(text: str) -> list[str]:
+    """The lines of `text`, normalised as `hop_seen` compares them."""
+    return [normalize_line(line) for line in text.splitlines() if line.strip()]
+
+
+def evidence_seen(hop: Hop, retrieved_ids: Iterable[str], shown: str) -> bool | None:
+    """Whether the hop's gold evidence was in what an agent saw: one of its passages retrieved (by id), or a
+    line of `shown` naming both ends of one of its triples (how KG facts are shown); None if it has none."""
+    return hop_seen(hop, set(map(str, retrieved_ids)), shown_lines(shown))
+
+
+def chain_links(chain: Sequence[Hop]) -> set[tuple[int, int]] | None:
+    """The gold chain's dependencies (i, j), 1-based: hop i needs the answer of hop j < i, because a triple
+    of hop i starts at that answer, its sub-question names it, or refers to it as #j (MuSiQue). None when
+    the chain has no sub-answers to tell."""
+    if not any(h.answer for h in chain):
+        return None
+    links = set()
+    for i, hop in enumerate(chain, start=1):
+        subjects = {normalize_line(s) for s, _, _ in hop.triples}
+        question = f" {normalize_line(hop.question)} " if hop.question else ""
+        links |= {(i, int(n)) for n in re.findall(r"#(\d{1,2})\b", hop.question or "") if 1 <= int(n) < i}
+        for j, earlier in enumerate(chain[:i - 1], start=1):
+            answer = normalize_line(earlier.answer or "")
+            if answer and (answer in subjects or f" {answer} " in question):
+                links.add((i, j))
+    return links
 
 
 # -- OPERA roles ---------------------------------------------------------------------------------
@@ -155,9 +203,8 @@ class AnalysisRewardConfig:
 
 @dataclass
 class RewriteRewardConfig:
-    gain: float = 0.8  # ω1
+    retrieval: float = 0.8  # ω1, times √NDCG@k of the new query's retrieval against the gold evidence
     format: float = 0.2  # ω2
-    metric: str = "recall"  # recall | ndcg, of the gold supporting ids among the retrieved ids
 
 
 _PLACEHOLDER = re.compile(r"\[[^\[\]\d]{0,40}?(\d{1,2})[^\[\]\d]{0,40}\]")  # as graphs/opera.py: [Answer1]
@@ -175,10 +222,16 @@ def plan_subgoals(completion: str, max_subgoals: int | None = None) -> list[str]
     return [" ".join(s.split()) for s in subgoals]
 
 
-def plan_logic(subgoals: Sequence[str]) -> float:
+def plan_links(subgoals: Sequence[str]) -> set[tuple[int, int]]:
+    """(i, n) for every placeholder [AnswerN] in sub-goal i (1-based)."""
+    return {(i, int(n)) for i, goal in enumerate(subgoals, start=1) for n in _PLACEHOLDER.findall(goal)}
+
+
+def plan_logic(subgoals: Sequence[str], hops: int | None = None) -> float:
     """The fraction of sub-goals in a sensible order: each one new (no repeat of an earlier sub-goal) and
-    its placeholders [AnswerN] pointing only backwards (1 <= N < its own number)."""
-    if not subgoals:
+    its placeholders [AnswerN] pointing only backwards (1 <= N < its own number). A one-sub-goal plan for
+    a question of `hops` >= 2 gets 0: it restates the question."""
+    if not subgoals or (hops is not None and hops >= 2 and len(subgoals) == 1):
         return 0.0
     good = 0
     for i, goal in enumerate(subgoals, start=1):
@@ -187,13 +240,32 @@ def plan_logic(subgoals: Sequence[str]) -> float:
     return good / len(subgoals)
 
 
-def plan_reward(completion: str, execution: float, config: PlanRewardConfig = PlanRewardConfig()) -> float:
-    """λ1·logic + λ2·structure + λ3·execution; `execution` is the F1 of the answer the plan led to when
-    run (clipped to [0, 1]). A reply without a valid plan gets only its execution share."""
+def plan_structure(subgoals: Sequence[str], chain: Sequence[Hop]) -> float:
+    """How the plan's shape matches the gold chain: 1 - |sub-goals - hops| / max of the two, averaged with
+    the Dice overlap of its placeholder links and the chain's dependencies (`chain_links`) where the
+    chain tells them (no links on either side counts as a match). 1.0 without a chain."""
+    if not chain:
+        return 1.0
+    count = 1 - abs(len(subgoals) - len(chain)) / max(len(subgoals), len(chain))
+    gold = chain_links(chain)
+    if gold is None:
+        return count
+    links = plan_links(subgoals)
+    overlap = 1.0 if not gold and not links else 2 * len(gold & links) / (len(gold) + len(links))
+    return (count + overlap) / 2
+
+
+def plan_reward(completion: str, execution: float, chain: Sequence[Hop] = (), hops: int | None = None,
+                config: PlanRewardConfig = PlanRewardConfig()) -> float:
+    """λ1·logic + λ2·structure + λ3·execution. `execution` is the F1 of the answer the plan led to when run
+    (clipped to [0, 1]); `chain` the question's gold chain, `hops` its hop count (default: the chain's
+    length). Structure is 0 for a reply without a valid plan, else `plan_structure`. A reply without a
+    valid plan gets only its execution share."""
     subgoals = plan_subgoals(completion, config.max_subgoals)
-    logic = plan_logic(subgoals) if subgoals else 0.0
-    return (config.logic * logic + config.structure * (subgoals is not None)
-            + config.execution * min(max(execution, 0.0), 1.0))
+    hops = hops if hops is not None else (len(chain) or None)
+    logic = plan_logic(subgoals, hops) if subgoals else 0.0
+    structure = plan_structure(subgoals, chain) if subgoals else 0.0
+    return config.logic * logic + config.structure * structure + config.execution * min(max(execution, 0.0), 1.0)
 
 
 def parse_analysis(completion: str) -> dict[str, Any] | None:
@@ -206,38 +278,61 @@ def parse_analysis(completion: str) -> dict[str, Any] | None:
     return value
 
 
-def evidence_found(retrieved_ids: Iterable[str], supporting_ids: Iterable[str]) -> bool:
-    """Whether any gold supporting passage was retrieved."""
-    return bool(set(map(str, retrieved_ids)) & set(map(str, supporting_ids)))
+@dataclass(frozen=True)
+class AnalysisGold:
+    """What an analysis of one sub-goal is scored against: the sufficiency label (None: no gold
+    evidence, the term is not scored) and the gold answers (None: not scored)."""
+
+    sufficient: bool | None
+    answers: tuple[str, ...] | None
 
 
-def analysis_reward(completion: str, golds: Iterable[str], retrieved_ids: Iterable[str],
-                    supporting_ids: Iterable[str], config: AnalysisRewardConfig = AnalysisRewardConfig()) -> float:
-    """α·sufficiency + β·accuracy + γ·format: sufficiency 1 when the reply's "sufficient" agrees with
-    whether a gold supporting passage was retrieved, accuracy the F1 of its answer against `golds`,
-    format 1 for a JSON object with a bool "sufficient" and a string "answer". An unreadable reply gets 0."""
+def analysis_gold(step: int, steps: int, chain: Sequence[Hop], final_answers: Sequence[str],
+                  retrieved_ids: Iterable[str], shown: str) -> AnalysisGold:
+    """The gold of sub-goal `step` (1-based) of a plan of `steps`. With per-hop gold (`per_hop`): the
+    sufficiency label is whether hop `step`'s evidence was in what the analysis saw (`evidence_seen`), the
+    answer that hop's sub-answer. Without: only the last sub-goal is scored, against the final answers."""
+    if per_hop(chain, steps) and 1 <= step <= steps:
+        hop = chain[step - 1]
+        return AnalysisGold(evidence_seen(hop, retrieved_ids, shown), (hop.answer,))
+    return AnalysisGold(None, tuple(final_answers) if step == steps else None)
+
+
+def analysis_reward(completion: str, gold: AnalysisGold,
+                    config: AnalysisRewardConfig = AnalysisRewardConfig()) -> float:
+    """α·𝕀[sufficient = gold label] + β·EM(answer, gold answers) + γ·format; a term without gold is 0.
+    Format is 1 for a JSON object with a bool "sufficient" and a string "answer"; an unreadable reply gets 0."""
     value = parse_analysis(completion)
     if value is None:
         return 0.0
-    agree = value["sufficient"] == evidence_found(retrieved_ids, supporting_ids)
-    return config.sufficiency * agree + config.accuracy * score(value["answer"], golds)[1] + config.format
+    agree = gold.sufficient is not None and value["sufficient"] == gold.sufficient
+    exact = score(value["answer"], gold.answers)[0] if gold.answers else 0.0
+    return config.sufficiency * agree + config.accuracy * exact + config.format
 
 
-def recall(ids: Sequence[str], gold: Iterable[str]) -> float:
-    gold = set(gold)
-    return len(gold & set(ids)) / len(gold) if gold else 0.0
-
-
-def ndcg(ids: Sequence[str], gold: Iterable[str]) -> float:
-    """Binary-relevance NDCG of the ranked `ids` (cut at len(ids)); a repeated id counts once."""
+def ndcg(ids: Sequence[Hashable | None], gold: Iterable[Hashable], k: int | None = None) -> float:
+    """Binary-relevance NDCG@k of the ranked `ids` (k defaults to len(ids)); a repeated id counts once."""
     gold, seen = set(gold), set()
+    k = len(ids) if k is None else k
     dcg = 0.0
-    for rank, i in enumerate(ids):
+    for rank, i in enumerate(ids[:k]):
         if i in gold and i not in seen:
             dcg += 1 / math.log2(rank + 2)
         seen.add(i)
-    ideal = sum(1 / math.log2(rank + 2) for rank in range(min(len(gold), len(ids))))
+    ideal = sum(1 / math.log2(rank + 2) for rank in range(min(len(gold), k)))
     return dcg / ideal if ideal else 0.0
+
+
+def evidence_ndcg(contexts: Sequence[tuple[str, str]], hops: Sequence[Hop], k: int) -> float:
+    """NDCG@k of retrieved contexts (id, text), best first, against the gold evidence of `hops`, one
+    relevant item per hop: a context counts for the first hop not found higher up whose evidence it holds
+    (`evidence_seen`: its passage id, or a line naming both ends of one of its triples)."""
+    hops = [h for h in hops if h.passage_ids or h.triples]
+    found: list[int | None] = []
+    for cid, text in contexts[:k]:
+        found.append(next((n for n, hop in enumerate(hops) if n not in found and evidence_seen(hop, [cid], text)),
+                          None))
+    return ndcg(found, range(len(hops)), k)
 
 
 def rewrite_query(completion: str) -> str | None:
@@ -247,14 +342,12 @@ def rewrite_query(completion: str) -> str | None:
     return query.strip() if isinstance(query, str) and query.strip() else None
 
 
-def rewrite_reward(completion: str, before_ids: Sequence[str], after_ids: Sequence[str],
-                   supporting_ids: Iterable[str], config: RewriteRewardConfig = RewriteRewardConfig()) -> float:
-    """ω1·gain + ω2·format: gain is recall (or NDCG) of the gold supporting ids retrieved after the rewrite
-    minus before it, clipped to [0, 1]; format 1 for a JSON object with a non-empty string "query"."""
-    metric = {"recall": recall, "ndcg": ndcg}[config.metric]
-    gold = list(map(str, supporting_ids))
-    gain = metric(list(map(str, after_ids)), gold) - metric(list(map(str, before_ids)), gold)
-    return config.gain * min(max(gain, 0.0), 1.0) + config.format * (rewrite_query(completion) is not None)
+def rewrite_reward(completion: str, retrieval_ndcg: float,
+                   config: RewriteRewardConfig = RewriteRewardConfig()) -> float:
+    """ω1·√NDCG@k + ω2·format: NDCG@k of the rewritten query's retrieval against the gold evidence
+    (`evidence_ndcg`), format 1 for a JSON object with a non-empty string "query"."""
+    return (config.retrieval * math.sqrt(min(max(retrieval_ndcg, 0.0), 1.0))
+            + config.format * (rewrite_query(completion) is not None))
 
 
 # -- MyGO ----------------------------------------------------------------------------------------

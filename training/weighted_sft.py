@@ -4,7 +4,8 @@ Rows are the `sft`/`mygo` export (mhqa_graph.export): chats whose messages carry
 weight}]. `tokenize_with_weights` gives every token a weight: assistant <think> blocks 0.001 (the
 export's `think_weight`, or `WeightedSFTConfig.think_weight` to re-weight), tool calls and answers 1.0,
 the end-of-turn token 1.0, prompts, tool results and template text 0. Tokens of weight 0 get the label
--100, so they are not predicted at all.
+-100, so they are not predicted at all. Repaired replies and nudges are dropped first (`clean_messages`),
+also from rows exported before the export did it.
 
     loss = sum_t w_t * CE_t / N,   N = number of tokens with a label (w_t > 0)
 
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from mhqa_graph.export import tokenize_with_weights
+from mhqa_graph.export import clean_messages, tokenize_with_weights
 
 IGNORE = -100
 
@@ -51,7 +52,8 @@ def reweight_think(messages: list[dict[str, Any]], think_weight: float) -> list[
 
 def tokenize_row(tokenizer: Any, messages: list[dict[str, Any]], max_length: int | None = None,
                  think_weight: float | None = None, end_token: str | None = None) -> dict[str, list]:
-    """{input_ids, labels, loss_weights} of one chat, cut to `max_length` tokens."""
+    """{input_ids, labels, loss_weights} of one chat without its repairs, cut to `max_length` tokens."""
+    messages = clean_messages(messages)
     if think_weight is not None:
         messages = reweight_think(messages, think_weight)
     ids, weights = tokenize_with_weights(tokenizer, messages, end_token)
