@@ -223,6 +223,7 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
                 results: dict[str, dict] | None = None) -> tuple[list[SubQuestion], list[str]]:
     """The new and re-asked sub-questions of a plan, made valid, and notes on every repair.
 
+    - A sub-question that repeats the text of an answered one under another id is dropped (its answer stands).
     - An id already in the plan: restating it is ignored; rephrasing one that has not run replaces it; one
       without an answer (unknown or failed) is re-asked, rephrased or not (not unchanged after "unknown");
       one with an answer keeps it, and the new sub-question is renamed.
@@ -233,6 +234,7 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
     notes: list[str] = []
     known = {q["id"]: q for q in dag}
     taken, kept, seen, rename = set(known), [], set(), {}
+    answered = {" ".join(q["question"].lower().split()): q["id"] for q in dag if status(q, results) == ANSWERED}
     budget = cap - asks(dag)
     for item in items:
         sid, text = item["id"], item["question"]
@@ -240,6 +242,10 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
         state = status(old, results) if old else None
         if old and (state is None or state == ANSWERED) and old["question"] == text:
             continue  # an earlier sub-question restated
+        same = answered.get(" ".join(text.lower().split()))
+        if same and same != sid:
+            notes.append(f"InvalidPlan: {sid or 'a new id'} asks again what {same} answered; dropped")
+            continue
         if sid and sid in seen:
             notes.append(f"InvalidPlan: duplicate id {sid}; dropped {text!r}")
             continue

@@ -25,6 +25,9 @@ Reply format (text mode), e.g. for `fake_llms(**{"tool-agent": [...]})`:
     </tool_call>
 and finally `<think>...</think><answer>Brendan Nolan</answer>`.
 
+An answer that no successful tool result contains is sent back once (the model's only nudge), so that
+an answer copied from the prompt's example or made up is not taken at its first try.
+
 Typed errors in `error` (the answer, if any, still stands): `NoToolCall` (answered without one successful
 tool call), `RoundCap` (no answer within `max_rounds`), `MalformedOutput` (no <answer> in the forced
 reply), `ModelError`.
@@ -134,7 +137,7 @@ class OmneState(TypedDict):
     native: bool  # the model's own tool calling, not the text protocol
     messages: Annotated[list[AnyMessage], add_messages]  # the conversation, without the system prompt
     rounds: int  # agent model turns so far (the forced final-answer call is not one)
-    nudges: int  # replies with neither a tool call nor an answer
+    nudges: int  # replies with neither a tool call nor an answer, and answers sent back as ungrounded
     tool_calls: list[ToolCallRecord]
     repeated_calls: int
     invented_results: int  # <tool_response> blocks the model wrote itself (dropped)
@@ -383,11 +386,27 @@ def agent(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
               "dropped_answers": state["dropped_answers"] + reply.dropped_answer}
     if reply.calls:
         return {**counts, "rounds": round_no, "messages": [_ai_message(reply.kept, reply.calls, round_no)]}
-    if reply.answer:
+    if reply.answer and (state["nudges"] > 0 or round_no >= ctx.max_rounds or grounded(reply.answer, state)):
         return {**counts, "rounds": round_no, "messages": [AIMessage(reply.kept)], "answer": reply.answer}
+    if reply.answer:  # once: an answer that no tool result contains is sent back
+        return {**counts, "rounds": round_no, "nudges": state["nudges"] + 1,
+                "messages": [AIMessage(reply.kept), HumanMessage(P.UNGROUNDED.format(answer=reply.answer))]}
     nudge = [HumanMessage(P.NUDGE)] if state["nudges"] == 0 else []
     return {**counts, "rounds": round_no, "nudges": state["nudges"] + 1,
             "messages": [AIMessage(reply.kept), *nudge]}
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def grounded(answer: str, state: OmneState) -> bool:
+    """Whether a successful tool result of the run contains the answer (yes/no answers always are)."""
+    words = _norm(answer)
+    if words in ("yes", "no"):
+        return True
+    results = (m.text for m in state["messages"] if isinstance(m, ToolMessage) and m.status != "error")
+    return bool(words) and any(f" {words} " in f" {_norm(text)} " for text in results)
 
 
 def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:

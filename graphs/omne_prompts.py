@@ -95,6 +95,9 @@ NUDGE = ("Your reply had neither a tool call nor an answer. Continue: call a too
          "<tool_call></tool_call> tags and stop (the system sends the result), or give your final answer "
          "inside <answer></answer> tags.")
 
+UNGROUNDED = ("Your answer {answer!r} is not in any fact you were sent. Answer only from the facts: continue with "
+              "node_info, hop by hop, until a fact gives what the question asks for, then answer.")
+
 REPEATED = ("You already called {name} with these arguments; the result is in an earlier <tool_response>. "
             "Use it, call a tool with different arguments, or answer.")
 

@@ -249,6 +249,14 @@ def test_re_asks_count_against_the_cap_and_unchanged_ones_are_noted():
     assert new[0]["depends_on"] == [] and notes == ["InvalidPlan: cycle q1->q2->q1"]
 
 
+def test_an_answered_sub_question_asked_again_under_a_new_id_is_dropped():
+    """What qwen2.5-coder-1.5b did on PQ-2H: each round the same sub-questions under new ids, until the round cap."""
+    dag = [{"id": "q1", "question": "Who is the spouse of A?", "depends_on": [], "round": 1, "attempt": 1}]
+    answered = {"q1": {"status": "answered", "attempt": 1, "order": 0}}
+    again = [{"id": "q3", "question": "who is the spouse of  A?", "depends_on": []}]
+    assert repair_plan(again, dag, 12, 2, answered) == ([], ["InvalidPlan: q3 asks again what q1 answered; dropped"])
+
+
 def test_min_worker_rounds_the_planner_must_consult_a_worker_before_it_concludes(store):
     early = '<think>I know this one.</think>{"answer": "Paris"}'
     plan = planner([early, {"answer": "Paris"}])
@@ -330,7 +338,7 @@ def test_missing_ids_are_assigned_and_subquestion_cap_drops_extras():
 
 # -- 4. round cap --------------------------------------------------------------------------------
 def test_round_cap_forces_a_final_answer(store):
-    endless = [{"subquestions": [subq(f"q{i}", "What is the capital of France?")]} for i in range(1, 10)]
+    endless = [{"subquestions": [subq(f"q{i}", f"What is the capital of France, take {i}?")]} for i in range(1, 10)]
     plan = planner(endless, final='{"answer": "Paris"}')
     out = mujica.graph.invoke({"question": "Capital of France?"}, context=ctx(store, plan, answering_worker(),
                                                                               max_rounds=3))

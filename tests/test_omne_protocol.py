@@ -121,9 +121,20 @@ def test_a_model_that_never_calls_a_tool_gets_no_tool_call_error(store):
 
 
 def test_unknown_tools_only_is_no_tool_call(store):
-    model = FakeChatModel(responses=[call("web_search", query="Inception"), "<answer>x</answer>"], cycle=False)
+    model = FakeChatModel(responses=[call("web_search", query="Inception"), "<answer>x</answer>", "<answer>x</answer>"],
+                          cycle=False)
     out = graph.invoke({"question": Q}, context=ctx(model, store))
     assert out["error"].startswith("NoToolCall") and "unknown tool" in out["tool_calls"][0]["result_preview"]
+
+
+def test_an_answer_no_result_holds_is_sent_back_once(store):
+    """qwen2.5-coder-1.5b on PQ-3H answered 'lyon' (the prompt example's answer) right after entity_matcher."""
+    model = FakeChatModel(responses=[call("entity_matcher", query="Inception"), "<answer>lyon</answer>",
+                                     call("node_info", entity="Inception"), "<answer>Christopher Nolan</answer>"],
+                          cycle=False)
+    out = graph.invoke({"question": Q}, context=ctx(model, store))
+    assert "'lyon' is not in any fact you were sent" in model.calls[2][-1].text
+    assert out["answer"] == "Christopher Nolan" and out["error"] is None and out["rounds"] == 4
 
 
 def test_node_info_is_capped_with_the_facts_the_question_asks_for_first(store):
