@@ -73,6 +73,7 @@ BASH: dict[str, tuple] = {
     "python bench/fanout.py": (SKIP, "a timing benchmark"),
     "python bench/eval_throughput.py": (SKIP, "a timing benchmark"),
     "python bench/soak.py": (SKIP, "1,000 questions: minutes of CPU"),
+    "python bench/agents.py --quick": (SKIP, "runs the real 1.5B model for about 20 minutes"),
 }
 
 # a README python block, by its first line -> ("run", {text: replacement}) or ("skip", why)
