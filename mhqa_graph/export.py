@@ -14,7 +14,8 @@ Formats:
   dropped, so the chat goes from the prompt straight to the reply that worked (`clean_turns`).
 - roles: a DatasetDict with one split per OPERA role (plan, analysis, rewrite): prompt/completion chats
   and the signals their rewards need (analysis and rewrite rows: the sub-goal, its 1-based `step` of the
-  plan's `steps`, the query and the retrieved ids). A role with no rows (a `rag` run, an OPERA run with no
+  plan's `steps`, the query, the ids that query retrieved and the ids the analysis was shown: OPERA shows
+  the passages of all the sub-goal's attempts so far). A role with no rows (a `rag` run, an OPERA run with no
   rewrites) is left out; its count is 0.
 - grpo: one prompt per question with gold answers, topic entities and the corpus/graph to search.
 - mygo: sft chats of trajectories whose reward >= the threshold, deduplicated.
@@ -275,7 +276,8 @@ def role_rows(records: list[dict], reward: str = "f1",
             signals = {"subgoal": subgoals[step], "step": step + 1, "steps": len(trace.plan) or len(subgoals),
                        "query": str(attempt.get("query", "")),
                        "retrieved_ids": [str(h.get("id")) for h in hits],
-                       "retrieved_titles": [str(h.get("title")) for h in hits]}
+                       "retrieved_titles": [str(h.get("title")) for h in hits],
+                       "shown_ids": [str(i) for i in attempt.get("shown") or [h.get("id") for h in hits]]}
             if call.role == "analysis":
                 analysis = attempt.get("analysis") or {}
                 rows["analysis"].append(base | _chat(call) | signals | {
@@ -330,7 +332,7 @@ def _features(kind: str) -> Any:
     if kind == "plan":
         return d.Features(role | {"plan": d.List(text)})
     step = role | {"subgoal": text, "step": d.Value("int32"), "steps": d.Value("int32"), "query": text,
-                   "retrieved_ids": d.List(text), "retrieved_titles": d.List(text)}
+                   "retrieved_ids": d.List(text), "retrieved_titles": d.List(text), "shown_ids": d.List(text)}
     if kind == "analysis":
         return d.Features(step | {"sufficient": d.Value("bool"), "step_answer": text})
     return d.Features(step | {"rewrite": text, "next_retrieved_ids": d.List(text)})

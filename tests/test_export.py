@@ -183,6 +183,9 @@ def test_roles_export_pairs_each_call_with_its_signals(run_dir, tmp_path):
     assert [r["query"] for r in analysis] == ["Who directed Inception?", "Inception film director",
                                               "Where was Christopher Nolan born?"]
     assert analysis[2]["step_answer"] == "London" and "nolan" in analysis[2]["retrieved_ids"]
+    # OPERA shows a sub-goal's later attempt the passages of its earlier ones too
+    assert set(analysis[0]["shown_ids"]) == set(analysis[0]["retrieved_ids"])
+    assert set(analysis[1]["shown_ids"]) == set(analysis[0]["retrieved_ids"]) | set(analysis[1]["retrieved_ids"])
     assert analysis[0]["subgoal"] == "Who directed Inception?"
     rewrite = dd["rewrite"][0]
     assert rewrite["query"] == "Who directed Inception?" and rewrite["rewrite"] == "Inception film director"

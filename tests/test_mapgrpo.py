@@ -222,7 +222,7 @@ def test_analysis_reward_reads_what_the_prompt_showed(env, tmp_path):
     with open_store(env["store"], read_only=True) as store:
         rewards = RoleRewards(cfg, store, env["corpus"], None, None)
         scores = rewards.analysis([prompt, prompt], [found, '{"sufficient": false, "answer": ""}'],
-                                  answers=[["London"]] * 2, retrieved_ids=[["Christopher Nolan"]] * 2, step=[2, 1],
+                                  answers=[["London"]] * 2, shown_ids=[["Christopher Nolan"]] * 2, step=[2, 1],
                                   steps=[2, 2], chain=[chain, chain])
     # step 2 saw its hop's fact and answered it; step 1's fact (Inception's director) is not in these passages
     assert scores == pytest.approx([1.0, 0.3 + 0.2])
@@ -235,6 +235,8 @@ def test_role_rows_carry_step_and_gold_chain_and_repairs_are_cut(env, tmp_path):
     rows = role_rows(records)
     analysis_rows, _ = stage_rows(rows["analysis"], {}, lambda qid: [Hop(passage_ids=("x",))] if qid == "q1" else [])
     assert [(r["step"], r["steps"]) for r in analysis_rows] == [(1, 1), (1, 1)]  # one sub-goal, two attempts
+    first, second = (set(r["shown_ids"]) for r in analysis_rows)  # the second was shown the first's passages too
+    assert first and first <= second and len(second) > len(first)
     assert all(json.loads(r["chain"]) == [{"question": None, "answer": None, "passage_ids": ["x"], "triples": []}]
                for r in analysis_rows)
     prompt = analysis_rows[0]["prompt"]
@@ -330,7 +332,9 @@ def test_progressive_lora_training_end_to_end(env, expert_dir, tmp_path, monkeyp
     cfg = config(env, out, expert=str(expert_dir), expert_min_score=1.0)
     cfg.grpo["beta"] = 0.04  # KL to TRL's "ref" copy of the adapter, dropped after each stage
     cfg.dev = DevConfig(path=str(env["data"]), start=4, limit=1)
-    cfg.inject_roles = ["plan", "analysis"]  # the tiny model's own analyses all score 0: the expert's give a signal
+    # the tiny model's own analyses all score 0 and its rewrites are noise that ranks the gold passage alike
+    # (no JSON, so no format share either): the experts' completions give each group a signal
+    cfg.inject_roles = ["plan", "analysis", "rewrite"]
     trainer = MAPGRPOTrainer(cfg)
     seen = []
 
@@ -359,7 +363,7 @@ def test_progressive_lora_training_end_to_end(env, expert_dir, tmp_path, monkeyp
     assert plan["steps"] == plan["prompts"] == plan["expert_prompts"] == 2 and plan["plan_executions"] > 0
     analysis, rewrite = summary["roles"]["analysis"], summary["roles"]["rewrite"]
     assert analysis["steps"] == analysis["prompts"] > analysis["expert_prompts"] > 0
-    assert rewrite["steps"] == rewrite["prompts"] > 0 == rewrite["expert_prompts"]  # not in inject_roles
+    assert rewrite["steps"] == rewrite["prompts"] > rewrite["expert_prompts"] > 0
 
     def adapter(snapshot: dict, role: str) -> dict:
         return {k: v for k, v in snapshot.items() if f".{role}." in k}
@@ -388,12 +392,13 @@ def test_progressive_lora_training_end_to_end(env, expert_dir, tmp_path, monkeyp
         assert any("lora_B" in k and v.abs().sum() > 0 for k, v in weights.items())
 
 
-def test_a_role_with_too_few_prompts_for_a_step_is_skipped(env, tmp_path):
+def test_a_role_with_too_few_prompts_for_a_step_is_skipped(env, expert_dir, tmp_path):
     out = tmp_path / "run"
-    cfg = config(env, out, roles=["rewrite"])
+    cfg = config(env, out, roles=["rewrite"], expert=str(expert_dir))  # inject_roles: plan only
     cfg.grpo["per_device_train_batch_size"] = 200
     summary = MAPGRPOTrainer(cfg).train()
     assert summary["roles"]["rewrite"]["steps"] == 0
+    assert summary["roles"]["rewrite"]["prompts"] > 0 == summary["roles"]["rewrite"]["expert_prompts"]
     assert [e["event"] for e in log_entries(out)] == ["rollouts", "skipped", "saved"]
     assert (Path(summary["final"]) / "rewrite" / "adapter_config.json").is_file()
 

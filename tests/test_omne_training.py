@@ -295,7 +295,7 @@ def test_all_stages_with_the_tiny_policy_and_a_teacher_for_sft(config, tmp_path)
     think = [seg for m in rows[0]["messages"] for seg in m["segments"] if seg["text"].startswith("<think>")]
     assert len(think) == 3 and all(seg["weight"] == 0.001 for seg in think)
     # the teacher's run, exported as the CLI does, is read back as stage 2's given dataset
-    export(Path(cfg.output_dir) / "sft_rollouts" / "sample0", "sft", tmp_path / "sft")
+    export(trainer.sft_rollout_dir() / "sample0", "sft", tmp_path / "sft")
     for path in (tmp_path / "sft", tmp_path / "sft" / "sft.jsonl"):
         given = OmneTrainer(dataclasses.replace(cfg, stages=[2], sft_data=str(path))).sft_data()
         assert [m["content"] for m in given[0]["messages"]] == [m["content"] for m in rows[0]["messages"]]
@@ -303,12 +303,50 @@ def test_all_stages_with_the_tiny_policy_and_a_teacher_for_sft(config, tmp_path)
 
 def test_teacher_trajectories_need_the_reward_and_the_format(config):
     wrong = "fake:" + json.dumps(replies("1", "Nobody"))
-    sloppy = "fake:" + json.dumps([replies("1", "Bob 1")[0] + " Waiting.", *replies("1", "Bob 1")[1:]])
-    for teacher in (wrong, sloppy):
+    # text before the first block stays in the reply (the graph cuts only what follows a turn's last call)
+    sloppy = "fake:" + json.dumps(["Waiting. " + replies("1", "Bob 1")[0], *replies("1", "Bob 1")[1:]])
+    for teacher, f1 in ((wrong, 0.0), (sloppy, 1.0)):
         cfg = dataclasses.replace(config, stages=[2], teacher=teacher, sft_min_reward=0.5,
                                   rollout=dataclasses.replace(config.rollout, limit=1, max_new_tokens=16))
+        trainer = OmneTrainer(cfg)
         with pytest.raises(InvalidInput, match="no trajectories"):
-            OmneTrainer(cfg).sft_data()
+            trainer.sft_data()
+        record, = map(json.loads, (trainer.sft_rollout_dir() / "sample0" / "results.jsonl").read_text().splitlines())
+        assert record["f1"] == f1  # this teacher's own trajectory: the right answer without the format is out
+
+
+def test_each_teacher_has_its_own_rollouts_and_the_policy_starts_afresh(config):
+    right, wrong = ("fake:" + json.dumps(replies("1", answer)) for answer in ("Bob 1", "Nobody"))
+    cfg = dataclasses.replace(config, stages=[2], sft_min_reward=0.5,
+                              rollout=dataclasses.replace(config.rollout, limit=1, max_new_tokens=16))
+
+    def sft_data(teacher: str | None, **rollout) -> tuple[OmneTrainer, list[dict]]:
+        trainer = OmneTrainer(dataclasses.replace(cfg, teacher=teacher,
+                                                  rollout=dataclasses.replace(cfg.rollout, **rollout)))
+        try:
+            return trainer, trainer.sft_data()
+        except InvalidInput:
+            return trainer, []
+
+    first, rows = sft_data(right)
+    assert len(rows) == 1
+    results = first.sft_rollout_dir() / "sample0" / "results.jsonl"
+    made = results.read_text()
+    other, none = sft_data(wrong)  # another teacher into the same output_dir: its own folder and trajectories
+    assert none == [] and other.sft_rollout_dir() != first.sft_rollout_dir() and results.read_text() == made
+    again, rows = sft_data(right)  # the first teacher again: its rollouts are reused, not remade
+    assert len(rows) == 1 and again.sft_rollout_dir() == first.sft_rollout_dir() and results.read_text() == made
+    with pytest.warns(UserWarning, match="other rollout settings; started them afresh"):
+        _, rows = sft_data(right, max_new_tokens=24)
+    assert len(rows) == 1 and json.loads(results.read_text())["id"] == json.loads(made)["id"]
+    assert [r["event"] for r in log_records(cfg)] == ["rollouts_restarted"]
+    policy, _ = sft_data(None)
+    assert policy.sft_rollout_dir().name == "policy"
+    (policy.sft_rollout_dir() / "sample0" / "results.jsonl").write_text(made)  # an earlier training's policy
+    sft_data(None)
+    assert json.loads((policy.sft_rollout_dir() / "sample0" / "run.json").read_text())["llm"] != json.loads(
+        (first.sft_rollout_dir() / "sample0" / "run.json").read_text())["llm"]
+    assert (policy.sft_rollout_dir() / "sample0" / "results.jsonl").read_text() != made
 
 
 def test_stage1_warm_starts_on_the_teacher_and_stops_when_the_format_stays_zero(config, monkeypatch):

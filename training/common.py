@@ -149,11 +149,12 @@ def chat_model_for(model: Any, tokenizer: Any, temperature: float = 0.0, max_new
                                              max_new_tokens=max_new_tokens)
 
 
-def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path,
-             role_llms: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: dict[str, Any] | None = None,
+             force_new: bool = False) -> list[dict[str, Any]]:
     """Run the agent `config.samples` times over the questions with `llm` (a chat model or spec) and
     return the eval records (each with its trace, em, f1 and `sample`). Sample j is the resumable eval
-    run `out_dir/sample{j}`, so an interrupted rollout continues where it stopped."""
+    run `out_dir/sample{j}`, so an interrupted rollout continues where it stopped; RunMismatch if it
+    holds a run with another model spec or settings. `force_new` starts every sample folder afresh."""
     from mhqa_graph.eval import run_eval
 
     model = getattr(llm, "_model", None)
@@ -165,7 +166,7 @@ def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path,
     for j in range(config.samples):
         out = Path(out_dir) / f"sample{j}"
         run_eval(config.agent, config.dataset, config.path, llm, config.store, out, limit=config.limit,
-                 start=config.start, concurrency=1, context_overrides=overrides, progress=False)
+                 start=config.start, concurrency=1, context_overrides=overrides, progress=False, force_new=force_new)
         records += [r | {"sample": j} for r in read_records(out / RESULTS)]
     return records
 

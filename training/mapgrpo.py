@@ -15,7 +15,8 @@ then rewrite):
      the gold chain, execution = F1 of the answer OPERA reaches with the completion as its plan (the
      other roles played by `executor`: the current policy with its role adapters, greedy, or a spec);
    - analysis: α·𝕀[sufficient = gold] + β·EM(answer, gold sub-answer) + γ·format for sub-goal i against
-     hop i of the chain (the label: whether that hop's evidence was in the passages or facts shown);
+     hop i of the chain (the label: whether that hop's evidence was in the passages or facts shown, those
+     of the sub-goal's earlier attempts included);
      without per-hop gold only the last sub-goal is scored, against the final answer;
    - rewrite: ω1·√NDCG@k of the rewritten query's retrieval (as OPERA parses it, searched at the
      context's top_k in the read-only store) against the hop's gold evidence + ω2·format;
@@ -236,12 +237,14 @@ def first_prompt(prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def training_row(row: dict[str, Any], chain: list[Hop] | None = None) -> dict[str, Any]:
     """The columns GRPO and the role rewards need from a role row (plan rows have no query or step) and
-    the question's gold chain (JSON, as eval records carry it)."""
+    the question's gold chain (JSON, as eval records carry it). Rows exported before OPERA merged its
+    attempts' passages have no `shown_ids`: their analysis was shown what its query retrieved."""
     prompt = first_prompt([{"role": m["role"], "content": m["content"]} for m in row["prompt"]])
     return {"prompt": prompt, "id": str(row.get("id", "")), "question": str(row.get("question", "")),
             "answers": [str(a) for a in row.get("answers") or []],
             "supporting_ids": [str(i) for i in row.get("supporting_ids") or []],
-            "retrieved_ids": [str(i) for i in row.get("retrieved_ids") or []], "query": str(row.get("query") or ""),
+            "shown_ids": [str(i) for i in row.get("shown_ids") or row.get("retrieved_ids") or []],
+            "query": str(row.get("query") or ""),
             "step": int(row.get("step") or 0), "steps": int(row.get("steps") or 0),
             "chain": json.dumps(chain_json(chain or []), ensure_ascii=False)}
 
@@ -427,10 +430,11 @@ class RoleRewards:
         return [plan_reward(t, e, chain_from_json(json.loads(c)), config=self.config.plan_reward)
                 for t, e, c in zip(texts, executions, chain)]
 
-    def analysis(self, prompts: list, completions: list, answers: list[list[str]], retrieved_ids: list[list[str]],
+    def analysis(self, prompts: list, completions: list, answers: list[list[str]], shown_ids: list[list[str]],
                  step: list[int], steps: list[int], chain: list[str], **_: Any) -> list[float]:
+        """Scored against what the analysis was shown: the passages of every attempt of its sub-goal so far."""
         rewards = []
-        for prompt, c, a, ids, i, n, hops in zip(prompts, completions, answers, retrieved_ids, step, steps, chain):
+        for prompt, c, a, ids, i, n, hops in zip(prompts, completions, answers, shown_ids, step, steps, chain):
             gold = analysis_gold(i, n, chain_from_json(json.loads(hops)), a, ids, shown_passages(prompt))
             rewards.append(analysis_reward(completion_text(c), gold, self.config.analysis_reward))
         return rewards

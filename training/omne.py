@@ -24,7 +24,9 @@ supported alternative.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +42,7 @@ from pydantic import PrivateAttr
 
 from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
 from mhqa_graph.eval.environments import environment_name, prepare
-from mhqa_graph.eval.runner import load_questions
+from mhqa_graph.eval.runner import RunMismatch, load_questions
 from mhqa_graph.export import THINK_WEIGHT, sft_rows
 from mhqa_graph.models.chat import TransformersChatModel, chat_dicts
 from mhqa_graph.store import open_store
@@ -407,6 +409,13 @@ def format_ok(row: dict[str, Any], record: dict[str, Any], reward: OmneRewardCon
     return bool(turns) and format_reward(turns, reward, successful) == 1
 
 
+def teacher_folder(spec: str) -> str:
+    """The folder name of a teacher's rollouts: its spec made path-safe (cut short) and a hash of the whole
+    spec, so two teachers never share a folder."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", spec)[:40].strip("-.")
+    return f"teacher-{slug}-{hashlib.sha256(spec.encode('utf-8')).hexdigest()[:10]}"
+
+
 class OmneTrainer:
     """Runs the configured stages on one model; `train()` returns a summary of every stage's logs."""
 
@@ -455,9 +464,7 @@ class OmneTrainer:
         if cfg.sft_data:
             rows = read_sft_data(cfg.sft_data)
         else:
-            llm = cfg.teacher or chat_model_for(self.model, self.tokenizer, temperature=cfg.rollout.temperature,
-                                                max_new_tokens=cfg.rollout.max_new_tokens)
-            records = rollouts(cfg.rollout, llm, self.out / "sft_rollouts")
+            records = self.sft_rollouts()
             rows = [row for record in records for row in sft_rows([record], min_reward=cfg.sft_min_reward,
                                                                   think_weight=cfg.think_weight)
                     if cfg.sft_min_reward is None or format_ok(row, record, cfg.reward)]
@@ -467,6 +474,30 @@ class OmneTrainer:
             raise InvalidInput("no trajectories to train on in SFT (check sft_data / teacher / sft_min_reward)")
         self._sft_rows = rows
         return rows
+
+    def sft_rollout_dir(self) -> Path:
+        """Where the SFT rollouts go: `sft_rollouts/teacher-<spec>-<hash>`, one folder per teacher, or
+        `sft_rollouts/policy`."""
+        teacher = self.config.teacher
+        return self.out / "sft_rollouts" / (teacher_folder(teacher) if teacher else "policy")
+
+    def sft_rollouts(self) -> list[dict[str, Any]]:
+        """The eval records of the SFT rollouts. A teacher's are kept in its own folder: a later training into
+        the same output_dir with that teacher and the same rollout settings reuses them (resuming an
+        interrupted run), another teacher never touches them, and other rollout settings start the folder
+        afresh with a warning. The policy's are started afresh every time: they are of this training's weights."""
+        cfg, out = self.config, self.sft_rollout_dir()
+        if not cfg.teacher:
+            llm = chat_model_for(self.model, self.tokenizer, temperature=cfg.rollout.temperature,
+                                 max_new_tokens=cfg.rollout.max_new_tokens)
+            return rollouts(cfg.rollout, llm, out, force_new=True)
+        try:
+            return rollouts(cfg.rollout, cfg.teacher, out)
+        except RunMismatch:
+            message = f"{out} held the teacher's rollouts with other rollout settings; started them afresh"
+            warnings.warn(message, stacklevel=2)
+            write_log(self.out / LOG, {"event": "rollouts_restarted", "message": message})
+            return rollouts(cfg.rollout, cfg.teacher, out, force_new=True)
 
     def _sft(self, stage: int, log: Any) -> Any:
         from datasets import Dataset

@@ -288,13 +288,14 @@ class AnalysisGold:
 
 
 def analysis_gold(step: int, steps: int, chain: Sequence[Hop], final_answers: Sequence[str],
-                  retrieved_ids: Iterable[str], shown: str) -> AnalysisGold:
+                  shown_ids: Iterable[str], shown: str) -> AnalysisGold:
     """The gold of sub-goal `step` (1-based) of a plan of `steps`. With per-hop gold (`per_hop`): the
-    sufficiency label is whether hop `step`'s evidence was in what the analysis saw (`evidence_seen`), the
-    answer that hop's sub-answer. Without: only the last sub-goal is scored, against the final answers."""
+    sufficiency label is whether hop `step`'s evidence was in what the analysis saw (`evidence_seen` of the
+    passage ids and the text it was shown), the answer that hop's sub-answer. Without: only the last
+    sub-goal is scored, against the final answers."""
     if per_hop(chain, steps) and 1 <= step <= steps:
         hop = chain[step - 1]
-        return AnalysisGold(evidence_seen(hop, retrieved_ids, shown), (hop.answer,))
+        return AnalysisGold(evidence_seen(hop, shown_ids, shown), (hop.answer,))
     return AnalysisGold(None, tuple(final_answers) if step == steps else None)
 
 
