@@ -113,17 +113,27 @@ def env_rows(args: argparse.Namespace, env: str, agents: list[str]) -> tuple[int
             "acted": f"{health['acted']}/{health['acted_of']}" if health["acted_of"] else "-",
             "invented": health["invented"], "malformed": health["malformed"], "repairs": health["repairs"],
             "forced": health["forced"], "bad": health["bad_answers"],
-            "recall": diags["evidence_recall"], "failures": diags["failures"],
+            "recall": diags["evidence_recall"], "failures": diags["failures"], "fill": _fill(recs),
         })
     return len(shared), rows
+
+
+def _fill(records: list[dict]) -> str:
+    """OPERA's placeholders resolved / written over the records ("-" for other agents)."""
+    counts = [(r.get("trace") or {}).get("design", {}).get("placeholders") for r in records]
+    counts = [c for c in counts if isinstance(c, dict)]
+    if not counts:
+        return "-"
+    return f"{sum(c.get('resolved', 0) for c in counts)}/{sum(c.get('written', 0) for c in counts)}"
 
 
 def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
     spec = ENVIRONMENTS[env]
     head = (f"### {env}: {spec.dataset} `{Path(spec.file).name}` ({spec.kind}), {n} questions, `{llm}`\n\n"
             "| agent | EM | F1 | ΔF1 vs rag | s/q | LLM calls/q | tokens/q | acted | invented | malformed | "
-            "repairs | forced | empty/long | evidence seen | misses (retrieval/reasoning/format/error) |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "repairs | forced | empty/long | evidence seen | misses (retrieval/reasoning/format/error) | "
+            "placeholders filled |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         df1 = "-" if r["df1"] is None or r["agent"] == "rag" else f"{r['df1']:+.1f}"
@@ -131,7 +141,7 @@ def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
         misses = "/".join(str(r["failures"][k]) for k in FAILURE_CLASSES[:4])
         lines.append(f"| {r['agent']} | {r['em']:.1f} | {r['f1']:.1f} | {df1} | {r['sec']:.1f} | {r['calls']:.1f} | "
                      f"{r['tokens']:.0f} | {r['acted']} | {r['invented']} | {r['malformed']} | {r['repairs']} | "
-                     f"{r['forced']} | {r['bad']} | {recall} | {misses} |")
+                     f"{r['forced']} | {r['bad']} | {recall} | {misses} | {r['fill']} |")
     return head + "\n".join(lines) + "\n"
 
 
