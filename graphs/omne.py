@@ -65,7 +65,7 @@ from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
-from mhqa_graph.parsing import close_json, extract_json, extract_tag, final_answer, json_spans
+from mhqa_graph.parsing import close_json, extract_json, extract_tag, final_answer, json_spans, words
 from mhqa_graph.tools import entity_matcher_tool, node_info_tool
 
 from . import omne_prompts as P
@@ -396,17 +396,13 @@ def agent(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
             "messages": [AIMessage(reply.kept), *nudge]}
 
 
-def _norm(text: str) -> str:
-    return " ".join(re.findall(r"\w+", text.lower()))
-
-
 def grounded(answer: str, state: OmneState) -> bool:
     """Whether a successful tool result of the run contains the answer (yes/no answers always are)."""
-    words = _norm(answer)
-    if words in ("yes", "no"):
+    said = words(answer)
+    if said in ("yes", "no"):
         return True
     results = (m.text for m in state["messages"] if isinstance(m, ToolMessage) and m.status != "error")
-    return bool(words) and any(f" {words} " in f" {_norm(text)} " for text in results)
+    return bool(said) and any(f" {said} " in f" {words(text)} " for text in results)
 
 
 def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:

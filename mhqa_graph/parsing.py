@@ -13,6 +13,12 @@ MAX_JSON_CHARS = 20_000  # a reply longer than this is not a JSON answer worth s
 MAX_STARTS = 32  # brackets tried as the start of a JSON value: bounds the scan to linear time
 
 
+def words(text: str) -> str:
+    """`text` as lower-case words joined by single spaces (punctuation dropped): how answers, entity
+    names and fact lines are compared with each other."""
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
 def strip_think(text: str) -> str:
     """`text` without <think>…</think> blocks (an unclosed block runs to the end)."""
     return _THINK.sub("", text).strip()

@@ -22,11 +22,11 @@ from typing import Any
 
 from mhqa_graph.graphs.omne_prompts import TOOL_SPECS
 
-from mhqa_graph.eval.diagnostics import _norm as normalize_line  # the normalisation hop_seen expects
 from mhqa_graph.eval.diagnostics import hop_seen
 from mhqa_graph.eval.scoring import score
 from mhqa_graph.ingest.datasets import Hop
 from mhqa_graph.parsing import extract_json
+from mhqa_graph.parsing import words as normalize_line  # the normalisation hop_seen expects
 
 OMNE_TOOLS = tuple(spec["name"] for spec in TOOL_SPECS)
 

@@ -15,20 +15,16 @@ Failure classes of a question that is not an exact match:
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from ..ingest.datasets import Hop
+from ..parsing import words
 from ..traces import Trace
 
 FAILURE_CLASSES = ("retrieval", "reasoning", "format", "error", "unknown")
-
-
-def _norm(text: str) -> str:
-    return " ".join(re.findall(r"\w+", text.lower()))
 
 
 def shown_lines(trace: Trace) -> list[str]:
@@ -36,7 +32,7 @@ def shown_lines(trace: Trace) -> list[str]:
     normalised to lower-case words."""
     texts = [m.content for call in trace.llm_calls for m in call.messages if m.role != "assistant"]
     texts += [c.output for c in trace.tool_calls]
-    return [_norm(line) for text in texts for line in text.splitlines() if line.strip()]
+    return [words(line) for text in texts for line in text.splitlines() if line.strip()]
 
 
 def retrieved_ids(trace: Trace) -> set[str]:
@@ -50,7 +46,7 @@ def hop_seen(hop: Hop, ids: set[str], lines: Sequence[str]) -> bool | None:
     if ids.intersection(hop.passage_ids):
         return True
     for s, _, o in hop.triples:
-        s, o = f" {_norm(s)} ", f" {_norm(o)} "
+        s, o = f" {words(s)} ", f" {words(o)} "
         if any(s in f" {line} " and o in f" {line} " for line in lines):
             return True
     return False
