@@ -66,7 +66,7 @@ from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
 from mhqa_graph.parsing import close_json, extract_json, extract_tag, final_answer, json_spans, words
-from mhqa_graph.tools import entity_matcher_tool, node_info_tool
+from mhqa_graph.tools import entity_matcher_tool, node_info_tool, pick_graph
 
 from . import omne_prompts as P
 from .common import (
@@ -311,10 +311,11 @@ def check_args(name: str, args: dict, graphs: list[str]) -> dict | str:
     if not isinstance(graph, str):
         return f'Error: argument "graph_type" of {name} must be a string, got {json.dumps(graph)[:80]}.'
     graph = graph.strip()
-    if graphs and graph not in graphs:
-        if len(graphs) > 1:
-            return f"Error: unknown graph_type {graph!r}; use one of {', '.join(graphs)}."
-        graph = graphs[0]
+    if graphs:
+        try:
+            graph = pick_graph(graph, graphs)
+        except MhqaError as exc:
+            return f"Error: {exc}."
     return {key: " ".join(value.split()), "graph_type": graph}
 
 

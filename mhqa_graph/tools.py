@@ -35,7 +35,7 @@ def format_passages(hits: list, max_chars: int = MAX_PASSAGE_CHARS, max_total: i
                     max_total)
 
 
-def _pick_graph(graph_type: str | None, graphs: list[str]) -> str:
+def pick_graph(graph_type: str | None, graphs: list[str]) -> str:
     """The graph a call names; with one graph, that graph whatever was named (small models invent
     names); else an error listing the valid ones."""
     if not graphs:
@@ -110,7 +110,7 @@ def entity_matcher_tool(store: KnowledgeStore, graphs: list[str], k: int = 5, de
         """Find entities in the knowledge graph whose names match the query (semantic + lexical).
         Returns entity names, best first. graph_type names the graph to search."""
         try:
-            graph = _pick_graph(graph_type, graphs)
+            graph = pick_graph(graph_type, graphs)
             hits = store.match_entities(graph, str(query), k=k)
             if not describe:
                 return cap_text("\n".join(h.name for h in hits)) if hits else "No matching entities."
@@ -132,7 +132,7 @@ def node_info_tool(store: KnowledgeStore, graphs: list[str], max_facts: int = MA
         Use an exact name returned by entity_matcher. graph_type names the graph."""
         entity = _DESCRIPTION.sub("", str(entity))  # a name copied with entity_matcher's description
         try:
-            graph = _pick_graph(graph_type, graphs)
+            graph = pick_graph(graph_type, graphs)
             info = store.node_info(graph, entity)
         except EntityNotFound as exc:
             try:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..errors import IngestError, InvalidInput
+from ..parsing import words
 from ..types import Passage, Triple
 from .files import StrPath, checked, iter_json, iter_lines, make_passage, read_triples_file, triple
 
@@ -167,14 +168,10 @@ def _evidences(row: dict) -> list[Triple]:
     return [triple(e) for e in evidences]
 
 
-def _words(text: str) -> str:
-    return " " + " ".join(re.findall(r"\w+", text.lower())) + " "
-
-
 def _named_in(question: str, names: Iterable[str]) -> tuple[str, ...]:
     """The names that the question spells out (case-insensitive, as whole words)."""
-    text = _words(question)
-    return _unique(n for n in names if _words(n).strip() and _words(n) in text)
+    text = f" {words(question)} "
+    return _unique(n for n in names if words(n) and f" {words(n)} " in text)
 
 
 # -- the benchmarks ----------------------------------------------------------------------------
