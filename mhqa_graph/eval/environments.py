@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import StoreError
@@ -28,17 +29,30 @@ def _count(items) -> int:
     return sum(1 for x in items if not isinstance(x, Exception))
 
 
-def survey(store: KnowledgeStore, dataset: str, path: str | Path, name: str) -> tuple[dict, bool]:
-    """({"corpus": name or None, "graph": name or None}, whether the store already holds all of it)."""
+@dataclass(frozen=True)
+class Survey:
+    """What a dataset file offers against what the store holds under `name`."""
+
+    corpus: str | None  # name, when the file has passages
+    graph: str | None  # name, when the file has triples
+    items: int  # passages and triples of the file
+    complete: bool  # the store holds at least as many of each
+
+    def settings(self, ingested: bool) -> dict:
+        return {"corpus": self.corpus, "graph": self.graph, "ingested": ingested}
+
+
+def survey(store: KnowledgeStore, dataset: str, path: str | Path, name: str) -> Survey:
+    """Count the file's passages and triples and compare them with the store's (one stats() call,
+    only when the store has a collection of that name)."""
     n_passages = _count(dataset_passages(dataset, path, yield_errors=True))
     n_triples = _count(dataset_triples(dataset, path, yield_errors=True))
-    have = {}
-    if n_passages:
-        have["passages"] = name in store.corpora() and store.stats().corpora.get(name, {}).get("passages", 0)
-    if n_triples:
-        have["triples"] = name in store.graphs() and store.stats().graphs.get(name, {}).get("triples", 0)
-    complete = have.get("passages", 0) >= n_passages and have.get("triples", 0) >= n_triples
-    return {"corpus": name if n_passages else None, "graph": name if n_triples else None}, bool(complete)
+    has = (n_passages and name in store.corpora()) or (n_triples and name in store.graphs())
+    stats = store.stats() if has else None
+    have_passages = stats.corpora.get(name, {}).get("passages", 0) if stats else 0
+    have_triples = stats.graphs.get(name, {}).get("triples", 0) if stats else 0
+    return Survey(corpus=name if n_passages else None, graph=name if n_triples else None,
+                  items=n_passages + n_triples, complete=have_passages >= n_passages and have_triples >= n_triples)
 
 
 def prepare(store: KnowledgeStore, dataset: str, path: str | Path, name: str,
@@ -51,17 +65,12 @@ def prepare(store: KnowledgeStore, dataset: str, path: str | Path, name: str,
     Returns {"corpus": name or None, "graph": name or None, "ingested": bool}: the settings the
     agent needs, and whether anything had to be ingested this time.
     """
-    env, complete = survey(store, dataset, path, name)
-    if not complete:
+    found = survey(store, dataset, path, name)
+    if not found.complete:
         what = f"ingest {Path(path).name} into {name!r} in {store.uri}"
-        progress = announce(what, _size(dataset, path)) if announce else None
+        progress = announce(what, found.items) if announce else None
         ingest_dataset(store, dataset, path, name, skip_bad=True, progress=progress)
-    return {**env, "ingested": not complete}
-
-
-def _size(dataset: str, path: str | Path) -> int:
-    return _count(dataset_passages(dataset, path, yield_errors=True)) + \
-        _count(dataset_triples(dataset, path, yield_errors=True))
+    return found.settings(ingested=not found.complete)
 
 
 @contextmanager
@@ -77,10 +86,10 @@ def open_environment(store_uri: str | None, dataset: str, path: str | Path,
     except StoreError:  # no store yet, or not readable without a writer's catch-up
         store = None
     if store is not None:
-        env, complete = survey(store, dataset, path, name)
-        if complete:
+        found = survey(store, dataset, path, name)
+        if found.complete:
             with store:
-                yield store, {**env, "ingested": False}
+                yield store, found.settings(ingested=False)
             return
         store.close()
     with open_store(store_uri) as store:
