@@ -110,6 +110,14 @@ def evaluate_dev(rollout: RolloutConfig, dev: DevConfig, llm: Any, out_dir: str 
     return dev_metrics(rollouts(dev_rollout(rollout, dev), llm, out_dir, role_llms))
 
 
+def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: Any,
+               out_dir: str | Path) -> dict[str, float]:
+    """`evaluate_dev` of an in-memory policy, greedy; {} without a dev slice."""
+    if not dev.path:
+        return {}
+    return evaluate_dev(rollout, dev, chat_model_for(model, tokenizer, 0.0, rollout.max_new_tokens), out_dir)
+
+
 def load_model(config: ModelConfig) -> tuple[Any, Any]:
     """(model, tokenizer) ready to train: wrapped in a PEFT LoRA adapter when `config.lora`."""
     try:

@@ -34,8 +34,8 @@ from .common import (
     RolloutConfig,
     chat_model_for,
     check_disjoint,
-    evaluate_dev,
     load_model,
+    policy_dev,
     rollouts,
     write_log,
 )
@@ -152,10 +152,7 @@ class MyGOTrainer:
     def dev(self, name: str) -> dict[str, Any]:
         """Dev metrics of the current weights (greedy), a resumable run in `dev/<name>`; {} without a dev slice."""
         cfg = self.config
-        if not cfg.dev.path:
-            return {}
-        llm = chat_model_for(self.model, self.tokenizer, 0.0, cfg.rollout.max_new_tokens)
-        return evaluate_dev(cfg.rollout, cfg.dev, llm, self.out / "dev" / name)
+        return policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out / "dev" / name)
 
     def iteration(self, k: int) -> dict[str, Any]:
         """Rollouts, τ, keep, SFT, checkpoint; the iteration's metrics, also appended to log.jsonl."""

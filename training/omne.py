@@ -53,9 +53,9 @@ from .common import (
     RolloutConfig,
     chat_model_for,
     check_disjoint,
-    evaluate_dev,
     jsonl_log,
     load_model,
+    policy_dev,
     rollouts,
     write_log,
 )
@@ -514,11 +514,9 @@ class OmneTrainer:
     def dev(self, name: str) -> dict[str, Any]:
         """Dev metrics of the policy (greedy), logged as event `dev`: F1, tool-call rate, LLM calls."""
         cfg = self.config
-        if not cfg.dev.path:
-            return {}
-        llm = chat_model_for(self.model, self.tokenizer, 0.0, cfg.rollout.max_new_tokens)
-        metrics = evaluate_dev(cfg.rollout, cfg.dev, llm, self.out / "dev" / name)
-        write_log(self.out / LOG, {"event": "dev", "after": name, **metrics})
+        metrics = policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out / "dev" / name)
+        if metrics:
+            write_log(self.out / LOG, {"event": "dev", "after": name, **metrics})
         return metrics
 
     def train(self) -> dict[str, Any]:
