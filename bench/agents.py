@@ -22,11 +22,10 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
-from mhqa_graph.eval.environments import open_environment
+from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
 from mhqa_graph.eval.health import health_summary
 from mhqa_graph.eval.report import RESULTS, read_records
 
@@ -35,20 +34,6 @@ AGENTS = ("direct", "rag", "opera", "mujica", "omne")
 KG_ONLY = {"omne"}  # agents that need a knowledge graph
 
 
-@dataclass(frozen=True)
-class Env:
-    dataset: str
-    file: str  # relative to the data folder
-    kind: str  # "kg" or "text"
-
-
-ENVIRONMENTS = {
-    "pq2h": Env("pathquestion", "pathquestion/PQ-2H.txt", "kg"),
-    "pq3h": Env("pathquestion", "pathquestion/PQ-3H.txt", "kg"),
-    "2wiki-kg": Env("2wiki", "2wikimultihopqa/dev_evidences.json", "kg"),
-    "hotpot": Env("hotpotqa", "hotpotqa/dev_b.jsonl", "text"),
-    "2wiki-text": Env("2wiki", "2wikimultihopqa/dev_context.jsonl", "text"),
-}
 QUICK = (("pq2h", "hotpot"), 4)
 
 
@@ -57,7 +42,7 @@ def run_dir(out: Path, llm: str, env: str, agent: str) -> Path:
 
 
 def eval_command(args: argparse.Namespace, env: str, agent: str) -> list[str]:
-    spec = ENVIRONMENTS[env]
+    spec = DEV_ENVIRONMENTS[env]
     llm = args.llm if "?" in args.llm or not args.llm.startswith("llamacpp:") else f"{args.llm}?threads=1"
     mhqa = str(Path(sys.executable).with_name("mhqa"))
     return [mhqa, "eval", str(args.data / spec.file), "--dataset", spec.dataset, "--agent", agent,
@@ -69,7 +54,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[str, str]]) -> None:
     """The evals of `jobs`, `args.jobs` at a time; each one's output goes to its run folder's eval.log.
     The environments are built first, so that the evals open the shared store read-only side by side."""
     for env in dict.fromkeys(env for env, _ in jobs):
-        spec = ENVIRONMENTS[env]
+        spec = DEV_ENVIRONMENTS[env]
         with open_environment(args.store, spec.dataset, args.data / spec.file) as (_, built):
             print(f"  environment {env}: {'ingested' if built['ingested'] else 'ready'}", file=sys.stderr)
     with ThreadPoolExecutor(args.jobs) as pool:
@@ -128,7 +113,7 @@ def _fill(records: list[dict]) -> str:
 
 
 def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
-    spec = ENVIRONMENTS[env]
+    spec = DEV_ENVIRONMENTS[env]
     head = (f"### {env}: {spec.dataset} `{Path(spec.file).name}` ({spec.kind}), {n} questions, `{llm}`\n\n"
             "| agent | EM | F1 | ΔF1 vs rag | s/q | LLM calls/q | tokens/q | acted | invented | malformed | "
             "repairs | forced | empty/long | evidence seen | misses (retrieval/reasoning/format/error) | "
@@ -172,7 +157,7 @@ def plot(tables: dict[str, list[dict]], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--env", action="append", choices=sorted(ENVIRONMENTS), help="repeatable; default: all")
+    parser.add_argument("--env", action="append", choices=sorted(DEV_ENVIRONMENTS), help="repeatable; default: all")
     parser.add_argument("--agents", default=",".join(AGENTS), help="comma-separated")
     parser.add_argument("--llm", default="llamacpp:qwen2.5-coder-1.5b")
     parser.add_argument("--limit", type=int, default=20)
@@ -184,7 +169,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
     parser.add_argument("--report-only", action="store_true", help="tables from finished runs, run nothing")
     args = parser.parse_args()
-    envs = args.env or list(ENVIRONMENTS)
+    envs = args.env or list(DEV_ENVIRONMENTS)
     if args.quick:
         envs, args.limit = list(QUICK[0]), QUICK[1]
     args.store = args.store or f"embedded://{(args.out / 'store').resolve()}"
@@ -192,7 +177,7 @@ def main() -> None:
     unknown = sorted(set(agents) - set(AGENTS))
     if unknown:
         parser.error(f"unknown agents {unknown}; choose from {', '.join(AGENTS)}")
-    jobs = [(env, a) for env in envs for a in agents if not (a in KG_ONLY and ENVIRONMENTS[env].kind != "kg")]
+    jobs = [(env, a) for env in envs for a in agents if not (a in KG_ONLY and DEV_ENVIRONMENTS[env].kind != "kg")]
     started = time.perf_counter()
     if not args.report_only:
         run_all(args, jobs)

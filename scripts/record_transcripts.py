@@ -23,19 +23,14 @@ from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs.common import chat_model
 
 from mhqa_graph.eval.diagnostics import chain_json
-from mhqa_graph.eval.environments import open_environment
+from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
 from mhqa_graph.eval.runner import graph_inputs, load_questions
 from mhqa_graph.testing.replay import RecordingChatModel, RecordingStore, Transcript
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 OUT = ROOT / "tests" / "recorded"
-ENVIRONMENTS = {  # name -> (dataset, file)
-    "pq2h": ("pathquestion", "pathquestion/PQ-2H.txt"),
-    "2wiki-kg": ("2wiki", "2wikimultihopqa/dev_evidences.json"),
-    "hotpot": ("hotpotqa", "hotpotqa/dev_b.jsonl"),
-}
-PLAN = {  # agent -> environments
+PLAN = {  # agent -> environments (DEV_ENVIRONMENTS)
     "omne": ("pq2h", "2wiki-kg"),
     "opera": ("pq2h", "hotpot"),
     "mujica": ("pq2h", "hotpot"),
@@ -64,7 +59,7 @@ def pick(dataset: str, path: Path, start: int, n: int) -> list:
 
 
 def record(agent: str, env: str, args: argparse.Namespace) -> Path:
-    dataset, rel = ENVIRONMENTS[env]
+    dataset, rel = DEV_ENVIRONMENTS[env].dataset, DEV_ENVIRONMENTS[env].file
     path = args.data / rel
     with open_environment(args.store, dataset, path) as (store, built):
         settings = {"corpus": built["corpus"], "graph": built["graph"]}
@@ -93,7 +88,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llm", default="llamacpp:qwen2.5-coder-1.5b?threads=2")
     parser.add_argument("--only", action="append", choices=sorted(PLAN), help="repeatable; default: every agent")
-    parser.add_argument("--env", action="append", choices=sorted(ENVIRONMENTS), help="repeatable; default: PLAN's")
+    parser.add_argument("--env", action="append", choices=sorted(DEV_ENVIRONMENTS), help="repeatable; default: PLAN's")
     parser.add_argument("--questions", type=int, default=3)
     parser.add_argument("--start", type=int, default=100, help="first row considered (disjoint from bench slices)")
     parser.add_argument("--store", default=f"embedded://{ROOT / 'bench' / 'out' / 'store'}")

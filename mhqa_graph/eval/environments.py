@@ -19,6 +19,25 @@ from ..store import open_store
 from ..store.base import KnowledgeStore
 
 
+@dataclass(frozen=True)
+class DevEnvironment:
+    """A dev environment of the benchmark data folder (`../shared/data`): a dataset file and its kind."""
+
+    dataset: str
+    file: str  # relative to the data folder
+    kind: str  # "kg" or "text"
+
+
+# the environments the agent benchmark and the recorded transcripts use
+DEV_ENVIRONMENTS = {
+    "pq2h": DevEnvironment("pathquestion", "pathquestion/PQ-2H.txt", "kg"),
+    "pq3h": DevEnvironment("pathquestion", "pathquestion/PQ-3H.txt", "kg"),
+    "2wiki-kg": DevEnvironment("2wiki", "2wikimultihopqa/dev_evidences.json", "kg"),
+    "hotpot": DevEnvironment("hotpotqa", "hotpotqa/dev_b.jsonl", "text"),
+    "2wiki-text": DevEnvironment("2wiki", "2wikimultihopqa/dev_context.jsonl", "text"),
+}
+
+
 def environment_name(dataset: str, path: str | Path) -> str:
     """`hotpotqa-dev_a`; a PathQuestion question file is named after its KB (`pathquestion-2H-kb`),
     so the question files of one KB share one graph."""
