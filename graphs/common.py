@@ -29,6 +29,7 @@ from mhqa_graph.store import KnowledgeStore, open_store
 MAX_QUESTION_CHARS = 4000
 MAX_ANSWER_CHARS = 500
 MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
+REPAIR_PREFIX = "That reply could not be used"  # how ask_json's repair message starts (exports and health read it)
 MAX_BACKOFF = 30.0  # seconds, longest wait between two model call attempts
 
 
@@ -295,7 +296,7 @@ def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any
             return parsed
         except (ValueError, TypeError, KeyError) as exc:
             parsed.error = f"MalformedOutput: {exc}"
-            history += [AIMessage(text), HumanMessage(f"That reply could not be used ({exc}). "
+            history += [AIMessage(text), HumanMessage(f"{REPAIR_PREFIX} ({exc}). "
                                                       "Reply again with valid JSON only, in the format asked for.")]
     return parsed
 

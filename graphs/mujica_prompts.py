@@ -42,11 +42,12 @@ NEXT_USER = """Sub-questions so far:
 
 Turn {round} of {max_rounds}. {must_ask}{think}"""
 
+NO_MORE = "No more sub-questions can be asked."  # eval/health.py counts forced answers by it
+
 FINAL_USER = """Sub-questions so far:
 {progress}
 
-No more sub-questions can be asked. Give your best final answer now, as \
-{{"answer": "<short answer>"}}. {think}"""
+""" + NO_MORE + """ Give your best final answer now, as {{"answer": "<short answer>"}}. {think}"""
 
 NO_NEW_ANSWERS = "(no new worker answers)"
 TOPIC = "\nTopic entities: {entities}"

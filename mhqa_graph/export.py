@@ -32,6 +32,7 @@ from typing import Any
 
 from .errors import MhqaError
 from .eval.scoring import normalize_answer
+from .graphs.common import REPAIR_PREFIX
 from .graphs.omne_prompts import FORCE_ANSWER, NUDGE
 from .traces import LLMCall, Trace, TraceError, load_trace
 
@@ -39,7 +40,6 @@ FORMATS = ("sft", "roles", "grpo", "mygo")
 OPERA_ROLES = ("plan", "analysis", "rewrite")
 REWARDS = ("f1", "em")
 THINK_WEIGHT = 0.001
-REPAIR_PREFIX = "That reply could not be used"  # graphs/common.py ask_json's repair message
 MYGO_THRESHOLD = 1.0  # default --min-reward of mygo: keep fully correct trajectories
 
 _THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)

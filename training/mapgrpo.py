@@ -55,6 +55,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatResult
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs import opera_prompts as P
+from mhqa_graph.graphs.common import REPAIR_PREFIX
 from mhqa_graph.graphs.opera import parse_rewrite, retrieve_contexts
 from trl import GRPOConfig, GRPOTrainer
 
@@ -62,7 +63,7 @@ from mhqa_graph.errors import InvalidInput
 from mhqa_graph.eval.diagnostics import chain_from_json, chain_json
 from mhqa_graph.eval.runner import load_questions
 from mhqa_graph.eval.scoring import score
-from mhqa_graph.export import OPERA_ROLES, REPAIR_PREFIX, role_rows
+from mhqa_graph.export import OPERA_ROLES, role_rows
 from mhqa_graph.ingest.datasets import Hop
 from mhqa_graph.models.chat import TransformersChatModel
 from mhqa_graph.store import open_store

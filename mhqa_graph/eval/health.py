@@ -16,12 +16,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..graphs.common import REPAIR_PREFIX
+from ..graphs.mujica_prompts import NO_MORE
+from ..graphs.omne_prompts import FORCE_ANSWER, NUDGE
 from ..traces import Trace
 
 MAX_ANSWER_WORDS = 10
 # what the graphs say to the model when a reply could not be used, or when it must answer now
-REPAIR_MARKERS = ("That reply could not be used", "Your reply had neither a tool call nor an answer")
-FORCE_MARKERS = ("You cannot call tools any more", "No more sub-questions can be asked")
+REPAIR_MARKERS = (REPAIR_PREFIX, NUDGE)
+FORCE_MARKERS = (FORCE_ANSWER, NO_MORE)
 INVENTED = "<tool_response>"
 
 
