@@ -25,8 +25,11 @@ Reply format (text mode), e.g. for `fake_llms(**{"tool-agent": [...]})`:
     </tool_call>
 and finally `<think>...</think><answer>Brendan Nolan</answer>`.
 
-An answer that no successful tool result contains is sent back once (the model's only nudge), so that
-an answer copied from the prompt's example or made up is not taken at its first try.
+An answer is sent back once (the model's only nudge) when no fact the run was sent contains it (copied
+from the prompt's example, made up, or picked from entity_matcher's list of names), or when it is one
+hop short: an entity the run never looked into, with relations that the question asks about and the
+walk has not covered (the father, for "where was X's father buried?"). Both are common misses of small
+models on 2Wiki and PathQuestion.
 
 Typed errors in `error` (the answer, if any, still stands): `NoToolCall` (answered without one successful
 tool call), `RoundCap` (no answer within `max_rounds`), `MalformedOutput` (no <answer> in the forced
@@ -64,9 +67,10 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
-from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
+from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
 from mhqa_graph.parsing import close_json, extract_json, extract_tag, final_answer, json_spans, words
-from mhqa_graph.tools import entity_matcher_tool, node_info_tool, pick_graph
+from mhqa_graph.tools import entity_matcher_tool, node_info_tool, open_relations, pick_graph, render_node
+from mhqa_graph.types import NodeInfo
 
 from . import omne_prompts as P
 from .common import (
@@ -137,7 +141,7 @@ class OmneState(TypedDict):
     native: bool  # the model's own tool calling, not the text protocol
     messages: Annotated[list[AnyMessage], add_messages]  # the conversation, without the system prompt
     rounds: int  # agent model turns so far (the forced final-answer call is not one)
-    nudges: int  # replies with neither a tool call nor an answer, and answers sent back as ungrounded
+    nudges: int  # replies with neither a tool call nor an answer, and answers sent back
     tool_calls: list[ToolCallRecord]
     repeated_calls: int
     invented_results: int  # <tool_response> blocks the model wrote itself (dropped)
@@ -367,7 +371,7 @@ def _native_turn(ctx: OmneContext, state: OmneState, round_no: int) -> dict:
         return {"rounds": round_no, "messages": [message]}
     answer = clean_answer(final_answer(reply.text)) if reply.text.strip() else ""
     if answer:
-        return {"rounds": round_no, "messages": [message], "answer": answer}
+        return _answer_or_send_back(ctx, state, round_no, answer, message)
     nudge = [HumanMessage(P.NUDGE)] if state["nudges"] == 0 else []
     return {"rounds": round_no, "nudges": state["nudges"] + 1, "messages": [message, *nudge]}
 
@@ -387,23 +391,88 @@ def agent(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
               "dropped_answers": state["dropped_answers"] + reply.dropped_answer}
     if reply.calls:
         return {**counts, "rounds": round_no, "messages": [_ai_message(reply.kept, reply.calls, round_no)]}
-    if reply.answer and (state["nudges"] > 0 or round_no >= ctx.max_rounds or grounded(reply.answer, state)):
-        return {**counts, "rounds": round_no, "messages": [AIMessage(reply.kept)], "answer": reply.answer}
-    if reply.answer:  # once: an answer that no tool result contains is sent back
-        return {**counts, "rounds": round_no, "nudges": state["nudges"] + 1,
-                "messages": [AIMessage(reply.kept), HumanMessage(P.UNGROUNDED.format(answer=reply.answer))]}
+    if reply.answer:
+        return {**counts, **_answer_or_send_back(ctx, state, round_no, reply.answer, AIMessage(reply.kept))}
     nudge = [HumanMessage(P.NUDGE)] if state["nudges"] == 0 else []
     return {**counts, "rounds": round_no, "nudges": state["nudges"] + 1,
             "messages": [AIMessage(reply.kept), *nudge]}
 
 
+def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answer: str, said: AIMessage) -> dict:
+    """The answer, or once per run the answer sent back with the facts that it skipped: when no fact
+    of the run contains it (the facts of the entity the question starts from, unless the run looked
+    into it), or when it is one hop short (the facts of the answer entity)."""
+    if state["nudges"] == 0 and round_no < ctx.max_rounds:
+        if not grounded(answer, state):
+            start = _start_node(ctx, state)
+            text = P.UNGROUNDED.format(answer=answer) if start is None else P.UNGROUNDED_FACTS.format(
+                answer=answer, entity=start.name, facts=render_node(start, state["question"], max_chars=ctx.result_chars))
+            return {"rounds": round_no, "nudges": 1, "messages": [said, HumanMessage(text)]}
+        if left := one_hop_short(ctx, state, answer):
+            node, relations = left
+            text = P.ONE_HOP_SHORT.format(entity=node.name, relations=", ".join(relations),
+                                          facts=render_node(node, state["question"], max_chars=ctx.result_chars))
+            return {"rounds": round_no, "nudges": 1, "messages": [said, HumanMessage(text)]}
+    return {"rounds": round_no, "messages": [said], "answer": answer}
+
+
+def _looked_into(state: OmneState) -> list[str]:
+    """The entities that node_info returned facts for in this run."""
+    return [str(r["args"].get("entity", "")) for r in state["tool_calls"]
+            if r["name"] == "node_info" and not r["repeated"] and not r["result_preview"].startswith("Error")]
+
+
+def _start_node(ctx: OmneContext, state: OmneState) -> NodeInfo | None:
+    """The entity the question starts from (its first topic entity, else the best match for the whole
+    question), unless the run looked into it already; None if there is none."""
+    looked = {words(e) for e in _looked_into(state)}
+    for graph in state["graphs"]:
+        try:
+            store = get_store(ctx)
+            names = state.get("topic_entities") or [h.name for h in store.match_entities(graph, state["question"], k=1)]
+            node = store.node_info(graph, names[0]) if names else None
+        except MhqaError:
+            continue
+        if node is not None:
+            return None if words(node.name) in looked else node
+    return None
+
+
 def grounded(answer: str, state: OmneState) -> bool:
-    """Whether a successful tool result of the run contains the answer (yes/no answers always are)."""
+    """Whether a fact of the run (a successful node_info result) contains the answer; yes/no answers
+    always are. A name that only entity_matcher listed is not: it was matched, not reached."""
     said = words(answer)
     if said in ("yes", "no"):
         return True
-    results = (m.text for m in state["messages"] if isinstance(m, ToolMessage) and m.status != "error")
+    results = (m.text for m in state["messages"]
+               if isinstance(m, ToolMessage) and m.name == "node_info" and m.status != "error")
     return bool(said) and any(f" {said} " in f" {words(text)} " for text in results)
+
+
+def one_hop_short(ctx: OmneContext, state: OmneState, answer: str) -> tuple[NodeInfo, list[str]] | None:
+    """(the answer's node, relations) when the answer is a graph entity that the question does not
+    name, that the run never looked into, and that has relations the question asks about which the
+    walk so far has not covered (`tools.open_relations`): e.g. the father, for "where was X's father
+    buried?"."""
+    said = words(answer)
+    looked = _looked_into(state)
+    if not said or f" {said} " in f" {words(state['question'])} " or said in {words(e) for e in looked}:
+        return None
+    for graph in state["graphs"]:
+        try:
+            store = get_store(ctx)
+            node = store.node_info(graph, answer)
+            path = []
+            for entity in looked:
+                try:
+                    path.append(store.node_info(graph, entity))
+                except EntityNotFound:
+                    continue
+        except MhqaError:
+            continue
+        if relations := open_relations(node, state["question"], path):
+            return node, relations
+    return None
 
 
 def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:

@@ -1,5 +1,7 @@
 """Prompts of the Omne tool agent: Qwen2.5-style text tool calls over a schema-free knowledge graph."""
 
+import re
+
 # Tool signatures shown to the model; omne.py fills the graph_type enum with the graphs of the run.
 TOOL_SPECS = [
     {
@@ -97,6 +99,28 @@ NUDGE = ("Your reply had neither a tool call nor an answer. Continue: call a too
 
 UNGROUNDED = ("Your answer {answer!r} is not in any fact you were sent. Answer only from the facts: continue with "
               "node_info, hop by hop, until a fact gives what the question asks for, then answer.")
+
+UNGROUNDED_FACTS = ("Your answer {answer!r} is not in any fact you were sent. The facts of {entity!r}, where the "
+                    "question starts:\n<tool_response>\n{facts}\n</tool_response>\nContinue from them with node_info, "
+                    "hop by hop, until a fact gives what the question asks for, then answer.")
+
+ONE_HOP_SHORT = ("{entity!r} is not the final answer: the question asks for its {relations}. Its facts:\n"
+                 "<tool_response>\n{facts}\n</tool_response>\nAnswer with what the question asks for, inside "
+                 "<answer></answer> tags, or call a tool.")
+
+
+def _pattern(template: str) -> re.Pattern:
+    """A regex matching every text `template.format(...)` can give."""
+    return re.compile(".+?".join(re.escape(p) for p in re.split(r"\{\w+(?:![rsa])?\}", template)) + r"\Z", re.DOTALL)
+
+
+_SEND_BACKS = (_pattern(UNGROUNDED), _pattern(UNGROUNDED_FACTS), _pattern(ONE_HOP_SHORT))
+
+
+def is_send_back(text: str) -> bool:
+    """Whether `text` is a message that sent an answer back (UNGROUNDED, UNGROUNDED_FACTS, ONE_HOP_SHORT)."""
+    return any(p.match(text) for p in _SEND_BACKS)
+
 
 REPEATED = ("You already called {name} with these arguments; the result is in an earlier <tool_response>. "
             "Use it, call a tool with different arguments, or answer.")

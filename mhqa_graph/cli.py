@@ -355,6 +355,9 @@ def train_cmd(
     config: Annotated[Path, typer.Option("--config", exists=True, dir_okay=False, help="YAML config "
                                          "(examples in configs/train/).")],
     out_dir: Annotated[str | None, typer.Option("--out", help="Override the config's output_dir.")] = None,
+    teacher: Annotated[str | None, typer.Option("--teacher", help="Omne: a model spec whose trajectories, "
+                                                "filtered by reward, make the SFT data and warm-start stage 1 "
+                                                "(e.g. llamacpp:qwen2.5-coder-1.5b).")] = None,
 ) -> None:
     """Train a model: MyGO (Mujica), MAPGRPO (OPERA) or Omne's stages; logs and the model go to output_dir."""
     from .training import train
@@ -364,7 +367,7 @@ def train_cmd(
             return {k: brief(v) for k, v in value.items() if k not in ("log", "plan_executions")}
         return [brief(v) for v in value] if isinstance(value, list) else value
 
-    _print_json(brief(train(method, config, out_dir)))
+    _print_json(brief(train(method, config, out_dir, teacher=teacher)))
 
 
 @app.command("demo")

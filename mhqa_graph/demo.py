@@ -2,10 +2,13 @@
 
 The questions follow a fixed rule, never picked by hand: the first `n` questions (default 1) of
 HotpotQA `dev_a.jsonl` for `direct`, `rag`, `opera` and `mujica` over its pooled paragraphs, and of
-2Wiki `dev_evidences.json` for `omne` over its evidence KG. The corpus and graph carry the names
-`mhqa eval` gives these files (`hotpotqa-dev_a`, `2wiki-dev_evidences`), so an eval on the demo
-store reuses them. An agent counts as correct when every answer it gave scores F1 >= 0.5 against a
-gold alias (EM and F1 are shown beside each answer).
+PathQuestion `PQ-2H.txt` for `omne` over its KB. The KG is PathQuestion's because its questions are
+paths of its own KB, so a walk can reach every answer; 2Wiki's evidence KG names one entity
+differently from row to row (its first question's head entity is stored only as "Duke Alexander Paul
+Ludwig Konstantin of Württemberg"), so a walk often cannot. The corpus and graph carry the names
+`mhqa eval` gives these files (`hotpotqa-dev_a`, `pathquestion-2H-kb`), so an eval on the demo store
+reuses them. An agent counts as correct when every answer it gave scores F1 >= 0.5 against a gold
+alias (EM and F1 are shown beside each answer).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from .ingest.runner import ingest_dataset
 from .store import KnowledgeStore, open_store
 
 HOTPOT = ("hotpotqa", "hotpotqa/dev_a.jsonl")
-TWOWIKI = ("2wiki", "2wikimultihopqa/dev_evidences.json")
+KG = ("pathquestion", "pathquestion/PQ-2H.txt")
 DEFAULT_STORE = "embedded://.mhqa-demo"
 DEFAULT_LLM = "llamacpp:qwen2.5-coder-1.5b"
 TEXT_AGENTS = ("direct", "rag", "opera", "mujica")
@@ -64,7 +67,7 @@ def _ingest(store: KnowledgeStore, dataset: str, path: Path, console: Console) -
 
 def check_demo_data(data: Path) -> None:
     """InvalidInput naming the missing file unless the data folder holds the demo's files."""
-    for _, rel in (HOTPOT, TWOWIKI):
+    for _, rel in (HOTPOT, KG):
         if not (data / rel).is_file():
             raise InvalidInput(f"{data / rel} not found; pass --data to the benchmark data folder")
 
@@ -80,11 +83,11 @@ def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: in
         raise InvalidInput(f"--questions must be >= 1, got {n_questions}")
     check_demo_data(data)
     hotpot: list[QAItem] = list(itertools.islice(questions(HOTPOT[0], data / HOTPOT[1]), n_questions))
-    wiki: list[QAItem] = list(itertools.islice(questions(TWOWIKI[0], data / TWOWIKI[1]), n_questions))
+    paths: list[QAItem] = list(itertools.islice(questions(KG[0], data / KG[1]), n_questions))
     with open_store(store_uri or DEFAULT_STORE) as store:
         console.rule(f"1. Ingest real benchmark data into {store.uri}")
         corpus = _ingest(store, HOTPOT[0], data / HOTPOT[1], console)
-        kg = _ingest(store, TWOWIKI[0], data / TWOWIKI[1], console)
+        kg = _ingest(store, KG[0], data / KG[1], console)
 
         console.rule(f"2. Passage search on {corpus} (supporting titles marked *)")
         for item in hotpot:
@@ -95,7 +98,7 @@ def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: in
                 console.print(f"  {mode:>6}: {titles}", markup=False, highlight=False)
 
         console.rule(f"3. Entity matching and node facts on the KG {kg}")
-        for item in wiki:
+        for item in paths:
             console.print(f"[bold]Q:[/] {item.question}", highlight=False)
             hits = store.match_entities(kg, item.question, k=3)
             console.print("  match_entities: " + ", ".join(f"{h.name} ({h.score:.3f})" for h in hits),
@@ -105,7 +108,7 @@ def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: in
 
         console.rule(f"4. The five agents with {spec}")
         model = _load_model(spec, console)
-        runs = [(agent, hotpot, {"corpus": corpus}) for agent in TEXT_AGENTS] + [("omne", wiki, {"graph": kg})]
+        runs = [(agent, hotpot, {"corpus": corpus}) for agent in TEXT_AGENTS] + [("omne", paths, {"graph": kg})]
         correct = sum(_agent(agent, items, model, store, source, console) for agent, items, source in runs)
     minutes, seconds = divmod(round(time.perf_counter() - started), 60)
     console.rule()

@@ -9,8 +9,8 @@ Formats:
   `content`) carry the loss weight per character span: assistant <think>…</think> blocks get
   `think_weight` (0.001, as Omne), the rest of an assistant turn (tool calls, answers) 1.0, system, user
   and tool-result messages 0. `tokenize_with_weights` turns this into per-token weights. A malformed reply
-  that the agent had to repair (ask_json's "That reply could not be used" message, Omne's nudge, or
-  Omne's forced answer after a reply with no action) is no target: the reply and the repair message are
+  that the agent had to repair (ask_json's "That reply could not be used" message, Omne's nudge or an
+  answer Omne sent back, or Omne's forced answer after a reply with no action) is no target: the reply and the repair message are
   dropped, so the chat goes from the prompt straight to the reply that worked (`clean_turns`).
 - roles: a DatasetDict with one split per OPERA role (plan, analysis, rewrite): prompt/completion chats
   and the signals their rewards need (analysis and rewrite rows: the sub-goal, its 1-based `step` of the
@@ -33,7 +33,7 @@ from typing import Any
 from .errors import MhqaError
 from .eval.scoring import normalize_answer
 from .graphs.common import REPAIR_PREFIX
-from .graphs.omne_prompts import FORCE_ANSWER, NUDGE
+from .graphs.omne_prompts import FORCE_ANSWER, NUDGE, is_send_back
 from .traces import LLMCall, Trace, TraceError, load_trace
 
 FORMATS = ("sft", "roles", "grpo", "mygo")
@@ -135,7 +135,7 @@ def _continues(sent: list[tuple[str, str]], turns: list[tuple[str, str]]) -> boo
 
 
 def _is_retry(role: str, text: str) -> bool:
-    return role == "user" and (text.startswith(REPAIR_PREFIX) or text == NUDGE)
+    return role == "user" and (text.startswith(REPAIR_PREFIX) or text == NUDGE or is_send_back(text))
 
 
 def clean_turns(turns: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -9,6 +9,7 @@ from collections import Counter
 from langchain_core.tools import BaseTool, StructuredTool
 
 from .errors import EntityNotFound, MhqaError
+from .parsing import words
 from .store.base import KnowledgeStore
 from .types import Fact, NodeInfo, SearchMode
 
@@ -48,8 +49,15 @@ def pick_graph(graph_type: str | None, graphs: list[str]) -> str:
 _DESCRIPTION = re.compile(r"\s*\((?:\d+ facts?:[^()]*|no facts)\)\s*$")  # as describe_node writes it
 
 
+# verbs a question uses for a relation named by a noun
+_IRREGULAR = {"born": "birth", "die": "death", "died": "death", "dies": "death", "married": "spouse",
+              "wife": "spouse", "husband": "spouse", "buried": "burial"}
+
+
 def _words(text: str) -> set[str]:
-    return {w for w in re.findall(r"\w+", text.lower()) if w not in STOPWORDS}
+    """Content words as stems, for matching a question with relation names: irregular forms mapped
+    (born -> birth), then the first five letters (nationality ~ nation, directed ~ director)."""
+    return {_IRREGULAR.get(w, w)[:5] for w in re.findall(r"[^\W_]+", text.lower()) if w not in STOPWORDS}
 
 
 def ranked_facts(info: NodeInfo, question: str | None) -> list[Fact]:
@@ -59,6 +67,16 @@ def ranked_facts(info: NodeInfo, question: str | None) -> list[Fact]:
         return list(info.facts)
     asked = _words(question)
     return sorted(info.facts, key=lambda f: (-len(_words(f.relation) & asked), -len(_words(f.other) & asked)))
+
+
+def open_relations(node: NodeInfo, question: str, path: list[NodeInfo]) -> list[str]:
+    """The node's outgoing relations that the question asks about and the walk along `path` (the
+    nodes looked into before) has not covered: what is left to follow when `node` is the answer
+    reached so far. Empty when `node` is a plausible final answer."""
+    visited = {words(n.name) for n in path} | {words(node.name)}
+    walked = set().union(*(_words(f.relation) for n in path for f in n.facts if words(f.other) in visited))
+    asked = _words(question) - walked
+    return list(dict.fromkeys(f.relation for f in node.facts if f.direction == "out" and _words(f.relation) & asked))
 
 
 def describe_node(info: NodeInfo, question: str | None = None, relations: int = 4) -> str:

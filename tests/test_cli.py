@@ -127,6 +127,7 @@ def filled(tmp_path_factory) -> dict[str, str]:
     return {"store": store, "docs": str(docs), "bench": str(bench), "run": str(run), "root": str(root)}
 
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "train"
 MISTAKES = {  # what the user typed -> what the one line must say
     "unknown command": (["evl"], "No such command 'evl'. Did you mean 'eval'?"),
     "unknown subcommand": (["query", "serch", "docs", "x"], "Did you mean 'search'?"),
@@ -178,6 +179,8 @@ MISTAKES = {  # what the user typed -> what the one line must say
                                     "unknown format 'dpo'"),
     "report on a missing folder": (["report", "runs/none"], "'runs/none' does not exist"),
     "train with an unknown method": (["train", "ppo", "--config", "{bench}"], "ppo"),
+    "a teacher for a method without one": (["train", "mygo", "--config", str(CONFIGS / "mygo.yaml"), "--teacher",
+                                            "llamacpp:qwen2.5-coder-1.5b"], "a teacher is an Omne setting"),
     "extract with a bad model": (["ingest", "extract", "--corpus", "docs", "--graph", "g", "--llm", "gpt4",
                                   "--store", "{store}"], "unknown chat model spec"),
     "trace into a missing folder": (["ask", "Who?", "--agent", "direct", "--llm", "fake", "--trace",
@@ -335,11 +338,13 @@ def test_demo_with_a_fake_model(data_dir, tmp_path):
     every agent shows its steps and its answer beside the gold one, then the summary line."""
     data = tmp_path / "data"
     (data / "hotpotqa").mkdir(parents=True)
-    (data / "2wikimultihopqa").mkdir()
+    (data / "pathquestion").mkdir()
     rows = (data_dir / "hotpotqa" / "dev_a.jsonl").read_text(encoding="utf-8").splitlines()[:3]
     (data / "hotpotqa" / "dev_a.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    wiki = json.loads((data_dir / "2wikimultihopqa" / "dev_evidences.json").read_text(encoding="utf-8"))[:3]
-    (data / "2wikimultihopqa" / "dev_evidences.json").write_text(json.dumps(wiki), encoding="utf-8")
+    paths = (data_dir / "pathquestion" / "PQ-2H.txt").read_text(encoding="utf-8").splitlines()[:3]
+    (data / "pathquestion" / "PQ-2H.txt").write_text("\n".join(paths) + "\n", encoding="utf-8")
+    (data / "pathquestion" / "2H-kb.txt").write_text((data_dir / "pathquestion" / "2H-kb.txt").read_text(encoding="utf-8"),
+                                                     encoding="utf-8")
     gold = json.loads(rows[0])["answer"]
     store = f"embedded://{tmp_path / 'demo'}?embedder=hash"
     args = ["demo", "--data", str(data), "--store", store, "--llm", f'fake:["<answer>{gold}</answer>"]']
@@ -349,7 +354,7 @@ def test_demo_with_a_fake_model(data_dir, tmp_path):
         assert f"{agent} Q: " in done.stdout
     assert "(no retrieval: the model's own knowledge)" in done.stdout and "retrieved: " in done.stdout
     assert "plan: " in done.stdout and "level 0: q1 " in done.stdout and "(no tool call)" in done.stdout
-    assert f"gold: {gold!r}" in done.stdout and f"gold: {wiki[0]['answer']!r}" in done.stdout
+    assert f"gold: {gold!r}" in done.stdout and "gold: 'united kingdom'" in done.stdout
     # direct, rag and OPERA (its synthesis; its plan was not JSON) say the gold answer; Mujica and Omne cannot
     assert "3 of 5 agents answered correctly" in done.stdout and "total time" in done.stdout
     again = mhqa(*args)

@@ -61,6 +61,9 @@ def test_health_counts_invented_results_repairs_and_forced_answers():
     trace.design["tool_calls"] = [{"name": "node_info", "result_preview": "Error: no entity", "repeated": False}]
     row = health({"prediction": "a very long answer that goes on and on for more than ten words"}, trace)
     assert row == {"acted": False, "invented": 1, "malformed": False, "repairs": 1, "forced": 1, "bad_answer": True}
+    sent_back = omne_prompts.ONE_HOP_SHORT.format(entity="Oswiu", relations="place of burial", facts="Entity: Oswiu")
+    trace.llm_calls.append(LLMCall(role="tool-agent", messages=[ChatMessage(role="user", content=sent_back)]))
+    assert health({"prediction": "x"}, trace)["repairs"] == 2
     assert health_summary([row, {**row, "acted": True}])["acted"] == 1
 
 

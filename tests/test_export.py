@@ -311,6 +311,22 @@ def test_omne_nudges_and_replies_without_action_weigh_nothing(store, tmp_path): 
     assert clean_messages(raw) == row["messages"]
 
 
+def test_omne_answers_sent_back_weigh_nothing(store, tmp_path):  # noqa: F811
+    """An answer that Omne sent back (here: a made-up one) is no target; the one that stood is."""
+    from mhqa_graph.graphs.omne_prompts import UNGROUNDED
+    from test_traces import OMNE_SCRIPT, run_omne
+
+    script = [*OMNE_SCRIPT[:3], "<answer>Paris</answer>", OMNE_SCRIPT[3]]
+    out, trace, _ = run_omne(store, script=script)
+    [(_, turns)] = conversations(trace)
+    assert ("user", UNGROUNDED.format(answer="Paris")) in turns and out["answer"] == "London"
+    run = one_record_run(tmp_path, "wk2", out, trace)
+    export(run, "sft", tmp_path / "sft")
+    [row] = datasets.load_from_disk(str(tmp_path / "sft")).to_list()
+    assert trained_texts(row) == OMNE_SCRIPT
+    assert not any("Paris" in m["content"] for m in row["messages"])
+
+
 def test_omne_replies_cut_after_their_last_call_still_chain(store):  # noqa: F811
     """The Omne graph keeps a reply only through its last call; the next call's input holds that cut
     reply, and the chat continues with it (the text after the call is no target)."""

@@ -14,6 +14,7 @@ from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 
 Q = "Who is the father of the director of Inception?"
+DIRECTED = "Who directed Inception?"  # one hop: Christopher Nolan is its answer
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def test_repeated_calls_are_detected_and_not_run_again(store, monkeypatch):
         call("entity_matcher", query="Inception"),  # graph_type defaults to the first graph
         both,  # the second is the same call as the first (default graph_type)
         "<answer>Christopher Nolan</answer>"], cycle=False)
-    out = graph.invoke({"question": Q}, context=ctx(model, store))
+    out = graph.invoke({"question": DIRECTED}, context=ctx(model, store))
     assert out["answer"] == "Christopher Nolan"
     assert [c["repeated"] for c in out["tool_calls"]] == [False, True, True, False, True]
     assert out["repeated_calls"] == 3 and len(matched) == 1
@@ -153,7 +154,7 @@ def test_unknown_tool_and_wrong_argument_types_become_error_results(store):
 ])
 def test_malformed_tool_calls_are_read_tolerantly(store, reply):
     model = FakeChatModel(responses=[reply, "<answer>Christopher Nolan</answer>"], cycle=False)
-    out = graph.invoke({"question": Q}, context=ctx(model, store))
+    out = graph.invoke({"question": DIRECTED}, context=ctx(model, store))
     assert out["answer"] == "Christopher Nolan" and out["error"] is None
     assert out["tool_calls"][0]["args"] == {"entity": "Inception", "graph_type": "films"}
     assert "(Inception) -[directed by]-> (Christopher Nolan)" in out["tool_calls"][0]["result_preview"]

@@ -12,10 +12,13 @@ from mhqa_graph.graphs import omne_prompts as P
 from mhqa_graph.graphs.omne import OmneContext, graph, parse_reply
 
 from mhqa_graph.store import open_store
+from mhqa_graph.tools import open_relations
+from mhqa_graph.types import Fact, NodeInfo
 from mhqa_graph.testing.fakes import FakeChatModel, FakeToolCallingModel
 
 Q = "Who is the father of the director of Inception?"
 FATHER = "(Christopher Nolan) -[father]-> (Brendan Nolan)"
+DIRECTED = "Who directed Inception?"  # one hop: Christopher Nolan is its answer
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,7 @@ def test_every_model_call_stops_at_tool_response(store):
 def test_calls_win_over_an_answer_in_the_same_turn(store):
     reply = "<think>Look it up.</think>" + call("node_info", entity="Inception") + "<answer>1885</answer>"
     model = FakeChatModel(responses=[reply, "<answer>Christopher Nolan</answer>"], cycle=False)
-    out = graph.invoke({"question": Q}, context=ctx(model, store))
+    out = graph.invoke({"question": DIRECTED}, context=ctx(model, store))
     assert out["answer"] == "Christopher Nolan" and out["dropped_answers"] == 1
     assert out["tool_calls"][0]["args"]["entity"] == "Inception"
     assert "1885" not in model.calls[1][2].text  # the dropped answer never reaches the conversation
@@ -65,7 +68,7 @@ def test_invented_results_never_enter_the_conversation(store):
     reply = ("<think>Find the film.</think>" + call("node_info", entity="Inception")
              + '<tool_response>\n{"director": "Steven Spielberg"}\n</tool_response>\n<answer>Spielberg</answer>')
     model = FakeChatModel(responses=[reply, "<answer>Christopher Nolan</answer>"], cycle=False)
-    out = graph.invoke({"question": Q}, context=ctx(model, store))
+    out = graph.invoke({"question": DIRECTED}, context=ctx(model, store))
     assert out["invented_results"] == 1 and out["dropped_answers"] == 0
     shown = "\n".join(m.text for m in model.calls[1])
     assert "Spielberg" not in shown and "(Inception) -[directed by]-> (Christopher Nolan)" in shown
@@ -142,7 +145,8 @@ def test_node_info_is_capped_with_the_facts_the_question_asks_for_first(store):
     graph.invoke({"question": Q}, context=ctx(model, store, result_chars=600))
     result = model.calls[1][-1].text
     body = result.split("<tool_response>\n")[1].split("\n</tool_response>")[0]
-    assert len(body) <= 600 and body.splitlines()[1] == f"- {FATHER}"  # "father" is in the question
+    # "father" and "director" are in the question
+    assert len(body) <= 600 and set(body.splitlines()[1:3]) == {f"- {FATHER}", "- (Inception) -[directed by]-> (Christopher Nolan)"}
     assert body.endswith("more facts not shown")
 
 
@@ -203,8 +207,79 @@ def test_native_tool_calling_with_a_scripted_model(store):
 
 def test_tool_mode_text_overrides_native_support(store):
     model = FakeToolCallingModel(messages=[call("node_info", entity="Inception"), "<answer>Christopher Nolan</answer>"])
-    out = graph.invoke({"question": Q}, context=ctx(model, store, tool_mode="text"))
+    out = graph.invoke({"question": DIRECTED}, context=ctx(model, store, tool_mode="text"))
     assert out["answer"] == "Christopher Nolan" and model.tools == [] and "<tools>" in model.calls[0][0].text
+
+
+def test_an_answer_one_hop_short_is_sent_back_once(store):
+    """The director, for a question about the director's father: told what is left, the model goes on."""
+    model = FakeChatModel(responses=[call("node_info", entity="Inception"), "<answer>Christopher Nolan</answer>",
+                                     call("node_info", entity="Christopher Nolan"), "<answer>Brendan Nolan</answer>"],
+                          cycle=False)
+    out = graph.invoke({"question": Q}, context=ctx(model, store))
+    assert out["answer"] == "Brendan Nolan" and out["error"] is None and out["rounds"] == 4
+    sent = model.calls[2][-1].text
+    assert P.is_send_back(sent) and sent.startswith("'Christopher Nolan' is not the final answer: the question asks for "
+                                                     "its father.")
+    assert f"{FATHER}" in sent  # the facts it skipped
+
+
+def test_an_answer_in_no_fact_is_sent_back_with_the_facts_where_the_question_starts(store):
+    """A name only entity_matcher listed is not grounded; the run shows the start entity's facts."""
+    model = FakeChatModel(responses=[call("entity_matcher", query="Inception"), "<answer>Emma Thomas</answer>",
+                                     "<answer>Brendan Nolan</answer>"], cycle=False)
+    out = graph.invoke({"question": DIRECTED, "topic_entities": ["Inception"]}, context=ctx(model, store))
+    sent = model.calls[2][-1].text
+    assert sent.startswith("Your answer 'Emma Thomas' is not in any fact you were sent. The facts of 'Inception'")
+    assert "(Inception) -[directed by]-> (Christopher Nolan)" in sent and P.is_send_back(sent)
+    assert out["answer"] == "Brendan Nolan"  # the second answer stands
+
+
+def test_the_second_answer_stands_after_the_one_send_back(store):
+    model = FakeChatModel(responses=[call("node_info", entity="Inception"), "<answer>Christopher Nolan</answer>",
+                                     "<answer>Christopher Nolan</answer>"], cycle=False)
+    out = graph.invoke({"question": Q}, context=ctx(model, store))
+    assert out["answer"] == "Christopher Nolan" and out["rounds"] == 3
+
+
+@pytest.mark.parametrize("question, script", [
+    # the answer is named in the question (a comparison)
+    ("Whose father is Brendan Nolan, Christopher Nolan or Emma Thomas?",
+     [call("node_info", entity="Christopher Nolan")]),
+    # the run looked into the answer already
+    (Q, [call("node_info", entity="Inception"), call("node_info", entity="Christopher Nolan")]),
+    # the answer's relations are not what the question asks about
+    ("Who directed Inception?", [call("node_info", entity="Inception")]),
+])
+def test_final_answers_are_not_sent_back(store, question, script):
+    model = FakeChatModel(responses=[*script, "<answer>Christopher Nolan</answer>"], cycle=False)
+    out = graph.invoke({"question": question}, context=ctx(model, store))
+    assert out["answer"] == "Christopher Nolan" and out["rounds"] == len(script) + 1
+
+
+def test_native_answers_get_the_same_checks(store):
+    model = FakeToolCallingModel(messages=[tool_call_message("node_info", 1, entity="Inception", graph_type="films"),
+                                           AIMessage("<answer>Christopher Nolan</answer>"),
+                                           tool_call_message("node_info", 2, entity="Christopher Nolan"),
+                                           AIMessage("<answer>Brendan Nolan</answer>")])
+    out = graph.invoke({"question": Q}, context=ctx(model, store))
+    assert out["answer"] == "Brendan Nolan" and out["rounds"] == 4
+    assert model.calls[2][-1].text.startswith("'Christopher Nolan' is not the final answer")
+
+
+def test_open_relations_leave_out_what_the_walk_covered():
+    """Relations the question asks about, minus those of the path walked so far; stems match verbs."""
+    def node(name, *facts):
+        return NodeInfo("g", name, [Fact(r, o, d) for r, o, d in facts])
+    osthryth = node("Osthryth", ("father", "Oswiu", "out"))
+    oswiu = node("Oswiu", ("place of burial", "Whitby Abbey", "out"), ("father", "Æthelfrith", "out"),
+                 ("father", "Osthryth", "in"))
+    assert open_relations(oswiu, "Where was Osthryth's father buried?", [osthryth]) == ["place of burial"]
+    assert open_relations(oswiu, "Who was the father of Osthryth?", [osthryth]) == []  # "father" was walked
+    abbey = node("Whitby Abbey", ("place of burial", "Oswiu", "in"))
+    assert open_relations(abbey, "Where was Osthryth's father buried?", [osthryth, oswiu]) == []  # incoming only
+    pq = node("ernest_augustus", ("nationality", "united_kingdom", "out"))
+    assert open_relations(pq, "what is the nation of frederica 's couple ?", []) == ["nationality"]
 
 
 class OpenAIStub(BaseHTTPRequestHandler):

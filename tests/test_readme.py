@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mhqa_graph.demo import HOTPOT, TWOWIKI
+from mhqa_graph.demo import HOTPOT, KG
 from mhqa_graph.eval.environments import environment_name
 from mhqa_graph.ingest.runner import ingest_dataset
 from mhqa_graph.store import open_store
@@ -29,7 +29,7 @@ README = ROOT / "README.md"
 
 OPERA = 'fake:["{\\"subgoals\\": [\\"Who?\\"], \\"sufficient\\": true, \\"answer\\": \\"Tulsa\\"}"]'  # every role
 RAG = 'fake:["<answer>Tulsa</answer>"]'
-OMNE = 'fake:["<answer>20 September 1817</answer>"]'
+OMNE = 'fake:["<answer>united kingdom</answer>"]'
 TRIPLES = 'fake:["Sony | founded by | Masaru Ibuka"]'
 
 # a README command, as shlex splits it -> ("run", extra args, --llm replacement) or ("skip", why)
@@ -40,8 +40,8 @@ BASH: dict[str, tuple] = {
     "bash scripts/test.sh": (SKIP, "installs every extra and runs this very suite"),
     "mhqa ask 'The band who released the debut album \"Tinted Windows\" had their first performance in what city?' "
     "--agent opera --corpus hotpotqa-dev_a --stream": (RUN, ["--llm", OPERA], None),
-    "mhqa ask \"What is the date of death of Duke Alexander Of Württemberg (1804–1885)'s father?\" --agent omne "
-    "--graph 2wiki-dev_evidences --json": (RUN, ["--llm", OMNE], None),
+    "mhqa ask \"which nationality is frederica of mecklenburg-strelitz 's couple ?\" --agent omne "
+    "--graph pathquestion-2H-kb --json": (RUN, ["--llm", OMNE], None),
     "bash scripts/install.sh models,studio && . .venv/bin/activate": (SKIP, "installs packages (network)"),
     "export MHQA_STORE=embedded://$PWD/.mhqa-demo": (SKIP, "sets the variable every command here runs with"),
     "LANGGRAPH_CLI_NO_ANALYTICS=1 LANGGRAPH_NO_VERSION_CHECK=1 langgraph dev --host 127.0.0.1 --port 2024 "
@@ -131,8 +131,8 @@ def workdir(tmp_path_factory) -> tuple[Path, dict[str, str], str]:
                                                  "text": "Sony was founded by Masaru Ibuka."}) + "\n")
     uri = f"embedded://{root / 'store'}?embedder=hash"
     with open_store(uri) as store:  # what the demo builds (the README's ingest commands then add nothing)
-        for dataset, rel in (HOTPOT, TWOWIKI):
-            ingest_dataset(store, dataset, DATA / rel, environment_name(dataset, rel))
+        for dataset, rel in (HOTPOT, KG):
+            ingest_dataset(store, dataset, DATA / rel, environment_name(dataset, DATA / rel))
     env = {**os.environ, "MHQA_STORE": uri, "COLUMNS": "200"}
     return work, env, uri
 

@@ -14,10 +14,11 @@ import re
 from pathlib import Path
 
 import pytest
-from langchain_core.messages import AIMessage
+from langchain_core.messages import AIMessage, HumanMessage
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs.common import clean_answer
 from mhqa_graph.graphs.omne import parse_reply
+from mhqa_graph.graphs.omne_prompts import is_send_back
 
 from mhqa_graph.eval.scoring import score
 from mhqa_graph.parsing import extract_tag
@@ -65,6 +66,8 @@ def test_replay_reproduces_the_recorded_run(path: Path, i: int) -> None:
                 assert m.text.rstrip().endswith(("</tool_call>", "}", "]"))
         raw = [c.output for c in trace.llm_calls]
         assert out["invented_results"] == sum(r.count("<tool_response>") for r in raw)
+        sent = [i for i, m in enumerate(out["messages"]) if isinstance(m, HumanMessage) and is_send_back(m.text)]
+        assert len(sent) <= 1 and all(isinstance(out["messages"][i + 1], AIMessage) for i in sent)  # answered anew
     elif agent == "mujica":
         workers = [c for c in trace.llm_calls if c.role == "worker"]
         assert len(workers) == len([s for s in trace.steps if s.kind == "subquestion"]) > 0 or not out["dag"]

@@ -23,7 +23,7 @@ TRAINERS: dict[str, tuple[str, str, str]] = {
 def train(method: str, config_path: str | Path, output_dir: str | None = None,
           teacher: str | None = None) -> dict[str, Any]:
     """Run `method` with the YAML config at `config_path` (optionally writing to `output_dir`; for Omne,
-    `teacher` is the model spec whose trajectories make the SFT data and the warm start)."""
+    `teacher` is the model spec whose trajectories make the SFT data, and stage 1 warm-starts on them)."""
     if teacher is not None and method != "omne":
         raise InvalidInput(f"a teacher is an Omne setting; {method} has none")
     if method not in TRAINERS:
@@ -39,5 +39,5 @@ def train(method: str, config_path: str | Path, output_dir: str | None = None,
     if output_dir:
         config.output_dir = output_dir
     if teacher is not None:
-        config.teacher = teacher
+        config.teacher, config.warm_start = teacher, True
     return getattr(module, trainer_cls)(config).train()

@@ -6,7 +6,7 @@ Per question:
   one sub-goal; rag retrieved. None for `direct`, which has no action.
 - `invented`: tool results the model wrote itself (`<tool_response>` in its own replies).
 - `malformed`: the run ended with a MalformedOutput error.
-- `repairs`: model calls that answered a repair or nudge message (a reply could not be used).
+- `repairs`: model calls that answered a repair, nudge or send-back message (a reply could not be used).
 - `forced`: model calls that had to answer because a cap was reached.
 - `bad_answer`: the answer is empty or longer than 10 words.
 """
@@ -18,7 +18,7 @@ from typing import Any
 
 from ..graphs.common import REPAIR_PREFIX
 from ..graphs.mujica_prompts import NO_MORE
-from ..graphs.omne_prompts import FORCE_ANSWER, NUDGE
+from ..graphs.omne_prompts import FORCE_ANSWER, NUDGE, is_send_back
 from ..traces import Trace
 
 MAX_ANSWER_WORDS = 10
@@ -52,7 +52,8 @@ def health(record: dict, trace: Trace) -> dict[str, Any]:
         "acted": acted(trace),
         "invented": sum(c.output.count(INVENTED) for c in trace.llm_calls),
         "malformed": "MalformedOutput" in (record.get("error") or ""),
-        "repairs": sum(any(m in _last_user(c) for m in REPAIR_MARKERS) for c in trace.llm_calls),
+        "repairs": sum(any(m in _last_user(c) for m in REPAIR_MARKERS) or is_send_back(_last_user(c))
+                       for c in trace.llm_calls),
         "forced": sum(any(m in _last_user(c) for m in FORCE_MARKERS) for c in trace.llm_calls),
         "bad_answer": not answer or len(answer) > MAX_ANSWER_WORDS,
     }
