@@ -9,9 +9,10 @@ Formats:
   `content`) carry the loss weight per character span: assistant <think>…</think> blocks get
   `think_weight` (0.001, as Omne), the rest of an assistant turn (tool calls, answers) 1.0, system, user
   and tool-result messages 0. `tokenize_with_weights` turns this into per-token weights. A malformed reply
-  that the agent had to repair (ask_json's "That reply could not be used" message, Omne's nudge or an
-  answer Omne sent back, or Omne's forced answer after a reply with no action) is no target: the reply and the repair message are
-  dropped, so the chat goes from the prompt straight to the reply that worked (`clean_turns`).
+  that the agent had to repair (ask_json's "That reply could not be used" message, Omne's nudge or
+  an answer Omne sent back, or Omne's forced answer after a reply with no action) is no target: the
+  reply and the repair message are dropped, so the chat goes from the prompt straight to the reply
+  that worked (`clean_turns`).
 - roles: a DatasetDict with one split per OPERA role (plan, analysis, rewrite): prompt/completion chats
   and the signals their rewards need (analysis and rewrite rows: the sub-goal, its 1-based `step` of the
   plan's `steps`, the query, the ids that query retrieved and the ids the analysis was shown: OPERA shows

@@ -343,8 +343,8 @@ def test_demo_with_a_fake_model(data_dir, tmp_path):
     (data / "hotpotqa" / "dev_a.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
     paths = (data_dir / "pathquestion" / "PQ-2H.txt").read_text(encoding="utf-8").splitlines()[:3]
     (data / "pathquestion" / "PQ-2H.txt").write_text("\n".join(paths) + "\n", encoding="utf-8")
-    (data / "pathquestion" / "2H-kb.txt").write_text((data_dir / "pathquestion" / "2H-kb.txt").read_text(encoding="utf-8"),
-                                                     encoding="utf-8")
+    kb = (data_dir / "pathquestion" / "2H-kb.txt").read_text(encoding="utf-8")
+    (data / "pathquestion" / "2H-kb.txt").write_text(kb, encoding="utf-8")
     gold = json.loads(rows[0])["answer"]
     store = f"embedded://{tmp_path / 'demo'}?embedder=hash"
     args = ["demo", "--data", str(data), "--store", store, "--llm", f'fake:["<answer>{gold}</answer>"]']

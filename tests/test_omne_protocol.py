@@ -12,9 +12,9 @@ from mhqa_graph.graphs import omne_prompts as P
 from mhqa_graph.graphs.omne import OmneContext, graph, parse_reply
 
 from mhqa_graph.store import open_store
+from mhqa_graph.testing.fakes import FakeChatModel, FakeToolCallingModel
 from mhqa_graph.tools import open_relations
 from mhqa_graph.types import Fact, NodeInfo
-from mhqa_graph.testing.fakes import FakeChatModel, FakeToolCallingModel
 
 Q = "Who is the father of the director of Inception?"
 FATHER = "(Christopher Nolan) -[father]-> (Brendan Nolan)"
@@ -146,7 +146,8 @@ def test_node_info_is_capped_with_the_facts_the_question_asks_for_first(store):
     result = model.calls[1][-1].text
     body = result.split("<tool_response>\n")[1].split("\n</tool_response>")[0]
     # "father" and "director" are in the question
-    assert len(body) <= 600 and set(body.splitlines()[1:3]) == {f"- {FATHER}", "- (Inception) -[directed by]-> (Christopher Nolan)"}
+    assert len(body) <= 600
+    assert set(body.splitlines()[1:3]) == {f"- {FATHER}", "- (Inception) -[directed by]-> (Christopher Nolan)"}
     assert body.endswith("more facts not shown")
 
 
@@ -219,8 +220,8 @@ def test_an_answer_one_hop_short_is_sent_back_once(store):
     out = graph.invoke({"question": Q}, context=ctx(model, store))
     assert out["answer"] == "Brendan Nolan" and out["error"] is None and out["rounds"] == 4
     sent = model.calls[2][-1].text
-    assert P.is_send_back(sent) and sent.startswith("'Christopher Nolan' is not the final answer: the question asks for "
-                                                     "its father.")
+    assert P.is_send_back(sent)
+    assert sent.startswith("'Christopher Nolan' is not the final answer: the question asks for its father.")
     assert f"{FATHER}" in sent  # the facts it skipped
 
 
