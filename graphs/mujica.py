@@ -49,7 +49,7 @@ from typing_extensions import TypedDict
 
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
 from mhqa_graph.parsing import strip_think, think_text
-from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text
+from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, stems
 
 from . import mujica_prompts as P
 from .common import (
@@ -220,9 +220,12 @@ def asks(dag: list[SubQuestion]) -> int:
 
 
 def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
-                results: dict[str, dict] | None = None) -> tuple[list[SubQuestion], list[str]]:
+                results: dict[str, dict] | None = None, about: str = "") -> tuple[list[SubQuestion], list[str]]:
     """The new and re-asked sub-questions of a plan, made valid, and notes on every repair.
 
+    - With `about` (the question and its topic entities), a sub-question off the topic is dropped: it shares
+      no word stem (`tools.stems`) with `about` or with an answer so far, and cites no sub-question that
+      stays (a small planner copies the prompt's example: "Who directed Inception?").
     - A sub-question that repeats the text of an answered one under another id is dropped (its answer stands).
     - An id already in the plan: restating it is ignored; rephrasing one that has not run replaces it; one
       without an answer (unknown or failed) is re-asked, rephrased or not (not unchanged after "unknown");
@@ -236,8 +239,15 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
     taken, kept, seen, rename = set(known), [], set(), {}
     answered = {" ".join(q["question"].lower().split()): q["id"] for q in dag if status(q, results) == ANSWERED}
     budget = cap - asks(dag)
+    topic = stems(about) | set().union(*(stems(str(r.get("answer") or "")) for r in results.values()))
+    off: set[str] = set()
     for item in items:
         sid, text = item["id"], item["question"]
+        cites = {m.group(1) or m.group(2) for m in REF.finditer(text)} | set(item["depends_on"])
+        if about and not stems(REF.sub(" ", text)) & topic and not cites - off:
+            notes.append(f"InvalidPlan: {sid or 'a sub-question'} is off the question's topic; dropped {text!r}")
+            off.add(sid)
+            continue
         old = known.get(sid)
         state = status(old, results) if old else None
         if old and (state is None or state == ANSWERED) and old["question"] == text:
@@ -502,7 +512,8 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
             log.update(action="answer", answer=value)
             return {**update, "answer": value, "done": True, "notes": notes, "planner_log": [log]}
         items, read_notes = value
-        new, repair_notes = repair_plan(items, dag, ctx.max_subquestions, rnd, results)
+        about = " ".join([state["question"], *(state.get("topic_entities") or [])])
+        new, repair_notes = repair_plan(items, dag, ctx.max_subquestions, rnd, results, about)
         notes += read_notes + repair_notes
         log.update(action="plan", plan=new)
         if not ready(merge_dag(dag, new), results):

@@ -54,10 +54,11 @@ _IRREGULAR = {"born": "birth", "die": "death", "died": "death", "dies": "death",
               "wife": "spouse", "husband": "spouse", "buried": "burial"}
 
 
-def _words(text: str) -> set[str]:
-    """Content words as stems, for matching a question with relation names: irregular forms mapped
-    (born -> birth), then the first five letters (nationality ~ nation, directed ~ director)."""
-    return {_IRREGULAR.get(w, w)[:5] for w in re.findall(r"[^\W_]+", text.lower()) if w not in STOPWORDS}
+def stems(text: str) -> set[str]:
+    """Content words (3+ letters, no stopwords) as crude stems, for matching a question with relation
+    names or sub-questions: irregular forms mapped (born -> birth), then the first five letters
+    (nationality ~ nation, directed ~ director)."""
+    return {_IRREGULAR.get(w, w)[:5] for w in re.findall(r"[^\W_]+", text.lower()) if len(w) > 2 and w not in STOPWORDS}
 
 
 def ranked_facts(info: NodeInfo, question: str | None) -> list[Fact]:
@@ -65,8 +66,8 @@ def ranked_facts(info: NodeInfo, question: str | None) -> list[Fact]:
     other entity does), each group in stored order."""
     if not question:
         return list(info.facts)
-    asked = _words(question)
-    return sorted(info.facts, key=lambda f: (-len(_words(f.relation) & asked), -len(_words(f.other) & asked)))
+    asked = stems(question)
+    return sorted(info.facts, key=lambda f: (-len(stems(f.relation) & asked), -len(stems(f.other) & asked)))
 
 
 def open_relations(node: NodeInfo, question: str, path: list[NodeInfo]) -> list[str]:
@@ -74,17 +75,17 @@ def open_relations(node: NodeInfo, question: str, path: list[NodeInfo]) -> list[
     nodes looked into before) has not covered: what is left to follow when `node` is the answer
     reached so far. Empty when `node` is a plausible final answer."""
     visited = {words(n.name) for n in path} | {words(node.name)}
-    walked = set().union(*(_words(f.relation) for n in path for f in n.facts if words(f.other) in visited))
-    asked = _words(question) - walked
-    return list(dict.fromkeys(f.relation for f in node.facts if f.direction == "out" and _words(f.relation) & asked))
+    walked = set().union(*(stems(f.relation) for n in path for f in n.facts if words(f.other) in visited))
+    asked = stems(question) - walked
+    return list(dict.fromkeys(f.relation for f in node.facts if f.direction == "out" and stems(f.relation) & asked))
 
 
 def describe_node(info: NodeInfo, question: str | None = None, relations: int = 4) -> str:
     """`name (12 facts: spouse, nationality, ...)`: an entity as entity_matcher lists it, with the
     relations the question asks about first, then the most frequent."""
     counts = Counter(f.relation for f in info.facts)
-    asked = _words(question or "")
-    names = sorted(counts, key=lambda r: (-len(_words(r) & asked), -counts[r]))[:relations]
+    asked = stems(question or "")
+    names = sorted(counts, key=lambda r: (-len(stems(r) & asked), -counts[r]))[:relations]
     more = ", ..." if len({f.relation for f in info.facts}) > relations else ""
     return f"{info.name} ({len(info.facts)} facts: {', '.join(names)}{more})" if info.facts else \
         f"{info.name} (no facts)"

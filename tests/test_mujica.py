@@ -589,3 +589,21 @@ def test_endless_re_asks_end_within_the_round_and_subquestion_caps(store):
 def test_build_returns_a_compiled_graph_with_its_recursion_limit():
     graph = mujica.build()
     assert isinstance(graph, CompiledStateGraph) and graph.config["recursion_limit"] == mujica.RECURSION_LIMIT
+
+
+def test_sub_questions_off_the_topic_are_dropped():
+    """The prompt's example copied into a plan (real qwen2.5-coder-1.5b output on HotpotQA dev_a row 0)."""
+    question = 'The band who released the debut album "Tinted Windows" had their first performance in what city?'
+    items = [{"id": "q1", "question": "Who directed Inception?", "depends_on": []},
+             {"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]},
+             {"id": "q3", "question": "Which band released the album Tinted Windows?", "depends_on": []},
+             {"id": "q4", "question": "In what city did #q3 first perform?", "depends_on": ["q3"]}]
+    new, notes = repair_plan(items, [], cap=12, rnd=1, about=question)
+    assert [q["id"] for q in new] == ["q3", "q4"]
+    assert notes == ["InvalidPlan: q1 is off the question's topic; dropped 'Who directed Inception?'",
+                     "InvalidPlan: q2 is off the question's topic; dropped 'Where was #q1 born?'"]
+    # an earlier answer is on the topic; without `about` nothing is checked
+    later = [{"id": "q5", "question": "Where was Chris Taylor born?", "depends_on": []}]
+    done = {"q3": {"status": "answered", "answer": "Chris Taylor", "attempt": 1}}
+    assert [q["id"] for q in repair_plan(later, new, 12, 2, done, about=question)[0]] == ["q5"]
+    assert [q["id"] for q in repair_plan(items, [], cap=12, rnd=1)[0]] == ["q1", "q2", "q3", "q4"]
