@@ -83,6 +83,14 @@ def test_an_invented_tool_response_voids_the_format():
     assert format_reward([f"<think>a</think>{CALL}", GOOD[2]]) == 1
 
 
+def test_an_answer_the_graph_sent_back_voids_the_format():
+    """An answer Omne sent back (one hop short, or in no fact) is a turn before the last with an answer:
+    R_format 0, so RL does not learn to answer early and lean on the send-back."""
+    early = "<think>Found the director.</think><answer>Christopher Nolan</answer>"
+    assert format_reward([GOOD[0], early, f"<think>Now his father.</think>{CALL}", GOOD[2]]) == 0
+    assert format_reward([GOOD[0], f"<think>Now his father.</think>{CALL}", GOOD[2]]) == 1
+
+
 def test_text_outside_the_blocks_voids_the_format():
     assert format_reward([f"<think>a</think>{CALL} Let me wait for the result.", GOOD[2]]) == 0
     assert format_reward([f"Sure! <think>a</think>{CALL}", GOOD[2]]) == 0
