@@ -96,7 +96,8 @@ def test_omne_walks_the_graph_with_the_real_model() -> None:
 
 def test_omne_answers_sent_back_are_revised_with_the_real_model() -> None:
     """Answers the run sent back (in no fact, or one hop short), with the facts they skipped where it had
-    not looked: the real model mostly revised them (called a tool or answered anew), and a repeated answer stands (one send-back)."""
+    not looked: the real model mostly revised them (called a tool or answered anew); a repeated answer
+    stands (one send-back per run)."""
     results = [replay(p, i) for p, i in CASES if p.stem.startswith("omne-")]
     sent = revised = 0
     for _, out, _ in results:
