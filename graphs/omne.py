@@ -404,10 +404,10 @@ def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answ
     into it), or when it is one hop short (the facts of the answer entity)."""
     if state["nudges"] == 0 and round_no < ctx.max_rounds:
         if not grounded(answer, state):
-            start = _start_node(ctx, state)
-            facts = None if start is None else render_node(start, state["question"], max_chars=ctx.result_chars)
-            text = P.UNGROUNDED.format(answer=answer) if start is None else \
-                P.UNGROUNDED_FACTS.format(answer=answer, entity=start.name, facts=facts)
+            text = P.UNGROUNDED.format(answer=answer)
+            if start := _start_node(ctx, state):
+                facts = render_node(start, state["question"], max_chars=ctx.result_chars)
+                text = P.UNGROUNDED_FACTS.format(answer=answer, entity=start.name, facts=facts)
             return {"rounds": round_no, "nudges": 1, "messages": [said, HumanMessage(text)]}
         if left := one_hop_short(ctx, state, answer):
             node, relations = left
