@@ -53,7 +53,10 @@ def test_spec_options_and_gguf_file(llama_cpp_present, tmp_path):
     assert (model.model_path, model.n_threads, model.n_ctx, model.max_new_tokens) == (str(gguf), 1, 2048, 7)
     assert model._name == "m" and model._llm is None  # nothing loaded before the first call
     defaults = load_chat_model(f"llamacpp:{gguf}")
-    assert (defaults.n_threads, defaults.n_ctx) == (0, 0)
+    assert (defaults.n_threads, defaults.n_ctx, defaults.lora_path) == (0, 0, "")
+    adapter = tmp_path / "adapter.gguf"
+    adapter.write_bytes(b"GGUF")
+    assert load_chat_model(f"llamacpp:{gguf}?lora={adapter}&threads=1").lora_path == str(adapter)
 
 
 @pytest.mark.parametrize("rest, message", [
@@ -61,6 +64,7 @@ def test_spec_options_and_gguf_file(llama_cpp_present, tmp_path):
     ("smollm2-135m?threads=two", "positive integer"),
     ("smollm2-135m?ctx=", "positive integer"),
     ("smollm2-135m?gpu=1", "unknown option 'gpu'"),
+    ("smollm2-135m?lora=/nonexistent/adapter.gguf", "lora must name an existing file"),
     ("all-minilm-l6-v2", "embedding pack"),
     ("no-such-pack", "chat pack name"),
     ("/nonexistent/model.gguf", "existing .gguf file"),

@@ -13,6 +13,7 @@ question with the training slice.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import typing
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class ModelConfig:
     target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
     dtype: str = "float32"  # float32 trains and generates fastest on CPUs; bfloat16 on GPUs
     seed: int = 0
+    inference: str = "auto"  # rollouts and dev runs: llamacpp | transformers | auto (llamacpp when it can serve)
 
 
 @dataclass
@@ -110,12 +112,47 @@ def evaluate_dev(rollout: RolloutConfig, dev: DevConfig, llm: Any, out_dir: str 
     return dev_metrics(rollouts(dev_rollout(rollout, dev), llm, out_dir, role_llms))
 
 
-def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: Any,
-               out_dir: str | Path) -> dict[str, float]:
+def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: Any, out_dir: str | Path,
+               config: ModelConfig | None = None) -> dict[str, float]:
     """`evaluate_dev` of an in-memory policy, greedy; {} without a dev slice."""
     if not dev.path:
         return {}
-    return evaluate_dev(rollout, dev, chat_model_for(model, tokenizer, 0.0, rollout.max_new_tokens), out_dir)
+    llm = policy_chat_model(model, tokenizer, config or ModelConfig(inference="transformers"), out_dir, 0.0,
+                            rollout.max_new_tokens)
+    return evaluate_dev(rollout, dev, llm, out_dir)
+
+
+def serves_with_llamacpp(model: Any, config: ModelConfig) -> bool:
+    """Whether `policy_chat_model` serves `model` with llama.cpp: always for `inference: llamacpp` (InvalidInput
+    if it can't), for "auto" when the policy is a LoRA adapter over a Qwen2 pack and llama-cpp-python is in."""
+    from mhqa_graph.models.packs import PACKS
+
+    from .lora_gguf import supports
+
+    if config.inference not in ("auto", "llamacpp", "transformers"):
+        raise InvalidInput(f"model.inference must be auto, llamacpp or transformers, got {config.inference!r}")
+    possible = (config.lora and config.name in PACKS and supports(model)
+                and importlib.util.find_spec("llama_cpp") is not None)
+    if config.inference == "llamacpp" and not possible:
+        raise InvalidInput("model.inference: llamacpp needs a LoRA policy over a Qwen2 chat pack and "
+                           "llama-cpp-python (pip install 'mhqa-graph[llamacpp]')")
+    return possible and config.inference != "transformers"
+
+
+def policy_chat_model(model: Any, tokenizer: Any, config: ModelConfig, folder: str | Path,
+                      temperature: float = 0.0, max_new_tokens: int = 256) -> Any:
+    """The policy with its current weights as the agents' chat model, for rollouts and dev runs. Served by
+    llama.cpp when `serves_with_llamacpp`: the adapter is written to `folder/adapter.gguf` and applied over
+    the pack's GGUF (about 10x faster generation on the CPU); else by transformers."""
+    if not serves_with_llamacpp(model, config):
+        return chat_model_for(model, tokenizer, temperature, max_new_tokens)
+    from mhqa_graph.models.factory import load_chat_model
+
+    from .lora_gguf import write_lora_gguf
+
+    adapter = write_lora_gguf(model, Path(folder) / "adapter.gguf")
+    return load_chat_model(f"llamacpp:{config.name}?lora={adapter}", temperature=temperature,
+                           max_new_tokens=max_new_tokens, model_name=f"{config.name}+lora")
 
 
 def load_model(config: ModelConfig) -> tuple[Any, Any]:

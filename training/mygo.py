@@ -32,9 +32,9 @@ from .common import (
     DevConfig,
     ModelConfig,
     RolloutConfig,
-    chat_model_for,
     check_disjoint,
     load_model,
+    policy_chat_model,
     policy_dev,
     rollouts,
     write_log,
@@ -152,14 +152,16 @@ class MyGOTrainer:
     def dev(self, name: str) -> dict[str, Any]:
         """Dev metrics of the current weights (greedy), a resumable run in `dev/<name>`; {} without a dev slice."""
         cfg = self.config
-        return policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out / "dev" / name)
+        return policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out / "dev" / name, cfg.model)
 
     def iteration(self, k: int) -> dict[str, Any]:
         """Rollouts, τ, keep, SFT, checkpoint; the iteration's metrics, also appended to log.jsonl."""
         cfg = self.config
         started = time.perf_counter()
-        llm = chat_model_for(self.model, self.tokenizer, cfg.rollout.temperature, cfg.rollout.max_new_tokens)
-        records = rollouts(cfg.rollout, llm, self.out / f"iter{k}" / "rollouts")
+        folder = self.out / f"iter{k}" / "rollouts"
+        llm = policy_chat_model(self.model, self.tokenizer, cfg.model, folder, cfg.rollout.temperature,
+                                cfg.rollout.max_new_tokens)
+        records = rollouts(cfg.rollout, llm, folder)
         rewards = [reward_of(r, cfg.reward) for r in records]
         self.tau = next_tau(self.tau, rewards)
         good = kept(records, self.tau, cfg.reward, self.min_worker_rounds)

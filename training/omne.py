@@ -51,10 +51,10 @@ from .common import (
     DevConfig,
     ModelConfig,
     RolloutConfig,
-    chat_model_for,
     check_disjoint,
     jsonl_log,
     load_model,
+    policy_chat_model,
     policy_dev,
     rollouts,
     write_log,
@@ -488,8 +488,8 @@ class OmneTrainer:
         afresh with a warning. The policy's are started afresh every time: they are of this training's weights."""
         cfg, out = self.config, self.sft_rollout_dir()
         if not cfg.teacher:
-            llm = chat_model_for(self.model, self.tokenizer, temperature=cfg.rollout.temperature,
-                                 max_new_tokens=cfg.rollout.max_new_tokens)
+            llm = policy_chat_model(self.model, self.tokenizer, cfg.model, out, cfg.rollout.temperature,
+                                    cfg.rollout.max_new_tokens)
             return rollouts(cfg.rollout, llm, out, force_new=True)
         try:
             return rollouts(cfg.rollout, cfg.teacher, out)
@@ -514,7 +514,7 @@ class OmneTrainer:
     def dev(self, name: str) -> dict[str, Any]:
         """Dev metrics of the policy (greedy), logged as event `dev`: F1, tool-call rate, LLM calls."""
         cfg = self.config
-        metrics = policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out / "dev" / name)
+        metrics = policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out / "dev" / name, cfg.model)
         if metrics:
             write_log(self.out / LOG, {"event": "dev", "after": name, **metrics})
         return metrics

@@ -1,8 +1,8 @@
 """Turn a model spec string into a LangChain chat model or embeddings object.
 
 Chat specs: a pack name ("smollm2-135m"), "hf:<folder or cached hub id>",
-"llamacpp:<pack name or .gguf file>[?threads=N&ctx=N]" (llama.cpp; needs the
-`llamacpp` extra; faster than transformers on the CPU), "openai:<base url>[#model]",
+"llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&lora=<adapter .gguf>]" (llama.cpp;
+needs the `llamacpp` extra; faster than transformers on the CPU), "openai:<base url>[#model]",
 "fake" or "fake:<json list of responses>". `check_chat_spec` validates a spec without loading it.
 """
 
@@ -25,6 +25,7 @@ from .packs import PACKS, check_chat_pack, gguf_path, pack_installed, pack_path
 CHAT_PREFERENCE = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m")
 REQUEST_TIMEOUT_S = 60.0  # per HTTP request to an openai-compatible server
 LLAMACPP_OPTIONS = {"threads": "n_threads", "ctx": "n_ctx"}  # llamacpp: spec query -> LlamaCppChatModel field
+LLAMACPP_FILE_OPTIONS = {"lora": "lora_path"}  # the same, for options naming a file
 OPENAI_HINT = "openai-compatible servers need langchain-openai; pip install 'mhqa-graph[openai]'"
 
 
@@ -55,7 +56,8 @@ def check_chat_spec(spec: Any, model: str = "") -> None:
         check_chat_pack(spec)
     else:
         raise ModelError(f"unknown chat model spec {spec!r}; use a pack name ({', '.join(CHAT_PREFERENCE)}), "
-                         "'hf:<folder or hub id>', 'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N]', "
+                         "'hf:<folder or hub id>', "
+                         "'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&lora=<adapter .gguf>]', "
                          "'openai:<base url>#<model>' or 'fake[:<json list>]'")
 
 
@@ -116,13 +118,19 @@ def _openai(rest: str, **kwargs: Any) -> BaseChatModel:
     return ChatOpenAI(base_url=base_url, model=model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), **kwargs)
 
 
-def _llamacpp_options(rest: str) -> tuple[str, dict[str, int]]:
-    """The model reference and the LlamaCppChatModel fields of '<ref>[?threads=N&ctx=N]'."""
+def _llamacpp_options(rest: str) -> tuple[str, dict[str, int | str]]:
+    """The model reference and the LlamaCppChatModel fields of '<ref>[?threads=N&ctx=N&lora=<file>]'."""
     ref, _, query = rest.partition("?")
-    options = {}
+    options: dict[str, int | str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True, separator="&"):
+        if key in LLAMACPP_FILE_OPTIONS:
+            if not Path(value).expanduser().is_file():
+                raise ModelError(f"llamacpp: {key} must name an existing file, got {value!r}")
+            options[LLAMACPP_FILE_OPTIONS[key]] = str(Path(value).expanduser())
+            continue
         if key not in LLAMACPP_OPTIONS:
-            raise ModelError(f"llamacpp: unknown option {key!r}; known: {', '.join(LLAMACPP_OPTIONS)}")
+            known = ", ".join([*LLAMACPP_OPTIONS, *LLAMACPP_FILE_OPTIONS])
+            raise ModelError(f"llamacpp: unknown option {key!r}; known: {known}")
         if not value.isdigit() or int(value) < 1:
             raise ModelError(f"llamacpp: {key} must be a positive integer, got {value!r}")
         options[LLAMACPP_OPTIONS[key]] = int(value)
@@ -140,7 +148,8 @@ def _llamacpp_ref(ref: str) -> None:
 
 
 def _llamacpp(rest: str, **kwargs: Any) -> BaseChatModel:
-    """'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N]'; a pack's GGUF is assembled and kept once."""
+    """'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&lora=<adapter .gguf>]'; a pack's GGUF is
+    assembled and kept once."""
     ref, options = _llamacpp_options(rest)
     kwargs.update(options)
     if ref in PACKS:

@@ -33,6 +33,7 @@ class LlamaCppChatModel(BaseChatModel):
     stop: list[str] | None = None
     n_ctx: int = 0  # tokens of prompt + reply; 0 = the smaller of DEFAULT_CTX and the model's training context
     n_threads: int = 0  # 0 = all cores
+    lora_path: str = ""  # a llama.cpp LoRA adapter (.gguf) applied over the model, e.g. a policy under training
 
     _llm: Any = PrivateAttr(default=None)
     _window: int = PrivateAttr(default=0)  # as opened: llama.cpp pads its own n_ctx() up to a multiple of 256
@@ -47,7 +48,8 @@ class LlamaCppChatModel(BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self._name, "model_path": self.model_path, "max_new_tokens": self.max_new_tokens,
-                "temperature": self.temperature, "n_ctx": self.n_ctx, "n_threads": self.n_threads}
+                "temperature": self.temperature, "n_ctx": self.n_ctx, "n_threads": self.n_threads,
+                "lora_path": self.lora_path}
 
     @property
     def _name(self) -> str:
@@ -59,7 +61,7 @@ class LlamaCppChatModel(BaseChatModel):
         threads = self.n_threads or os.cpu_count() or 1
         try:
             return Llama(model_path=self.model_path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                         verbose=False)
+                         lora_path=self.lora_path or None, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"cannot load GGUF model {self.model_path!r}: {exc}") from exc
 
@@ -71,6 +73,8 @@ class LlamaCppChatModel(BaseChatModel):
                                     "pip install 'mhqa-graph[llamacpp]'") from None
         if not Path(self.model_path).is_file():
             raise ModelError(f"no GGUF file at {self.model_path!r}")
+        if self.lora_path and not Path(self.lora_path).is_file():
+            raise ModelError(f"no LoRA adapter file at {self.lora_path!r}")
         window = self.n_ctx or DEFAULT_CTX
         llm = self._open(window)
         meta = llm.metadata
