@@ -24,6 +24,8 @@ from mhqa_graph.errors import InvalidInput, ModelNotInstalled
 from mhqa_graph.eval.report import RESULTS, read_records
 from mhqa_graph.models.chat import TransformersChatModel
 
+from .lora_gguf import supports, write_lora_gguf
+
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -127,8 +129,6 @@ def serves_with_llamacpp(model: Any, config: ModelConfig) -> bool:
     if it can't), for "auto" when the policy is a LoRA adapter over a Qwen2 pack and llama-cpp-python is in."""
     from mhqa_graph.models.packs import PACKS
 
-    from .lora_gguf import supports
-
     if config.inference not in ("auto", "llamacpp", "transformers"):
         raise InvalidInput(f"model.inference must be auto, llamacpp or transformers, got {config.inference!r}")
     possible = (config.lora and config.name in PACKS and supports(model)
@@ -140,19 +140,24 @@ def serves_with_llamacpp(model: Any, config: ModelConfig) -> bool:
 
 
 def policy_chat_model(model: Any, tokenizer: Any, config: ModelConfig, folder: str | Path,
-                      temperature: float = 0.0, max_new_tokens: int = 256) -> Any:
+                      temperature: float = 0.0, max_new_tokens: int = 256, adapter: str | None = None) -> Any:
     """The policy with its current weights as the agents' chat model, for rollouts and dev runs. Served by
-    llama.cpp when `serves_with_llamacpp`: the adapter is written to `folder/adapter.gguf` and applied over
-    the pack's GGUF (about 10x faster generation on the CPU); else by transformers."""
+    llama.cpp when `serves_with_llamacpp`: the LoRA `adapter` (default: the active one) is written to
+    `folder/<adapter>.gguf` and applied over the pack's GGUF (about 10x faster generation on the CPU); else
+    by transformers."""
     if not serves_with_llamacpp(model, config):
         return chat_model_for(model, tokenizer, temperature, max_new_tokens)
+    return llamacpp_policy(config.name, write_lora_gguf(model, Path(folder) / f"{adapter or 'adapter'}.gguf", adapter),
+                           temperature, max_new_tokens)
+
+
+def llamacpp_policy(pack: str, adapter: Path | None, temperature: float, max_new_tokens: int) -> Any:
+    """llama.cpp over `pack`'s GGUF with the LoRA `adapter` file (None: the base model)."""
     from mhqa_graph.models.factory import load_chat_model
 
-    from .lora_gguf import write_lora_gguf
-
-    adapter = write_lora_gguf(model, Path(folder) / "adapter.gguf")
-    return load_chat_model(f"llamacpp:{config.name}?lora={adapter}", temperature=temperature,
-                           max_new_tokens=max_new_tokens, model_name=f"{config.name}+lora")
+    spec = f"llamacpp:{pack}" + (f"?lora={adapter}" if adapter else "")
+    return load_chat_model(spec, temperature=temperature, max_new_tokens=max_new_tokens,
+                           model_name=f"{pack}+{adapter.stem}" if adapter else pack)
 
 
 def load_model(config: ModelConfig) -> tuple[Any, Any]:

@@ -25,20 +25,21 @@ GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_
 _KEY = re.compile(r"layers\.(\d+)\.(\w+\.\w+)\.lora_([AB])\.weight$")
 
 
-def supports(model: Any) -> bool:
-    """Whether `model` is a PEFT model with a plain LoRA adapter over an architecture written here."""
-    config = getattr(model, "peft_config", {}).get(getattr(model, "active_adapter", None))
+def supports(model: Any, adapter: str | None = None) -> bool:
+    """Whether `model` is a PEFT model whose `adapter` (default: the active one) is a plain LoRA adapter over
+    an architecture written here."""
+    config = getattr(model, "peft_config", {}).get(adapter or getattr(model, "active_adapter", None))
     return (config is not None and getattr(config, "peft_type", None) is not None
             and config.peft_type.value == "LORA" and not config.use_rslora and not config.use_dora
             and getattr(model.config, "model_type", "") in ARCHITECTURES)
 
 
-def adapter_tensors(model: Any) -> dict[str, Any]:
-    """The active adapter's A and B matrices (float32 numpy) under their GGUF names."""
+def adapter_tensors(model: Any, adapter: str | None = None) -> dict[str, Any]:
+    """The A and B matrices (float32 numpy) of `adapter` (default: the active one) under their GGUF names."""
     from peft import get_peft_model_state_dict
 
     tensors = {}
-    for key, value in get_peft_model_state_dict(model).items():
+    for key, value in get_peft_model_state_dict(model, adapter_name=adapter or model.active_adapter).items():
         match = _KEY.search(key)
         if not match or match.group(2) not in GGUF_NAMES:
             raise ModelError(f"no GGUF name for the LoRA tensor {key!r}; targets: {', '.join(GGUF_NAMES)}")
@@ -48,20 +49,22 @@ def adapter_tensors(model: Any) -> dict[str, Any]:
     return tensors
 
 
-def write_lora_gguf(model: Any, path: str | Path) -> Path:
-    """Write `model`'s active LoRA adapter to `path` as a llama.cpp adapter; ModelError if it can't be."""
+def write_lora_gguf(model: Any, path: str | Path, adapter: str | None = None) -> Path:
+    """Write `model`'s LoRA `adapter` (default: the active one) to `path` as a llama.cpp adapter; ModelError
+    if it can't be."""
     import gguf
 
-    if not supports(model):
+    if not supports(model, adapter):
         raise ModelError("only a plain LoRA adapter over a Qwen2 model can be written as a GGUF adapter")
-    config = model.peft_config[model.active_adapter]
+    adapter = adapter or model.active_adapter
+    config = model.peft_config[adapter]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), model.config.model_type)
     writer.add_string("general.type", "adapter")
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", float(config.lora_alpha))
-    for name, array in sorted(adapter_tensors(model).items()):
+    for name, array in sorted(adapter_tensors(model, adapter).items()):
         writer.add_tensor(name, array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -76,8 +76,11 @@ from .common import (
     check_disjoint,
     evaluate_dev,
     jsonl_log,
+    llamacpp_policy,
     load_model,
+    policy_chat_model,
     rollouts,
+    serves_with_llamacpp,
     write_log,
 )
 from .rewards import (
@@ -472,8 +475,15 @@ class MAPGRPOTrainer:
         if config.model.lora:
             add_role_adapters(self.model)
 
-    def role_models(self, temperature: float) -> tuple[Any, dict[str, Any]]:
-        return role_models(self.model, self.tokenizer, temperature, self.config.rollout.max_new_tokens)
+    def role_models(self, temperature: float, folder: Path) -> tuple[Any, dict[str, Any]]:
+        """(the base model, {role: chat model}) of the policy as trained so far. Served by llama.cpp when
+        `serves_with_llamacpp`, each role's adapter written to `folder/<role>.gguf`; else by transformers."""
+        cfg, new = self.config, self.config.rollout.max_new_tokens
+        if not serves_with_llamacpp(self.model, cfg.model):
+            return role_models(self.model, self.tokenizer, temperature, new)
+        base = llamacpp_policy(cfg.model.name, None, temperature, new)
+        return base, {role: policy_chat_model(self.model, self.tokenizer, cfg.model, folder, temperature, new, role)
+                      for role in OPERA_ROLES} | {"answer": base}
 
     def _grpo_trainer(self, role: str, stage: Path, args: GRPOConfig, **kwargs: Any) -> ExpertGRPOTrainer:
         """The GRPO trainer of `role`'s stage, on that role's adapter only. The KL reference (beta > 0) is the
@@ -515,15 +525,16 @@ class MAPGRPOTrainer:
         cfg = self.config
         if not cfg.dev.path:
             return {}
-        base, roles = self.role_models(0.0)
-        metrics = evaluate_dev(cfg.rollout, cfg.dev, base, Path(cfg.output_dir) / "dev" / name, roles)
+        folder = Path(cfg.output_dir) / "dev" / name
+        base, roles = self.role_models(0.0, folder)
+        metrics = evaluate_dev(cfg.rollout, cfg.dev, base, folder, roles)
         write_log(Path(cfg.output_dir) / LOG, {"event": "dev", "after": name, **metrics})
         return metrics
 
     def train_role(self, role: str) -> dict[str, Any]:
         cfg, out = self.config, Path(self.config.output_dir)
         stage = out / role
-        base, roles = self.role_models(cfg.rollout.temperature)
+        base, roles = self.role_models(cfg.rollout.temperature, stage / "rollouts")
         records = rollouts(cfg.rollout, base, stage / "rollouts", roles)
         experts = load_expert(cfg.expert, role, cfg.expert_score, cfg.expert_min_score) \
             if cfg.expert and role in cfg.inject_roles else {}
@@ -542,7 +553,7 @@ class MAPGRPOTrainer:
         log = jsonl_log(out / LOG, role=role)
         with open_store(cfg.rollout.store, read_only=True) as store:
             policy = cfg.executor == "policy"
-            executor, executor_roles = self.role_models(0.0) if policy else (cfg.executor, {})
+            executor, executor_roles = self.role_models(0.0, stage / "executor") if policy else (cfg.executor, {})
             rewards = RoleRewards(cfg, store, corpus, graph, executor, self.model if policy else None, executor_roles)
             trainer = self._grpo_trainer(role, stage, args, reward_funcs=[getattr(rewards, role)], callbacks=[log],
                                          train_dataset=Dataset.from_list(rows), experts=expert_texts,
