@@ -417,3 +417,23 @@ def test_full_finetuning_with_kl_end_to_end(env, expert_dir, tmp_path):
     assert changed
     logs = log_entries(out)
     assert all("kl" in e for e in logs if "reward" in e) and not (out / "analysis" / "reference").exists()
+
+
+def test_role_models_served_by_llamacpp_write_one_adapter_per_role(env, tmp_path, monkeypatch):
+    from mhqa_graph.training import common, mapgrpo
+    from mhqa_graph.training.mapgrpo import OPERA_ROLES
+
+    trainer = MAPGRPOTrainer(config(env, tmp_path / "run"))
+    with torch.no_grad():  # fresh adapters have B = 0; tell the roles apart
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.1)
+    for module in (common, mapgrpo):
+        monkeypatch.setattr(module, "serves_with_llamacpp", lambda model, cfg: True)
+    monkeypatch.setattr("mhqa_graph.models.factory.load_chat_model", lambda spec, **kwargs: spec)
+    base, roles = trainer.role_models(0.0, tmp_path / "dev")
+    assert base == "llamacpp:tiny" and roles["answer"] == base
+    files = {role: tmp_path / "dev" / f"{role}.gguf" for role in OPERA_ROLES}
+    assert {role: roles[role] for role in OPERA_ROLES} == {r: f"llamacpp:tiny?lora={f}" for r, f in files.items()}
+    contents = {f.read_bytes() for f in files.values()}
+    assert len(contents) == len(OPERA_ROLES)  # each role's own weights
