@@ -160,3 +160,10 @@ def test_smollm2_llamacpp_generates(monkeypatch, tmp_path):
     assert cut.usage_metadata["input_tokens"] + 8 <= 96
     with pytest.raises(ModelError, match="leaves no room"):
         small.invoke(long, max_new_tokens=96)
+
+
+def test_default_threads_are_the_cores_the_process_may_use(monkeypatch):
+    from mhqa_graph.models import llamacpp
+
+    monkeypatch.setattr(llamacpp.os, "sched_getaffinity", lambda pid: {1}, raising=False)
+    assert llamacpp.usable_cores() == 1  # e.g. under `taskset -c 1`, not os.cpu_count()

@@ -23,6 +23,13 @@ from .chat import CUT_MARKER, chat_dicts, fit_chat
 DEFAULT_CTX = 8192  # tokens; the KV cache of a model's full training context can take gigabytes
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. under `taskset`), else all of them."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 class LlamaCppChatModel(BaseChatModel):
     """Chat over a GGUF file with its own chat template. Loads on first use; one call at a time."""
 
@@ -32,7 +39,7 @@ class LlamaCppChatModel(BaseChatModel):
     temperature: float = 0.0  # 0 = greedy
     stop: list[str] | None = None
     n_ctx: int = 0  # tokens of prompt + reply; 0 = the smaller of DEFAULT_CTX and the model's training context
-    n_threads: int = 0  # 0 = all cores
+    n_threads: int = 0  # 0 = every core this process may use
     lora_path: str = ""  # a llama.cpp LoRA adapter (.gguf) applied over the model, e.g. a policy under training
 
     _llm: Any = PrivateAttr(default=None)
@@ -58,7 +65,7 @@ class LlamaCppChatModel(BaseChatModel):
     def _open(self, n_ctx: int) -> Any:
         from llama_cpp import Llama
 
-        threads = self.n_threads or os.cpu_count() or 1
+        threads = self.n_threads or usable_cores()
         try:
             return Llama(model_path=self.model_path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                          lora_path=self.lora_path or None, verbose=False)
