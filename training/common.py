@@ -26,6 +26,7 @@ from mhqa_graph.models.chat import TransformersChatModel
 
 from .lora_gguf import supports, write_lora_gguf
 
+LOG = "log.jsonl"  # every trainer's JSON-lines log in its output_dir; curve.png beside it plots it
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

@@ -70,6 +70,7 @@ from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 
 from .common import (
+    LOG,
     DevConfig,
     ModelConfig,
     RolloutConfig,
@@ -83,6 +84,7 @@ from .common import (
     serves_with_llamacpp,
     write_log,
 )
+from .curve import plot_log
 from .rewards import (
     AnalysisRewardConfig,
     PlanRewardConfig,
@@ -94,8 +96,6 @@ from .rewards import (
     plan_reward,
     rewrite_reward,
 )
-
-LOG = "log.jsonl"
 
 
 @dataclass
@@ -578,4 +578,5 @@ class MAPGRPOTrainer:
         self.model.save_pretrained(final)
         self.tokenizer.save_pretrained(final)
         write_log(out / LOG, {"event": "saved", "final": str(final)})
-        return summary | {"dev": dev if self.config.dev.path else {}, "final": str(final)}
+        return summary | {"dev": dev if self.config.dev.path else {}, "final": str(final),
+                          "curve": str(plot_log(out / LOG, out / "curve.png", "MAPGRPO"))}

@@ -29,6 +29,7 @@ from mhqa_graph.errors import InvalidInput
 from mhqa_graph.export import mygo_rows, read_records, reward_of
 
 from .common import (
+    LOG,
     DevConfig,
     ModelConfig,
     RolloutConfig,
@@ -39,6 +40,7 @@ from .common import (
     rollouts,
     write_log,
 )
+from .curve import plot_log
 from .rewards import keep, next_tau
 
 SFT_DEFAULTS: dict[str, Any] = {"learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 1,
@@ -146,7 +148,7 @@ class MyGOTrainer:
         else:
             self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
         self.tau = json.loads((path / STATE).read_text(encoding="utf-8"))["tau"]
-        write_log(self.out / "log.jsonl", {"event": "resumed", "after_iteration": k, "tau": self.tau})
+        write_log(self.out / LOG, {"event": "resumed", "after_iteration": k, "tau": self.tau})
         return k
 
     def dev(self, name: str) -> dict[str, Any]:
@@ -175,7 +177,7 @@ class MyGOTrainer:
                "with_workers": sum(worker_rounds(r) >= max(1, self.min_worker_rounds) for r in records),
                "sft_rows": len(rows), "loss": loss, "failures": sum(bool(r.get("failed")) for r in records),
                "rollout_s": round(rollout_s, 1), "sft_s": round(sft_s, 1), **self.dev(f"iter{k}")}
-        write_log(self.out / "log.jsonl", row)
+        write_log(self.out / LOG, row)
         return row
 
     def train(self) -> dict[str, Any]:
@@ -186,7 +188,7 @@ class MyGOTrainer:
         done = self.resume()
         untrained = self.dev("untrained")  # resumable: a finished dev run is read back, not redone
         if untrained and done < 0:
-            write_log(self.out / "log.jsonl", {"event": "dev", "after": "untrained", **untrained})
+            write_log(self.out / LOG, {"event": "dev", "after": "untrained", **untrained})
         if cfg.warmup_run and done < 0:
             rows = sft_rows(kept(read_records(cfg.warmup_run), cfg.warmup_min_reward, cfg.reward,
                                  self.min_worker_rounds), cfg.reward)
@@ -196,9 +198,10 @@ class MyGOTrainer:
             row = {"iteration": 0, "warmup_rows": len(rows), "loss": self.sft(rows, self.out / "warmup")}
             self.save(0)
             row |= self.dev("iter0")
-            write_log(self.out / "log.jsonl", row)
+            write_log(self.out / LOG, row)
             history.append(row)
         history += [self.iteration(k) for k in range(max(1, done + 1), cfg.iterations + 1)]
         self.model.save_pretrained(self.out / "final")
         self.tokenizer.save_pretrained(self.out / "final")
-        return {"iterations": history, "tau": self.tau, "dev_untrained": untrained, "final": str(self.out / "final")}
+        return {"iterations": history, "tau": self.tau, "dev_untrained": untrained, "final": str(self.out / "final"),
+                "curve": str(plot_log(self.out / LOG, self.out / "curve.png", "MyGO"))}

@@ -48,6 +48,7 @@ from mhqa_graph.models.chat import TransformersChatModel, chat_dicts
 from mhqa_graph.store import open_store
 
 from .common import (
+    LOG,
     DevConfig,
     ModelConfig,
     RolloutConfig,
@@ -59,10 +60,10 @@ from .common import (
     rollouts,
     write_log,
 )
+from .curve import plot_log
 from .rewards import OmneRewardConfig, format_reward, omne_reward, repetition_penalty, tool_calls
 
 STAGES = {1: "grpo", 2: "sft", 3: "grpo"}
-LOG = "log.jsonl"
 # what rollout_func returns per episode besides logprobs; all but the first three reach the reward functions
 EPISODE_KEYS = ("prompt_ids", "completion_ids", "env_mask", "turns", "episode_rounds", "episode_tool_calls",
                 "episode_successful_calls", "episode_repeated_calls", "episode_forced")
@@ -536,4 +537,5 @@ class OmneTrainer:
         self.model.save_pretrained(final)
         self.tokenizer.save_pretrained(final)
         summary["final"] = str(final)
+        summary["curve"] = str(plot_log(self.out / LOG, self.out / "curve.png", "Omne"))
         return summary
