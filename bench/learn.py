@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from mhqa_graph.training.common import ModelConfig, RolloutConfig, chat_model_for, rollouts
+from mhqa_graph.training.common import ModelConfig, RolloutConfig, policy_chat_model, rollouts
 from mhqa_graph.training.mygo import MyGOConfig, MyGOTrainer
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -57,7 +57,8 @@ def main() -> None:
 
     def dev_eval(k: int) -> dict:
         t = time.perf_counter()
-        llm = chat_model_for(trainer.model, trainer.tokenizer, 0.0, args.max_new_tokens)
+        llm = policy_chat_model(trainer.model, trainer.tokenizer, config.model, out / f"dev{k}", 0.0,
+                                args.max_new_tokens)
         records = rollouts(dev, llm, out / f"dev{k}")
         n = len(records)
         row = {"iteration": k, "dev_f1": sum(r["f1"] for r in records) / n, "dev_em": sum(r["em"] for r in records) / n,
