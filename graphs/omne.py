@@ -101,6 +101,7 @@ _NAME_KEYS = ("name", "tool", "tool_name", "function")
 _ARGS_KEYS = ("arguments", "args", "parameters", "params", "input")
 
 _CLOSED_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
+_LEADING_THINK = re.compile(r"\s*(<think>.*?</think>)", re.DOTALL | re.IGNORECASE)
 _STRAY_THINK = re.compile(r"</?think>", re.IGNORECASE)
 _TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|$)", re.DOTALL | re.IGNORECASE)
 _RESPONSE = re.compile(r"<tool_response>", re.IGNORECASE)
@@ -218,6 +219,22 @@ def parse_reply(text: str) -> Reply:
     if calls:
         return Reply(calls, None, cut[:end].rstrip(), invented, dropped_answer=bool(answer))
     return Reply([], answer or None, cut.rstrip(), invented)
+
+
+def canonical_reply(text: str) -> str:
+    """`text` as the system prompt asks for it: its <think> block, then each call `parse_reply` reads as a
+    <tool_call> block of strict JSON, or its <answer>. A teacher's bare JSON call becomes a tagged one, so
+    SFT on its trajectories teaches the protocol; a reply with a malformed call or neither stays as it is."""
+    reply = parse_reply(text)
+    if reply.calls and not any(call["error"] for call in reply.calls):
+        body = "\n".join("<tool_call>\n" + json.dumps({"name": call["name"], "arguments": call["args"]},
+                                                      ensure_ascii=False) + "\n</tool_call>" for call in reply.calls)
+    elif not reply.calls and reply.answer:
+        body = f"<answer>{reply.answer}</answer>"
+    else:
+        return text
+    think = _LEADING_THINK.match(text)
+    return f"{think.group(1)}\n{body}" if think else body
 
 
 def _tool_specs(graphs: list[str]) -> list[dict]:

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from mhqa_graph.graphs import omne_prompts as P
-from mhqa_graph.graphs.omne import OmneContext, graph, parse_reply
+from mhqa_graph.graphs.omne import OmneContext, canonical_reply, graph, parse_reply
 
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel, FakeToolCallingModel
@@ -325,3 +325,24 @@ def test_native_tool_calling_over_an_openai_compatible_server(store):
     assert [t["function"]["name"] for t in first["tools"]] == ["entity_matcher", "node_info"]
     assert second["messages"][-1]["role"] == "tool" and FATHER in second["messages"][-1]["content"]
     assert isinstance(out["messages"][0], HumanMessage)
+
+
+@pytest.mark.parametrize("reply, canonical", [
+    ('<think>Find X.</think>\n{"name": "node_info", "arguments": {"entity": "X", "graph_type": "g"}}\n',
+     '<think>Find X.</think>\n<tool_call>\n{"name": "node_info", "arguments": {"entity": "X", "graph_type": "g"}}'
+     '\n</tool_call>'),
+    ('[{"name": "entity_matcher", "parameters": {"query": "Y"}}, {"node_info": {"entity": "Z"}}]',
+     '<tool_call>\n{"name": "entity_matcher", "arguments": {"query": "Y"}}\n</tool_call>\n'
+     '<tool_call>\n{"name": "node_info", "arguments": {"entity": "Z"}}\n</tool_call>'),
+    ("  <think>Known.</think> The answer: <answer>Paris</answer>", "<think>Known.</think>\n<answer>Paris</answer>"),
+    ("<answer>1567</answer>", "<answer>1567</answer>"),
+    ('<tool_call>{"name": "node_info", "arguments": }</tool_call>',  # malformed: left for the filter to drop
+     '<tool_call>{"name": "node_info", "arguments": }</tool_call>'),
+    ("I am not sure.", "I am not sure."),
+])
+def test_canonical_reply_writes_what_the_graph_read_in_the_prompted_form(reply, canonical):
+    assert canonical_reply(reply) == canonical
+    if canonical != reply:
+        assert parse_reply(canonical).calls == [] or \
+            [(c["name"], c["args"]) for c in parse_reply(canonical).calls] == \
+            [(c["name"], c["args"]) for c in parse_reply(reply).calls]

@@ -24,7 +24,7 @@ from mhqa_graph.training.omne import (  # noqa: E402
     OmneTrainer,
     stage_rewards,
 )
-from mhqa_graph.training.rewards import OmneRewardConfig, omne_reward  # noqa: E402
+from mhqa_graph.training.rewards import OmneRewardConfig, format_reward, omne_reward  # noqa: E402
 from mhqa_graph.training.tiny import CHATML  # noqa: E402
 
 from mhqa_graph.errors import InvalidInput, MhqaError  # noqa: E402
@@ -313,6 +313,18 @@ def test_teacher_trajectories_need_the_reward_and_the_format(config):
             trainer.sft_data()
         record, = map(json.loads, (trainer.sft_rollout_dir() / "sample0" / "results.jsonl").read_text().splitlines())
         assert record["f1"] == f1  # this teacher's own trajectory: the right answer without the format is out
+
+
+def test_a_teacher_writing_bare_json_calls_teaches_tagged_ones(config):
+    bare = [r.replace("<tool_call>", "\n").replace("</tool_call>", "") for r in replies("1", "Bob 1")]
+    cfg = dataclasses.replace(config, stages=[2], teacher="fake:" + json.dumps(bare), sft_min_reward=0.5,
+                              rollout=dataclasses.replace(config.rollout, limit=1, max_new_tokens=16))
+    row, = OmneTrainer(cfg).sft_data()
+    said = [m for m in row["messages"] if m["role"] == "assistant"]
+    assert [m["content"].count("<tool_call>") for m in said] == [1, 1, 0]
+    assert format_reward([m["content"] for m in said], cfg.reward) == 1
+    assert all("".join(s["text"] for s in m["segments"]) == m["content"] for m in said)
+    assert said[0]["segments"][0] == {"text": "<think>Find Ann 1.</think>", "weight": cfg.think_weight}
 
 
 def test_each_teacher_has_its_own_rollouts_and_the_policy_starts_afresh(config):

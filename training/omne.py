@@ -38,12 +38,13 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs import omne_prompts as P
+from mhqa_graph.graphs.omne import canonical_reply
 from pydantic import PrivateAttr
 
 from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
 from mhqa_graph.eval.environments import environment_name, prepare
 from mhqa_graph.eval.runner import RunMismatch, load_questions
-from mhqa_graph.export import THINK_WEIGHT, sft_rows
+from mhqa_graph.export import THINK_WEIGHT, sft_rows, weighted_message
 from mhqa_graph.models.chat import TransformersChatModel, chat_dicts
 from mhqa_graph.store import open_store
 
@@ -402,6 +403,14 @@ def format_stop(patience: int, stage: int) -> Any:
     return FormatStop()
 
 
+def canonical_row(row: dict[str, Any], think_weight: float) -> dict[str, Any]:
+    """An SFT row with every trained assistant reply in the protocol's form (`graphs.omne.canonical_reply`),
+    its loss segments made anew: a teacher that writes its calls as bare JSON, which the graph reads, still
+    teaches tagged calls."""
+    return row | {"messages": [weighted_message("assistant", canonical_reply(m["content"]), think_weight)
+                               if m["role"] == "assistant" and m.get("weight") else m for m in row["messages"]]}
+
+
 def format_ok(row: dict[str, Any], record: dict[str, Any], reward: OmneRewardConfig) -> bool:
     """Whether an Omne chat's assistant turns follow the protocol (`format_reward`); a run the graph marked
     NoToolCall had no successful tool call."""
@@ -457,18 +466,22 @@ class OmneTrainer:
         return trainer
 
     def sft_data(self) -> list[dict[str, Any]]:
-        """Stage 2's (and the warm start's) chats: `sft_data`, else the sft export of Omne rollouts by the
-        teacher (or the policy) with F1 >= `sft_min_reward` whose turns follow the format. Made once."""
+        """Stage 2's (and the warm start's) chats, each reply in the protocol's form (`canonical_row`):
+        `sft_data`, else the sft export of Omne rollouts by the teacher (or the policy) with F1 >=
+        `sft_min_reward` whose turns follow the format. Made once."""
         if self._sft_rows is not None:
             return self._sft_rows
         cfg = self.config
         if cfg.sft_data:
-            rows = read_sft_data(cfg.sft_data)
+            rows = [canonical_row(row, cfg.think_weight) for row in read_sft_data(cfg.sft_data)]
         else:
             records = self.sft_rollouts()
-            rows = [row for record in records for row in sft_rows([record], min_reward=cfg.sft_min_reward,
-                                                                  think_weight=cfg.think_weight)
-                    if cfg.sft_min_reward is None or format_ok(row, record, cfg.reward)]
+            rows = []
+            for record in records:
+                for row in sft_rows([record], min_reward=cfg.sft_min_reward, think_weight=cfg.think_weight):
+                    row = canonical_row(row, cfg.think_weight)
+                    if cfg.sft_min_reward is None or format_ok(row, record, cfg.reward):
+                        rows.append(row)
         rows = [{"messages": r["messages"]} for r in rows
                 if any(m["role"] == "assistant" for m in r.get("messages") or [])]
         if not rows:
