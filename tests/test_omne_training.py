@@ -303,16 +303,27 @@ def test_all_stages_with_the_tiny_policy_and_a_teacher_for_sft(config, tmp_path)
 
 def test_teacher_trajectories_need_the_reward_and_the_format(config):
     wrong = "fake:" + json.dumps(replies("1", "Nobody"))
-    # text before the first block stays in the reply (the graph cuts only what follows a turn's last call)
-    sloppy = "fake:" + json.dumps(["Waiting. " + replies("1", "Bob 1")[0], *replies("1", "Bob 1")[1:]])
-    for teacher, f1 in ((wrong, 0.0), (sloppy, 1.0)):
+    malformed = "fake:" + json.dumps(['<think>Look.</think><tool_call>{"name": "node_info", "arguments": }</tool_call>',
+                                      *replies("1", "Bob 1")])
+    for teacher, f1 in ((wrong, 0.0), (malformed, 1.0)):
         cfg = dataclasses.replace(config, stages=[2], teacher=teacher, sft_min_reward=0.5,
                                   rollout=dataclasses.replace(config.rollout, limit=1, max_new_tokens=16))
         trainer = OmneTrainer(cfg)
         with pytest.raises(InvalidInput, match="no trajectories"):
             trainer.sft_data()
         record, = map(json.loads, (trainer.sft_rollout_dir() / "sample0" / "results.jsonl").read_text().splitlines())
-        assert record["f1"] == f1  # this teacher's own trajectory: the right answer without the format is out
+        assert record["f1"] == f1  # this teacher's own trajectory: the right answer after a malformed call is out
+
+
+def test_teacher_text_around_its_calls_is_left_out_and_thinking_is_not_asked(config):
+    first, second, last = replies("1", "Bob 1")
+    sloppy = ["Waiting. " + first, second, last.replace("<think>The father is known.</think>", "")]
+    cfg = dataclasses.replace(config, stages=[2], teacher="fake:" + json.dumps(sloppy), sft_min_reward=0.5,
+                              rollout=dataclasses.replace(config.rollout, limit=1, max_new_tokens=16))
+    row, = OmneTrainer(cfg).sft_data()
+    said = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
+    assert said[0].startswith("<tool_call>") and said[2] == "<answer>Bob 1</answer>"
+    assert format_reward(said, dataclasses.replace(cfg.reward, think=False)) == 1
 
 
 def test_a_teacher_writing_bare_json_calls_teaches_tagged_ones(config):

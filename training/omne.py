@@ -468,7 +468,8 @@ class OmneTrainer:
     def sft_data(self) -> list[dict[str, Any]]:
         """Stage 2's (and the warm start's) chats, each reply in the protocol's form (`canonical_row`):
         `sft_data`, else the sft export of Omne rollouts by the teacher (or the policy) with F1 >=
-        `sft_min_reward` whose turns follow the format. Made once."""
+        `sft_min_reward` whose turns follow the format but for <think> blocks (the 1.5B teacher calls with a
+        thought and answers without one; RL asks for them). Made once."""
         if self._sft_rows is not None:
             return self._sft_rows
         cfg = self.config
@@ -476,11 +477,11 @@ class OmneTrainer:
             rows = [canonical_row(row, cfg.think_weight) for row in read_sft_data(cfg.sft_data)]
         else:
             records = self.sft_rollouts()
-            rows = []
+            rows, protocol = [], dataclasses.replace(cfg.reward, think=False)  # thinking is not asked of the data
             for record in records:
                 for row in sft_rows([record], min_reward=cfg.sft_min_reward, think_weight=cfg.think_weight):
                     row = canonical_row(row, cfg.think_weight)
-                    if cfg.sft_min_reward is None or format_ok(row, record, cfg.reward):
+                    if cfg.sft_min_reward is None or format_ok(row, record, protocol):
                         rows.append(row)
         rows = [{"messages": r["messages"]} for r in rows
                 if any(m["role"] == "assistant" for m in r.get("messages") or [])]
