@@ -43,7 +43,7 @@ REWARDS = ("f1", "em")
 THINK_WEIGHT = 0.001
 MYGO_THRESHOLD = 1.0  # default --min-reward of mygo: keep fully correct trajectories
 
-_THINK = re.compile(r"<think>.*?(?:</think>|$)", re.DOTALL | re.IGNORECASE)
+_THINK = re.compile(r"(<think>)(.*?)(</think>|$)", re.DOTALL | re.IGNORECASE)
 
 
 class ExtraNotInstalled(MhqaError):
@@ -107,12 +107,13 @@ def record_trace(record: Mapping[str, Any], need_calls: bool = True) -> Trace | 
 
 # -- chats with loss weights -----------------------------------------------------------------
 def segments(text: str, think_weight: float = THINK_WEIGHT) -> list[dict[str, Any]]:
-    """An assistant turn split into [{text, weight}]: <think> blocks at `think_weight`, the rest at 1.0."""
+    """An assistant turn split into [{text, weight}]: the thinking inside <think> blocks at `think_weight`,
+    the rest at 1.0, the tags included: whether a turn opens with a thought or with an answer is a decision
+    the model must learn at full weight."""
     parts, pos = [], 0
     for m in _THINK.finditer(text):
-        if m.start() > pos:
-            parts.append({"text": text[pos:m.start()], "weight": 1.0})
-        parts.append({"text": m.group(0), "weight": think_weight})
+        pieces = [(text[pos:m.start()], 1.0), (m.group(1), 1.0), (m.group(2), think_weight), (m.group(3), 1.0)]
+        parts += [{"text": piece, "weight": weight} for piece, weight in pieces if piece]
         pos = m.end()
     if pos < len(text) or not parts:
         parts.append({"text": text[pos:], "weight": 1.0})

@@ -292,8 +292,9 @@ def test_all_stages_with_the_tiny_policy_and_a_teacher_for_sft(config, tmp_path)
     logs = log_records(cfg)
     assert {r["stage"] for r in logs} == {1, 2, 3}
     assert any(r["stage"] == 2 and "loss" in r for r in logs) and any("rewards/omne/mean" in r for r in logs)
-    think = [seg for m in rows[0]["messages"] for seg in m["segments"] if seg["text"].startswith("<think>")]
-    assert len(think) == 3 and all(seg["weight"] == 0.001 for seg in think)
+    tags = [seg for m in rows[0]["messages"] for seg in m["segments"] if seg["text"] in ("<think>", "</think>")]
+    thoughts = [seg for m in rows[0]["messages"] for seg in m["segments"] if seg["weight"] == 0.001]
+    assert len(tags) == 6 and all(seg["weight"] == 1.0 for seg in tags) and len(thoughts) == 3
     # the teacher's run, exported as the CLI does, is read back as stage 2's given dataset
     export(trainer.sft_rollout_dir() / "sample0", "sft", tmp_path / "sft")
     for path in (tmp_path / "sft", tmp_path / "sft" / "sft.jsonl"):
@@ -335,7 +336,9 @@ def test_a_teacher_writing_bare_json_calls_teaches_tagged_ones(config):
     assert [m["content"].count("<tool_call>") for m in said] == [1, 1, 0]
     assert format_reward([m["content"] for m in said], cfg.reward) == 1
     assert all("".join(s["text"] for s in m["segments"]) == m["content"] for m in said)
-    assert said[0]["segments"][0] == {"text": "<think>Find Ann 1.</think>", "weight": cfg.think_weight}
+    assert said[0]["segments"][:3] == [{"text": "<think>", "weight": 1.0},
+                                       {"text": "Find Ann 1.", "weight": cfg.think_weight},
+                                       {"text": "</think>", "weight": 1.0}]
 
 
 def test_each_teacher_has_its_own_rollouts_and_the_policy_starts_afresh(config):

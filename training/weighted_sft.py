@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from mhqa_graph.export import clean_messages, tokenize_with_weights
+from mhqa_graph.export import clean_messages, segments, tokenize_with_weights
 
 IGNORE = -100
 
@@ -44,10 +44,10 @@ class WeightedSFTConfig(SFTConfig):
 
 
 def reweight_think(messages: list[dict[str, Any]], think_weight: float) -> list[dict[str, Any]]:
-    """The messages with the weight of every assistant segment that is a <think> block set to `think_weight`."""
-    return [m | {"segments": [s | {"weight": think_weight} if s["text"].lower().startswith("<think>") else s
-                              for s in m["segments"]]} if m["role"] == "assistant" and m.get("segments") else m
-            for m in messages]
+    """The messages with every trained assistant turn's segments made anew (`export.segments`): its thinking
+    at `think_weight`, the rest at 1.0; rows exported before the tags were split out are split too."""
+    return [m | {"segments": segments(m["content"], think_weight)} if m["role"] == "assistant" and m.get("weight")
+            else m for m in messages]
 
 
 def tokenize_row(tokenizer: Any, messages: list[dict[str, Any]], max_length: int | None = None,
