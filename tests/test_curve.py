@@ -13,6 +13,7 @@ LOG = [
     {"event": "dev", "after": "stage2", "dev_f1": 0.3, "dev_em": 0.2, "dev_tool_rate": 0.9},
     {"stage": 3, "step": 1, "reward": 0.4, "episodes/format": 0.5, "rewards/omne/mean": 0.4},
     {"role": "plan", "step": 1, "rewards/plan/mean": 0.7, "rewards/plan/std": 0.1},
+    {"phase": "iter1", "step": 1, "loss": 0.8},
     {"iteration": 1, "tau": 0.3, "loss": 0.9, "dev_f1": 0.35, "dev_em": 0.3},
     {"event": "dev", "after": "untrained", "dev_f1": 0.25, "dev_em": 0.1},  # a rerun's line wins
 ]
@@ -27,6 +28,8 @@ def test_dev_points_and_step_series(tmp_path):
     series = step_series(entries)
     assert series == {"stage2 loss": [(1, 1.5), (2, 1.1)], "stage3 reward": [(1, 0.4)],
                       "stage3 episodes/format": [(1, 0.5)], "stage3 rewards/omne/mean": [(1, 0.4)],
-                      "plan rewards/plan/mean": [(1, 0.7)]}
+                      "plan rewards/plan/mean": [(1, 0.7)], "iter1 loss": [(1, 0.8)]}
     png = plot_log(path, tmp_path / "out" / "curve.png", "Omne")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    path.write_text(json.dumps(LOG[0]) + "\n")  # dev lines only: one panel
+    assert plot_log(path, tmp_path / "dev.png").is_file()

@@ -137,6 +137,8 @@ def test_warmup_then_iterations_train_on_kept_trajectories(tmp_path, lora):
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
     summary = trainer.train()
     log = [json.loads(line) for line in (Path(config.output_dir) / "log.jsonl").read_text().splitlines()]
+    steps, log = [r for r in log if "phase" in r], [r for r in log if "phase" not in r]  # SFT steps, iterations
+    assert {r["phase"] for r in steps if "loss" in r} >= {"warmup", "iter1"}
     assert log[0]["iteration"] == 0 and log[0]["warmup_rows"] == 2  # y1 and y2 are the scripted correct ones
     iters = log[1:]
     assert [r["iteration"] for r in iters] == [1, 2] and all(r["trajectories"] == 6 for r in iters)

@@ -38,7 +38,7 @@ def step_series(entries: list[dict[str, Any]]) -> dict[str, list[tuple[int, floa
     for entry in entries:
         if "step" not in entry or "event" in entry:
             continue
-        phase = entry.get("role") or (f"stage{entry['stage']}" if "stage" in entry else "")
+        phase = entry.get("role") or entry.get("phase") or (f"stage{entry['stage']}" if "stage" in entry else "")
         for key, value in entry.items():
             wanted = key in STEP_METRICS or (key.startswith("rewards/") and key.endswith("/mean"))
             if wanted and isinstance(value, (int, float)):
@@ -54,7 +54,9 @@ def plot_log(log: str | Path, out: str | Path, title: str = "") -> Path:
     import matplotlib.pyplot as plt
 
     entries = read_log(log)
-    fig, (dev_ax, step_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
+    series = step_series(entries)
+    fig, axes = plt.subplots(1, 2 if series else 1, figsize=(12 if series else 6, 4.5), squeeze=False)
+    dev_ax = axes[0][0]
     points = dev_points(entries)
     phases = [p for p, _ in points]
     for key, label in (("dev_f1", "dev F1"), ("dev_em", "dev EM"), ("dev_tool_rate", "tool-call rate"),
@@ -67,11 +69,12 @@ def plot_log(log: str | Path, out: str | Path, title: str = "") -> Path:
     dev_ax.set_title("dev slice after each phase")
     if points:
         dev_ax.legend(fontsize="small")
-    for name, values in step_series(entries).items():
-        step_ax.plot([s for s, _ in values], [v for _, v in values], marker=".", label=name)
-    step_ax.set_xlabel("step")
-    step_ax.set_title("training metrics per step")
-    if step_ax.lines:
+    if series:
+        step_ax = axes[0][1]
+        for name, values in series.items():
+            step_ax.plot([s for s, _ in values], [v for _, v in values], marker=".", label=name)
+        step_ax.set_xlabel("step")
+        step_ax.set_title("training metrics per step")
         step_ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)

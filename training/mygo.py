@@ -34,6 +34,7 @@ from .common import (
     ModelConfig,
     RolloutConfig,
     check_disjoint,
+    jsonl_log,
     load_model,
     policy_chat_model,
     policy_dev,
@@ -112,8 +113,8 @@ class MyGOTrainer:
     def min_worker_rounds(self) -> int:
         return int(self.config.rollout.context.get("min_worker_rounds") or 0)
 
-    def sft(self, rows: list[dict[str, Any]], out_dir: Path) -> float:
-        """One plain-SFT pass over `rows`; returns the mean training loss."""
+    def sft(self, rows: list[dict[str, Any]], out_dir: Path, phase: str) -> float:
+        """One plain-SFT pass over `rows`, its steps logged with `phase`; returns the mean training loss."""
         import torch
         from datasets import Dataset
 
@@ -122,8 +123,9 @@ class MyGOTrainer:
         defaults = SFT_DEFAULTS | {"use_cpu": not torch.cuda.is_available()}
         args = WeightedSFTConfig(output_dir=str(out_dir), think_weight=1.0, **(defaults | self.config.sft))
         dataset = Dataset.from_list([{"messages": r["messages"]} for r in rows])
+        log = jsonl_log(self.out / LOG, phase=phase)
         trainer = WeightedSFTTrainer(model=self.model, args=args, train_dataset=dataset,
-                                     processing_class=self.tokenizer)
+                                     processing_class=self.tokenizer, callbacks=[log])
         return float(trainer.train().training_loss)
 
     def save(self, k: int) -> None:
@@ -169,7 +171,7 @@ class MyGOTrainer:
         good = kept(records, self.tau, cfg.reward, self.min_worker_rounds)
         rows = sft_rows(good, cfg.reward)
         rollout_s = time.perf_counter() - started
-        loss = self.sft(rows, self.out / f"iter{k}" / "sft") if rows else None
+        loss = self.sft(rows, self.out / f"iter{k}" / "sft", f"iter{k}") if rows else None
         sft_s = time.perf_counter() - started - rollout_s
         self.save(k)
         row = {"iteration": k, "tau": self.tau, "mean_reward": sum(rewards) / len(rewards),
@@ -195,7 +197,7 @@ class MyGOTrainer:
             if not rows:
                 raise InvalidInput(f"warm-up run {cfg.warmup_run} has no trajectory with "
                                    f"{cfg.reward} >= {cfg.warmup_min_reward}")
-            row = {"iteration": 0, "warmup_rows": len(rows), "loss": self.sft(rows, self.out / "warmup")}
+            row = {"iteration": 0, "warmup_rows": len(rows), "loss": self.sft(rows, self.out / "warmup", "warmup")}
             self.save(0)
             row |= self.dev("iter0")
             write_log(self.out / LOG, row)
