@@ -116,12 +116,12 @@ def evaluate_dev(rollout: RolloutConfig, dev: DevConfig, llm: Any, out_dir: str 
 
 
 def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: Any, out_dir: str | Path,
-               config: ModelConfig | None = None) -> dict[str, float]:
-    """`evaluate_dev` of an in-memory policy, greedy; {} without a dev slice."""
+               config: ModelConfig) -> dict[str, float]:
+    """`evaluate_dev` of an in-memory policy (served as `policy_chat_model` does), greedy; {} without a dev
+    slice."""
     if not dev.path:
         return {}
-    llm = policy_chat_model(model, tokenizer, config or ModelConfig(inference="transformers"), out_dir, 0.0,
-                            rollout.max_new_tokens)
+    llm = policy_chat_model(model, tokenizer, config, out_dir, 0.0, rollout.max_new_tokens)
     return evaluate_dev(rollout, dev, llm, out_dir)
 
 
