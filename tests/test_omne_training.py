@@ -325,6 +325,11 @@ def test_teacher_text_around_its_calls_is_left_out_and_thinking_is_not_asked(con
     said = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
     assert said[0].startswith("<tool_call>") and said[2] == "<answer>Bob 1</answer>"
     assert format_reward(said, dataclasses.replace(cfg.reward, think=False)) == 1
+    row, = OmneTrainer(dataclasses.replace(cfg, answer_thought="The facts give it.")).sft_data()
+    said = [m for m in row["messages"] if m["role"] == "assistant"]
+    assert said[2]["content"] == "<think>The facts give it.</think>\n<answer>Bob 1</answer>"
+    assert said[2]["segments"][1] == {"text": "The facts give it.", "weight": cfg.think_weight}
+    assert not said[1]["content"].startswith("<think>The facts")  # call turns keep their own
 
 
 def test_a_teacher_writing_bare_json_calls_teaches_tagged_ones(config):

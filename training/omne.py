@@ -92,6 +92,7 @@ class OmneConfig:
     grpo_stage3: dict[str, Any] = field(default_factory=dict)  # stage 3 overrides of `grpo`
     sft: dict[str, Any] = field(default_factory=dict)  # WeightedSFTConfig args of stage 2
     think_weight: float = THINK_WEIGHT  # stage 2 loss weight of <think> tokens
+    answer_thought: str | None = None  # stage 2: a template thought before answers given without one
     sft_data: str | None = None  # an exported sft dataset (folder or .jsonl); None: Omne rollouts make it
     teacher: str | None = None  # model spec whose Omne rollouts make the SFT data; None: the policy itself
     sft_min_reward: float | None = 0.5  # keep rollout trajectories with F1 >= this and the format (None: all)
@@ -403,11 +404,15 @@ def format_stop(patience: int, stage: int) -> Any:
     return FormatStop()
 
 
-def canonical_row(row: dict[str, Any], think_weight: float) -> dict[str, Any]:
+def canonical_row(row: dict[str, Any], think_weight: float, answer_thought: str | None = None) -> dict[str, Any]:
     """An SFT row with every trained assistant reply in the protocol's form (`graphs.omne.canonical_reply`),
     its loss segments made anew: a teacher that writes its calls as bare JSON, which the graph reads, still
-    teaches tagged calls."""
-    return row | {"messages": [weighted_message("assistant", canonical_reply(m["content"]), think_weight)
+    teaches tagged calls. With `answer_thought`, a reply that opens with its answer gets that thought first."""
+    def canonical(text: str) -> str:
+        text = canonical_reply(text)
+        return f"<think>{answer_thought}</think>\n{text}" if answer_thought and text.startswith("<answer>") else text
+
+    return row | {"messages": [weighted_message("assistant", canonical(m["content"]), think_weight)
                                if m["role"] == "assistant" and m.get("weight") else m for m in row["messages"]]}
 
 
@@ -474,13 +479,13 @@ class OmneTrainer:
             return self._sft_rows
         cfg = self.config
         if cfg.sft_data:
-            rows = [canonical_row(row, cfg.think_weight) for row in read_sft_data(cfg.sft_data)]
+            rows = [canonical_row(row, cfg.think_weight, cfg.answer_thought) for row in read_sft_data(cfg.sft_data)]
         else:
             records = self.sft_rollouts()
             rows, protocol = [], dataclasses.replace(cfg.reward, think=False)  # thinking is not asked of the data
             for record in records:
                 for row in sft_rows([record], min_reward=cfg.sft_min_reward, think_weight=cfg.think_weight):
-                    row = canonical_row(row, cfg.think_weight)
+                    row = canonical_row(row, cfg.think_weight, cfg.answer_thought)
                     if cfg.sft_min_reward is None or format_ok(row, record, protocol):
                         rows.append(row)
         rows = [{"messages": r["messages"]} for r in rows
