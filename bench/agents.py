@@ -28,6 +28,7 @@ from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
 from mhqa_graph.eval.health import health_summary
 from mhqa_graph.eval.report import RESULTS, read_records
+from mhqa_graph.plots import pyplot, save_png
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 AGENTS = ("direct", "rag", "opera", "mujica", "omne")
@@ -131,15 +132,10 @@ def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
 
 
 def plot(tables: dict[str, list[dict]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     envs = [e for e, rows in tables.items() if rows]
     if not envs:
         return
-    fig, axes = plt.subplots(1, len(envs), figsize=(4.5 * len(envs), 4), squeeze=False)
+    fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 4), squeeze=False)
     for ax, env in zip(axes[0], envs):
         rows = tables[env]
         ax.bar([r["agent"] for r in rows], [r["f1"] for r in rows], color="tab:blue")
@@ -149,10 +145,7 @@ def plot(tables: dict[str, list[dict]], path: Path) -> None:
         ax.set_ylim(0, 100)
         ax.tick_params(axis="x", rotation=30)
     axes[0][0].set_ylabel("F1 (%), seconds per question above the bars")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_png(fig, path)
 
 
 def main() -> None:

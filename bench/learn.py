@@ -19,6 +19,8 @@ from pathlib import Path
 from mhqa_graph.training.common import ModelConfig, RolloutConfig, policy_chat_model, rollouts
 from mhqa_graph.training.mygo import MyGOConfig, MyGOTrainer
 
+from mhqa_graph.plots import pyplot, save_png
+
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
@@ -88,12 +90,7 @@ def main() -> None:
 
 
 def plot(curve: list[dict], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     its = [r["iteration"] for r in curve]
     ax.plot(its, [100 * r["dev_f1"] for r in curve], "o-", label="dev F1 (greedy)")
     ax.plot(its, [100 * r["dev_em"] for r in curve], "s--", label="dev EM")
@@ -106,9 +103,7 @@ def plot(curve: list[dict], path: Path, title: str) -> None:
     ax.set_xticks(its)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_png(fig, path, dpi=120)
 
 
 if __name__ == "__main__":

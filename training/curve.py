@@ -48,14 +48,11 @@ def step_series(entries: list[dict[str, Any]]) -> dict[str, list[tuple[int, floa
 
 def plot_log(log: str | Path, out: str | Path, title: str = "") -> Path:
     """Write the PNG of `log` (see the module docstring) to `out`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from mhqa_graph.plots import pyplot, save_png
 
     entries = read_log(log)
     series = step_series(entries)
-    fig, axes = plt.subplots(1, 2 if series else 1, figsize=(12 if series else 6, 4.5), squeeze=False)
+    fig, axes = pyplot().subplots(1, 2 if series else 1, figsize=(12 if series else 6, 4.5), squeeze=False)
     dev_ax = axes[0][0]
     points = dev_points(entries)
     phases = [p for p, _ in points]
@@ -78,9 +75,4 @@ def plot_log(log: str | Path, out: str | Path, title: str = "") -> Path:
         step_ax.legend(fontsize="small")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_png(fig, out)

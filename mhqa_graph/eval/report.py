@@ -210,12 +210,9 @@ def compare_table(summaries: dict[str, Summary]) -> Table:
 
 def plot(summaries: dict[str, Summary], out: str | Path) -> Path:
     """A PNG with F1 (%) per run: overall, by hop count and by question type."""
-    import matplotlib
+    from ..plots import pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = pyplot().subplots(1, 3, figsize=(15, 4.5))
     labels = list(summaries)
     width = 0.8 / max(1, len(labels))
     for ax, (name, groups_of) in zip(axes, _panels()):
@@ -229,9 +226,4 @@ def plot(summaries: dict[str, Summary], out: str | Path) -> Path:
         ax.set_ylim(0, 100)
     axes[0].set_ylabel("F1 (%)")
     axes[0].legend(fontsize="small")
-    fig.tight_layout()
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
+    return save_png(fig, out)
