@@ -16,12 +16,16 @@ such and may re-ask it (the same id, rephrased), ask something else, or conclude
 
 The planner keeps one conversation across rounds, as the paper's planner and worker are each other's user
 and assistant: each round adds the workers' answers (with the contexts they selected) and the state of the
-plan. When the conversation outgrows `planner_budget` characters, older rounds lose their contexts, then
-the oldest rounds after the first are left out. The planner may conclude only after `min_worker_rounds`
+plan. Its own turns are kept as what it did: its reasoning (cut to `THOUGHT_CHARS`) and the sub-questions
+that ran, after repairs, or its answer; a refused early answer or a copied progress line is not shown back
+to it as its own words. When the conversation outgrows `planner_budget` characters, older rounds lose their
+contexts, then the oldest rounds after the first are left out. The planner may conclude only after `min_worker_rounds`
 waves of workers; an answer before that is repaired, and if it stands, the question itself goes to a worker.
+If the planner then concludes "unknown" although a worker answered the question itself, that answer stands.
 
 Bad plans (cycles, self-dependencies, unknown ids, duplicate ids, empty sub-questions, more than
-`max_subquestions`) are repaired and noted. After a malformed reply or a round that can run nothing, and in
+`max_subquestions`) are repaired and noted. What a planner copies from the plan's progress lines into a
+sub-question ("q1: ", "(after q1)", "-> answer") is cut. After a malformed reply or a round that can run nothing, and in
 round `max_rounds`, the planner call must give the final answer.
 
 Replies each role is expected to give (what `fake_llms` scripts):
@@ -36,6 +40,7 @@ Replies each role is expected to give (what `fake_llms` scripts):
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NotRequired
@@ -67,10 +72,13 @@ from .common import (
 from .refusals import is_no_answer
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
+# what a planner copies from `progress` lines into a sub-question: "q1: ", " (after q1)", " -> answer"
+ECHO = re.compile(r"^q[\w.-]*:\s+|\s*\((?:after [^)]*|blocked: [^)]*|not answered yet)\)|\s+->(?:\s.*)?$")
 RECURSION_LIMIT = 1000  # graph steps: start, then per round a planner step and its worker waves (two steps each)
 ANSWERED, UNKNOWN, FAILED = "answered", "unknown", "failed"
 EVIDENCE_CONTEXTS = 3  # selected contexts of a sub-question shown to the planner
 EVIDENCE_CHARS = 300  # of each
+THOUGHT_CHARS = 300  # of the planner's reasoning kept in its conversation
 EARLIER_FIELDS = ("attempt", "question", "query", "retrieved", "answer", "status", "error")  # kept of a re-asked result
 
 
@@ -196,16 +204,26 @@ def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True) -
         if isinstance(item, str):
             item = {"question": item}
         question = item.get("question") if isinstance(item, dict) else None
+        question = unecho(question) if isinstance(question, str) else question
         deps = item.get("depends_on", []) if isinstance(item, dict) else []
         deps = [deps] if isinstance(deps, str) else deps
         if not isinstance(question, str) or not question.strip() or not isinstance(deps, list):
             notes.append(f"InvalidPlan: sub-question {n} has no question text or a malformed depends_on")
             continue
-        plan.append({"id": clean_id(item.get("id")), "question": " ".join(question.split()),
+        plan.append({"id": clean_id(item.get("id")), "question": question,
                      "depends_on": [d for d in map(clean_id, deps) if d]})
     if not plan and not pending:
         raise ValueError("no usable sub-questions and no answer")
     return "plan", (plan, notes)
+
+
+def unecho(text: str) -> str:
+    """A sub-question without what the planner copied from the plan's progress lines: a leading "q1: ", a
+    "(after q1)" or "(blocked: ...)" remark, and " -> " with the answer after it."""
+    text = " ".join(text.split())
+    while (stripped := ECHO.sub("", text).strip()) != text:
+        text = stripped
+    return text
 
 
 def status(q: SubQuestion, results: dict[str, dict]) -> str | None:
@@ -225,8 +243,11 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
 
     - With `about` (the question and its topic entities), a sub-question off the topic is dropped: it shares
       no word stem (`tools.stems`) with `about` or with an answer so far, and cites no sub-question that
-      stays (a small planner copies the prompt's example: "Who directed Inception?").
-    - A sub-question that repeats the text of an answered one under another id is dropped (its answer stands).
+      stays (a small planner copies the prompt's example: "Who directed Inception?"). So is a copy of one of
+      the example's sub-questions that shares no word stem with `about` ("Where was #q1 born?" for a
+      question about a nationality).
+    - A sub-question that repeats the text of an answered one under another id is dropped (its answer stands),
+      and so is one that repeats the text of one answered "unknown" (ask it in other words).
     - An id already in the plan: restating it is ignored; rephrasing one that has not run replaces it; one
       without an answer (unknown or failed) is re-asked, rephrased or not (not unchanged after "unknown");
       one with an answer keeps it, and the new sub-question is renamed.
@@ -237,7 +258,9 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
     notes: list[str] = []
     known = {q["id"]: q for q in dag}
     taken, kept, seen, rename = set(known), [], set(), {}
-    answered = {" ".join(q["question"].lower().split()): q["id"] for q in dag if status(q, results) == ANSWERED}
+    answered = {_key(q["question"]): q["id"] for q in dag if status(q, results) == ANSWERED}
+    unknown = {_key(q["question"]): q["id"] for q in dag if status(q, results) == UNKNOWN}
+    examples = {_key(x) for x in P.EXAMPLE_SUBQUESTIONS}
     budget = cap - asks(dag)
     topic = stems(about) | set().union(*(stems(str(r.get("answer") or "")) for r in results.values()))
     off: set[str] = set()
@@ -248,13 +271,22 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
             notes.append(f"InvalidPlan: {sid or 'a sub-question'} is off the question's topic; dropped {text!r}")
             off.add(sid)
             continue
+        if about and _key(text) in examples and not stems(REF.sub(" ", text)) & stems(about):
+            notes.append(f"InvalidPlan: {sid or 'a sub-question'} copies the prompt's example; dropped {text!r}")
+            off.add(sid)
+            continue
         old = known.get(sid)
         state = status(old, results) if old else None
         if old and (state is None or state == ANSWERED) and old["question"] == text:
             continue  # an earlier sub-question restated
-        same = answered.get(" ".join(text.lower().split()))
+        same = answered.get(_key(text))
         if same and same != sid:
             notes.append(f"InvalidPlan: {sid or 'a new id'} asks again what {same} answered; dropped")
+            continue
+        same = unknown.get(_key(text))
+        if same and same != sid:
+            notes.append(f"InvalidPlan: {sid or 'a new id'} asks again unchanged what {same} could not answer; "
+                         "dropped")
             continue
         if sid and sid in seen:
             notes.append(f"InvalidPlan: duplicate id {sid}; dropped {text!r}")
@@ -303,6 +335,11 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
         q["depends_on"] = deps
     notes += _break_cycles(kept)
     return kept, list(dict.fromkeys(notes))
+
+
+def _key(text: str) -> str:
+    """A sub-question's text as repeats are compared: case and spacing ignored."""
+    return " ".join(text.lower().split())
 
 
 def _waits_on(by_id: dict[str, SubQuestion], sid: str, target: str) -> bool:
@@ -402,11 +439,11 @@ def report(results: dict[str, dict], since_wave: int) -> tuple[str, str]:
 
 
 def conversation(log: list[dict], news: tuple[str, str], ask: str, budget: int) -> tuple[list[BaseMessage], str]:
-    """The planner's chat: the system prompt, each earlier round (its prompt and reply), then this round's
+    """The planner's chat: the system prompt, each earlier round (its prompt and what it did), then this round's
     prompt: the workers' news (in full, or summarised) and `ask`. Over `budget` characters, older rounds'
     prompts give way to their summaries (oldest first), then the oldest rounds after the first are left out,
     then this round's news is summarised, then cut. Returns the messages and this round's prompt."""
-    turns = [[e["prompt"], e["brief"], e["raw"][-1]] for e in log if e.get("raw")]
+    turns = [[e["prompt"], e["brief"], e["reply"]] for e in log if e.get("reply")]
     prompt = news[0] + ask
 
     def size() -> int:
@@ -508,8 +545,11 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         update["force_final"] = True
     else:
         kind, value = parsed.value
+        if kind == "answer" and is_no_answer(value) and (own := _answer_to_the_question(state)):
+            notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
+            value = own
         if kind == "answer":
-            log.update(action="answer", answer=value)
+            log.update(action="answer", answer=value, reply=said(log["thought"], {"answer": value}, ctx.think))
             return {**update, "answer": value, "done": True, "notes": notes, "planner_log": [log]}
         items, read_notes = value
         about = " ".join([state["question"], *(state.get("topic_entities") or [])])
@@ -523,7 +563,25 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         asked, note = _ask_the_question(state, merge_dag(dag, new), rnd, ctx.max_subquestions)
         new, notes, update["force_final"] = new + asked, notes + [note], not asked
         log["plan"] = log.get("plan", []) + asked
+    asked_now = [{"id": q["id"], "question": q["question"], "depends_on": q["depends_on"]} for q in new]
+    log["reply"] = said(log["thought"], {"subquestions": asked_now}, ctx.think)
     return {**update, "dag": new, "notes": notes, "planner_log": [log]}
+
+
+def said(thought: str, action: dict, think: bool) -> str:
+    """The planner's turn as its conversation keeps it: what was done (the sub-questions sent to workers
+    after repairs, or the answer), after its reasoning cut to `THOUGHT_CHARS`. A reply that was refused
+    or repaired ("No" before any worker answered, a copied progress line) is not shown back to the planner
+    as its own words, and runaway reasoning does not fill the budget."""
+    done = json.dumps(action, ensure_ascii=False)
+    return f"<think>{cap_text(thought, THOUGHT_CHARS)}</think>\n{done}" if think and thought else done
+
+
+def _answer_to_the_question(state: State) -> str:
+    """A worker's answer to a sub-question that is the question itself, or ""."""
+    asked = _key(state["question"])
+    return next((r["answer"] for r in state["results"].values()
+                 if r["status"] == ANSWERED and _key(r["query"]) == asked), "")
 
 
 def _thought(raw: str) -> str:

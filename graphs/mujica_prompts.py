@@ -14,11 +14,15 @@ writing its id as #q1; the worker sees the answer in its place.
 {"subquestions": [{"id": "q1", "question": "Who directed Inception?", "depends_on": []}, \
 {"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]}]}
 
-Rules: each sub-question asks one simple fact; ids are new and unique (q1, q2, ...); a dependency \
+Rules: each sub-question asks one simple fact and keeps the names, titles and phrases of the question \
+that it needs, word for word (never replace them with a guess); ids are new and unique (q1, q2, ...); \
+a dependency \
 names an earlier or new id, never the sub-question itself, and dependencies never form a loop; \
 do not repeat a sub-question that was already asked. A sub-question answered "unknown" or "failed" \
 has no answer and the sub-questions that use it wait: ask it again with the same id in other words, \
-ask something else, or conclude."""
+ask something else, or conclude. Conclude with the worker answer that answers the question."""
+
+EXAMPLE_SUBQUESTIONS = ("Who directed Inception?", "Where was #q1 born?")  # PLANNER_SYSTEM's example plan
 
 THINK_FIRST = "First reason briefly inside <think>...</think>, then give the JSON."
 NO_THINK = "Reply with the JSON only."

@@ -274,6 +274,72 @@ def test_min_worker_rounds_the_planner_must_consult_a_worker_before_it_concludes
     assert out["answer"] == "Paris" and out["waves"] == 0 and len(plan.calls) == 1
 
 
+def test_the_conversation_keeps_what_the_planner_did_not_a_refused_reply(store):
+    early = '<think>' + "We need the capital. " * 40 + '</think>{"answer": "No"}'
+    plan = planner([early, {"answer": "Paris"}])
+    mujica.graph.invoke({"question": "What is the capital of France?"}, context=ctx(store, plan, answering_worker()))
+    second = plan.calls[2]  # round 2, after the refused answer and the question asked for the planner
+    assert [m.type for m in second] == ["system", "human", "ai", "human"]
+    thought, done = second[2].text.split("</think>\n")
+    assert len(thought) <= mujica.THOUGHT_CHARS + len("<think>") and '"No"' not in second[2].text
+    assert json.loads(done) == {"subquestions": [subq("q1", "What is the capital of France?")]}
+
+
+@pytest.mark.parametrize("copied, clean", [
+    ("Who directed Inception? -> Christopher Nolan", "Who directed Inception?"),
+    ("q2: Where was #q1 born? (after q1) -> (blocked: q1 has no answer) -> unknown (not in the worker's contexts)",
+     "Where was #q1 born?"),
+    ("Where was #q1 born? (after q1) -> (not answered yet)", "Where was #q1 born?"),
+    ("Who was   born in\nLondon?", "Who was born in London?"),
+])
+def test_progress_lines_copied_into_a_subquestion_are_cut(copied, clean):
+    _, (plan, notes) = read_plan({"subquestions": [subq("q2", copied)]}, final=False, pending=False)
+    assert [q["question"] for q in plan] == [clean] and notes == []
+
+
+def test_a_copied_progress_line_of_an_answered_subquestion_is_no_new_ask(store):
+    first = {"subquestions": [subq("q1", "Who directed Inception?")]}
+    again = {"subquestions": [subq("q2", "Who directed Inception? -> Christopher Nolan")]}
+    work = answering_worker()
+    out = mujica.graph.invoke({"question": "Who directed Inception?"},
+                              context=ctx(store, planner([first, again]), work))
+    assert len(work.calls) == 1 and list(out["results"]) == ["q1"]
+    assert "InvalidPlan: q2 asks again what q1 answered; dropped" in out["notes"]
+
+
+def test_a_copy_of_the_prompts_example_is_dropped_unless_the_question_asks_it():
+    copied = [subq("q2", "Where was #q1 born?", "q1")]
+    dag = [{"id": "q1", "question": "Who is Mary's child?", "depends_on": [], "round": 1, "attempt": 1}]
+    results = {"q1": {"status": "answered", "answer": "Philippa", "attempt": 1}}
+    kept, notes = repair_plan(copied, dag, 12, 2, results, about="mary de bohun 's kid 's nationality ?")
+    assert kept == [] and notes == ["InvalidPlan: q2 copies the prompt's example; dropped 'Where was #q1 born?'"]
+    kept, notes = repair_plan(copied, dag, 12, 2, results, about="where was mary de bohun 's kid born ?")
+    assert [q["id"] for q in kept] == ["q2"] and notes == []
+    assert all(x in mujica.P.PLANNER_SYSTEM for x in mujica.P.EXAMPLE_SUBQUESTIONS)
+
+
+def test_an_unknown_subquestion_asked_again_unchanged_under_a_new_id_is_dropped(store):
+    plans = [{"subquestions": [subq("q1", "What is the capital of Spain?")]},
+             {"subquestions": [subq("q2", "What is the capital of  spain?")]}]
+    work = answering_worker()
+    out = mujica.graph.invoke({"question": "What is the capital of Spain?"},
+                              context=ctx(store, planner(plans, final='{"answer": "Madrid"}'), work))
+    assert len(work.calls) == 1 and out["results"]["q1"]["status"] == "unknown"
+    assert "InvalidPlan: q2 asks again unchanged what q1 could not answer; dropped" in out["notes"]
+    assert out["answer"] == "Madrid" and out["rounds"] == 3  # NoProgress, then the forced answer
+
+
+def test_unknown_from_the_planner_gives_way_to_a_workers_answer_to_the_question_itself(store):
+    question = "What is the capital of France?"
+    plan = planner([{"subquestions": [subq("q1", question)]}, {"answer": "unknown"}])
+    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, answering_worker()))
+    assert out["answer"] == "Paris" and out["error"] is None
+    assert "NoAnswer: the planner concluded 'unknown'; a worker answered the question itself" in out["notes"]
+    plan = planner([{"subquestions": [subq("q1", "What is the capital city of France?")]}, {"answer": "unknown"}])
+    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, answering_worker()))
+    assert out["answer"] == "unknown"  # no worker answered the question itself
+
+
 @pytest.mark.parametrize("reply", [
     '<think>Two hops.</think>\n{"answer": null, "subquestions": [{"id": "q1", "question": "Who directed Inception?", '
     '"depends_on": []}]}',
@@ -547,8 +613,11 @@ def test_fifty_subquestions_are_capped(store):
     assert len(out["dag"]) == len(out["results"]) == len(work.calls) == 12
     assert [n for n in out["notes"] if "cap" in n] == [f"InvalidPlan: sub-question cap 12 reached; dropped q{i}"
                                                       for i in range(13, 51)]
-    report = plan.calls[1][-1].text  # twelve answers with their contexts: over the budget, summarised
-    assert report.count(" -> unknown (not in the worker's contexts)") == 24 and "context:" not in report
+    report = plan.calls[1][-1].text  # twelve answers (in the report and the progress), within the budget
+    assert report.count(" -> unknown (not in the worker's contexts)") == 24
+    assert sum(len(m.text) for m in plan.calls[1]) <= mujica.MujicaContext().planner_budget
+    kept = json.loads(plan.calls[1][2].text.split("</think>")[-1])  # its turn as kept: the 12 that ran
+    assert [q["id"] for q in kept["subquestions"]] == [f"q{i}" for i in range(1, 13)]
     assert report.endswith("Turn 2 of 7. First reason briefly inside <think>...</think>, then give the JSON.")
     assert out["answer"] == "Paris" and out["error"] is None and out["rounds"] == 2
 
