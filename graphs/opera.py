@@ -26,8 +26,7 @@ Replies each role is expected to give (what `fake_llms` scripts):
   answer that refuses ("unknown", "The passages do not mention ...") and a short answer that no shown
   passage contains.
 - rewrite: `{"query": "new search query"}`, or one plain line.
-- answer: the final answer as plain text (`{"answer": ...}`, `<answer>...</answer>` or "Answer: ..." work too),
-  after a `<think>` block when `think` is on.
+- answer: the final answer as plain text (`{"answer": ...}`, `<answer>...</answer>` or "Answer: ..." work too).
 """
 
 from __future__ import annotations
@@ -485,8 +484,7 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     new: list[str] = []
     if not _halted(state) and steps:
         messages = [SystemMessage(P.ANSWER_SYSTEM),
-                    HumanMessage(P.ANSWER_USER.format(question=state["question"], findings=_findings(steps),
-                                                      ask=P.ANSWER_THINK if ctx.think else P.ANSWER_DIRECT))]
+                    HumanMessage(P.ANSWER_USER.format(question=state["question"], findings=_findings(steps)))]
         try:
             text = ask(get_llm(ctx, "answer"), messages)
         except ModelError as exc:

@@ -72,9 +72,4 @@ the question writes it."""
 ANSWER_USER = """Question: {question}
 Findings:
 {findings}
-{ask}"""
-
-ANSWER_DIRECT = "Final answer:"
-
-ANSWER_THINK = "First compare or combine the findings in one short sentence inside <think>...</think>, then give the \
-final answer."
+Final answer:"""

@@ -12,7 +12,6 @@ import threading
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
-from mhqa_graph.graphs import opera_prompts as P
 from mhqa_graph.graphs.common import AgentContext
 from mhqa_graph.graphs.opera import (
     RECURSION_LIMIT,
@@ -279,16 +278,6 @@ def test_empty_final_answer_falls_back_to_last_subgoal_answer(store):
     assert out["answer"] == "London" and out["error"] == "MalformedOutput: empty final answer"
     out = run(store, models(answer=['{"answer": "London, England"}']))
     assert out["answer"] == "London, England" and out["error"] is None
-
-
-def test_the_final_answer_compares_the_findings_first_when_think_is_on(store):
-    roles = models(answer=["<think>1975 is later than 1913.</think>\nThe Jack-Knife Man"])
-    out = run(store, roles)
-    assert out["answer"] == "The Jack-Knife Man" and out["error"] is None
-    assert roles["answer"].calls[0][-1].text.endswith(P.ANSWER_THINK)
-    roles = models()
-    run(store, roles, think=False)
-    assert roles["answer"].calls[0][-1].text.endswith("\nFinal answer:")
 
 
 def test_model_error_in_analysis_ends_run_with_what_it_has(store):
