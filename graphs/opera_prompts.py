@@ -9,16 +9,12 @@ Rules:
   Never use pronouns or "the previous answer" instead.
 - Keep every name, date and qualifier of the question in the sub-goals that need them.
 - The last sub-goal asks for what the question asks for. A question that needs one lookup gets one sub-goal.
-- Sub-goals only look facts up. A question that compares or combines facts (which is older, are both the same)
-  gets one sub-goal per fact; the final answer compares them, so write no sub-goal that compares.
 Reply with JSON only, in this format:
 {"subgoals": ["first sub-goal", "second sub-goal using [Answer1]"]}
 
-Examples
+Example
 Question: Where was the director of Inception born?
-{"subgoals": ["Who directed Inception?", "Where was [Answer1], the director of Inception, born?"]}
-Question: Which film came out first, Heat or Alien?
-{"subgoals": ["When did Heat come out?", "When did Alien come out?"]}"""
+{"subgoals": ["Who directed Inception?", "Where was [Answer1], the director of Inception, born?"]}"""
 
 PLAN_USER = "Question: {question}{hint}\nJSON:"
 
@@ -65,9 +61,7 @@ Titles of the passages it found: {titles}
 JSON:"""
 
 ANSWER_SYSTEM = """You answer a question from the findings of its sub-goals. Reply with the final answer only:
-a short phrase (an entity, date, number, or yes/no), no explanation, no full sentence. When the question asks
-which of the things it names (which film, which person), compare their findings and answer with that name as
-the question writes it."""
+a short phrase (an entity, date, number, or yes/no), no explanation, no full sentence."""
 
 ANSWER_USER = """Question: {question}
 Findings:
