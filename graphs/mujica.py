@@ -22,8 +22,6 @@ to it as its own words. When the conversation outgrows `planner_budget` characte
 contexts, then the oldest rounds after the first are left out. The planner may conclude only after `min_worker_rounds`
 waves of workers; an answer before that is repaired, and if it stands, the question itself goes to a worker.
 If the planner then concludes "unknown" although a worker answered the question itself, that answer stands.
-An answer that no worker answer or selected context holds (or a sentence) is sent back once, with the
-workers' answers, asking for the one that answers the question; what the planner says then stands.
 
 Bad plans (cycles, self-dependencies, unknown ids, duplicate ids, empty sub-questions, more than
 `max_subquestions`) are repaired and noted. What a planner copies from the plan's progress lines into a
@@ -55,7 +53,6 @@ from langgraph.types import Send
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
-from mhqa_graph.eval.scoring import normalize_answer
 from mhqa_graph.parsing import strip_think, think_text
 from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, stems
 
@@ -72,7 +69,7 @@ from .common import (
     get_store,
     setting,
 )
-from .refusals import MAX_GROUNDED_WORDS, grounded, is_no_answer
+from .refusals import is_no_answer
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
 # what a planner copies from `progress` lines into a sub-question: "q1: ", " (after q1)", " -> answer"
@@ -149,7 +146,6 @@ class State(TypedDict):
     rounds: int  # planner calls
     waves: int  # worker waves
     force_final: bool  # the next planner call must answer
-    sent_back: bool  # an answer no worker gave was sent back to the planner once
     done: bool
 
 
@@ -483,7 +479,7 @@ def start(state: State, runtime: Runtime[MujicaContext]) -> dict:
     pick_source(context_as(MujicaContext, runtime))
     return {"question": check_question(state["question"]), "answer": "", "error": None, "dag": None,
             "results": None, "notes": None, "planner_log": None, "rounds": 0, "waves": 0, "force_final": False,
-            "sent_back": False, "done": False}
+            "done": False}
 
 
 def _prompt(state: State, ctx: MujicaContext, rnd: int, final: bool, may_answer: bool) -> tuple[tuple[str, str], str]:
@@ -530,16 +526,9 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     update: dict[str, Any] = {"rounds": rnd, "force_final": False}
     log = {"round": rnd, "final": final, "waves": state["waves"], "prompt": prompt, "brief": brief, "raw": [],
            "thought": "", "action": "", "error": None}
-    validate = lambda v: read_plan(v, final, pending, may_answer)  # noqa: E731
     try:
-        parsed = ask_json(get_llm(ctx, "planner"), messages, validate, retries=ctx.parse_retries)
-        if not state["sent_back"] and not parsed.error and (unbacked := _unbacked(parsed.value, results)):
-            update["sent_back"] = True
-            notes.append(f"SentBack: the answer {unbacked!r} is in no worker answer")
-            again = ask_json(get_llm(ctx, "planner"), [*messages, AIMessage(parsed.raw[-1]), HumanMessage(
-                P.SEND_BACK.format(answer=unbacked, answers=_answers(results)))], validate, retries=0)
-            if not again.error:
-                again.raw, parsed = [*parsed.raw, *again.raw], again
+        parsed = ask_json(get_llm(ctx, "planner"), messages, lambda v: read_plan(v, final, pending, may_answer),
+                          retries=ctx.parse_retries)
     except ModelError as exc:
         error = f"ModelError: {exc}"
         log.update(action="failed", error=error)
@@ -586,26 +575,6 @@ def said(thought: str, action: dict, think: bool) -> str:
     as its own words, and runaway reasoning does not fill the budget."""
     done = json.dumps(action, ensure_ascii=False)
     return f"<think>{cap_text(thought, THOUGHT_CHARS)}</think>\n{done}" if think and thought else done
-
-
-def _unbacked(action: tuple[str, Any], results: dict[str, dict]) -> str:
-    """The planner's answer when no worker answer (or selected context) holds it and some worker answered;
-    "" for a plan, a yes/no, or an answer that a worker's answer or context holds. A sentence counts as
-    unbacked: the answer should be the short span a worker gave."""
-    kind, answer = action
-    texts = [r["answer"] for r in results.values() if r["status"] == ANSWERED]
-    if kind != "answer" or not texts:
-        return ""
-    words = normalize_answer(answer).split()
-    if " ".join(words) in ("yes", "no"):
-        return ""
-    texts += [e for r in results.values() for e in r.get("evidence", [])]
-    backed = not is_no_answer(answer) and len(words) <= MAX_GROUNDED_WORDS and grounded(answer, texts)
-    return "" if backed else answer
-
-
-def _answers(results: dict[str, dict]) -> str:
-    return "\n".join(f"{r['id']}: {r['query']} -> {r['answer']}" for r in results.values() if r["status"] == ANSWERED)
 
 
 def _answer_to_the_question(state: State) -> str:

@@ -1,8 +1,6 @@
 """Prompts of the Mujica planner/worker agent. `{placeholders}` are filled with str.format; PLANNER_SYSTEM
 and WORKER_SYSTEM are sent as they are (single braces)."""
 
-from .common import REPAIR_PREFIX
-
 PLANNER_SYSTEM = """You are the planner of a question-answering team. You break a multi-hop question into \
 simple sub-questions that workers answer from a knowledge source, and you write the final answer \
 from their answers.
@@ -47,11 +45,6 @@ NEXT_USER = """Sub-questions so far:
 {progress}
 
 Turn {round} of {max_rounds}. {must_ask}{think}"""
-
-SEND_BACK = REPAIR_PREFIX + """ as the final answer: "{answer}" is not an answer a worker gave. The workers' answers:
-{answers}
-Conclude with the worker answer that answers the question, word for word, as {{"answer": "..."}}, or ask \
-a sub-question."""
 
 NO_MORE = "No more sub-questions can be asked."  # eval/health.py counts forced answers by it
 

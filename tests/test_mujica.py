@@ -92,7 +92,7 @@ CAPITALS = {"subquestions": [subq("q1", "What is the capital of France?"),
 # -- 1. parallel fan-out ------------------------------------------------------------------------
 def test_independent_subquestions_run_concurrently_under_invoke_and_ainvoke(store):
     for entry in ("invoke", "ainvoke"):
-        plan = planner([CAPITALS, {"answer": "Berlin"}])
+        plan = planner([CAPITALS, {"answer": "Paris, Berlin and Rome"}])
         work = answering_worker(latency=0.3)
         c = ctx(store, plan, work)
         t = time.perf_counter()
@@ -103,7 +103,7 @@ def test_independent_subquestions_run_concurrently_under_invoke_and_ainvoke(stor
         wall = time.perf_counter() - t
         assert wall < 2 * 0.3, f"{entry}: three 0.3 s workers took {wall:.2f} s"
         assert len(work.calls) == 3 and len(plan.calls) == 2
-        assert out["answer"] == "Berlin" and out["error"] is None
+        assert out["answer"] == "Paris, Berlin and Rome" and out["error"] is None
         assert [r["answer"] for r in out["results"].values()] == ["Paris", "Berlin", "Rome"]
         assert out["rounds"] == 2
 
@@ -305,29 +305,6 @@ def test_a_copied_progress_line_of_an_answered_subquestion_is_no_new_ask(store):
                               context=ctx(store, planner([first, again]), work))
     assert len(work.calls) == 1 and list(out["results"]) == ["q1"]
     assert "InvalidPlan: q2 asks again what q1 answered; dropped" in out["notes"]
-
-
-def test_an_answer_no_worker_gave_is_sent_back_once_with_their_answers(store):
-    chain = {"subquestions": [subq("q1", "Who directed Inception?"), subq("q2", "Where was #q1 born?", "q1")]}
-    replies = iter([json.dumps(chain), '{"answer": "Christopher Nolan was born in Westminster."}',
-                    '{"answer": "London"}'])
-    plan = FakeChatModel(respond=lambda messages: next(replies))
-    out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
-                              context=ctx(store, plan, answering_worker()))
-    back = plan.calls[2][-1].text
-    assert back.startswith(mujica.P.REPAIR_PREFIX) and '"Christopher Nolan was born in Westminster."' in back
-    assert "q2: Where was Christopher Nolan born? -> London" in back
-    assert out["answer"] == "London" and len(plan.calls) == 3 and out["error"] is None
-    assert "SentBack: the answer 'Christopher Nolan was born in Westminster.' is in no worker answer" in out["notes"]
-    for answer in ("London", "london", "yes"):  # a worker's answer, in any case, and yes/no stand
-        plan = planner([chain, {"answer": answer}])
-        out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
-                                  context=ctx(store, plan, answering_worker()))
-        assert out["answer"] == answer and len(plan.calls) == 2
-    stubborn = planner([chain, {"answer": "Paris"}])  # repeated after the send-back: it stands (once per run)
-    out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
-                              context=ctx(store, stubborn, answering_worker()))
-    assert out["answer"] == "Paris" and len(stubborn.calls) == 3
 
 
 def test_a_copy_of_the_prompts_example_is_dropped_unless_the_question_asks_it():
@@ -570,7 +547,7 @@ class Crash(BaseException):
 
 
 def test_sqlite_checkpoint_resumes_without_redoing_steps(store, tmp_path):
-    plan = planner([CAPITALS, {"answer": "Berlin"}])
+    plan = planner([CAPITALS, {"answer": "Paris, Berlin and Rome"}])
     crashed = []
 
     def respond(messages):
@@ -588,7 +565,7 @@ def test_sqlite_checkpoint_resumes_without_redoing_steps(store, tmp_path):
             g.invoke({"question": "Capitals?"}, config, context=c)
         assert len(plan.calls) == 1
         out = g.invoke(None, config, context=c)
-        assert out["answer"] == "Berlin"
+        assert out["answer"] == "Paris, Berlin and Rome"
         assert len(plan.calls) == 2  # round 1 was not redone
         asked = sorted(question_of(m) for m in work.calls)
         assert asked == ["What is the capital of France?", "What is the capital of Germany?",
