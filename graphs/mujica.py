@@ -19,14 +19,15 @@ and assistant: each round adds the workers' answers (with the contexts they sele
 plan. Its own turns are kept as what it did: its reasoning (cut to `THOUGHT_CHARS`) and the sub-questions
 that ran, after repairs, or its answer; a refused early answer or a copied progress line is not shown back
 to it as its own words. When the conversation outgrows `planner_budget` characters, older rounds lose their
-contexts, then the oldest rounds after the first are left out. The planner may conclude only after `min_worker_rounds`
-waves of workers; an answer before that is repaired, and if it stands, the question itself goes to a worker.
-If the planner then concludes "unknown" although a worker answered the question itself, that answer stands.
+contexts, then the oldest rounds after the first are left out. The planner may conclude only after
+`min_worker_rounds` waves of workers; an answer before that is repaired, and if it stands, the question
+itself goes to a worker. If the planner then concludes "unknown" although a worker answered the question
+itself, that answer stands.
 
 Bad plans (cycles, self-dependencies, unknown ids, duplicate ids, empty sub-questions, more than
 `max_subquestions`) are repaired and noted. What a planner copies from the plan's progress lines into a
-sub-question ("q1: ", "(after q1)", "-> answer") is cut. After a malformed reply or a round that can run nothing, and in
-round `max_rounds`, the planner call must give the final answer.
+sub-question ("q1: ", "(after q1)", "-> answer") is cut. After a malformed reply or a round that can run
+nothing, and in round `max_rounds`, the planner call must give the final answer.
 
 Replies each role is expected to give (what `fake_llms` scripts):
 - planner: `{"subquestions": [{"id": "q1", "question": "Who directed Inception?", "depends_on": []},

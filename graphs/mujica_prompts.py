@@ -16,8 +16,7 @@ writing its id as #q1; the worker sees the answer in its place.
 
 Rules: each sub-question asks one simple fact and keeps the names, titles and phrases of the question \
 that it needs, word for word (never replace them with a guess); ids are new and unique (q1, q2, ...); \
-a dependency \
-names an earlier or new id, never the sub-question itself, and dependencies never form a loop; \
+a dependency names an earlier or new id, never the sub-question itself, and dependencies never form a loop; \
 do not repeat a sub-question that was already asked. A sub-question answered "unknown" or "failed" \
 has no answer and the sub-questions that use it wait: ask it again with the same id in other words, \
 ask something else, or conclude. Conclude with the worker answer that answers the question."""
