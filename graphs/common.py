@@ -23,7 +23,7 @@ from tenacity import wait_exponential_jitter
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion, MhqaError, ModelError, UnknownCorpus, UnknownGraph
-from mhqa_graph.parsing import extract_json, strip_think
+from mhqa_graph.parsing import close_list, extract_json, strip_think
 from mhqa_graph.store import KnowledgeStore, open_store
 
 MAX_QUESTION_CHARS = 4000
@@ -280,19 +280,23 @@ class Parsed:
 
 
 def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any], Any],
-             retries: int = 1, want: type | tuple[type, ...] = (dict, list)) -> Parsed:
+             retries: int = 1, want: type | tuple[type, ...] = (dict, list),
+             cut_off: Callable[[Any], Any] | None = None) -> Parsed:
     """Ask for JSON, parse it tolerantly and `validate` it (return the cleaned value or raise
-    ValueError). On failure, show the model its reply and the problem, `retries` times at most."""
+    ValueError). On failure, show the model its reply and the problem, `retries` times at most.
+    `cut_off` validates instead the items a reply completed before it ran out of tokens inside a list."""
     parsed = Parsed()
     history = list(messages)
     for _ in range(retries + 1):
         text = ask(llm, history)
         parsed.raw.append(text)
-        value = extract_json(text, want)
+        value, check = extract_json(text, want), validate
+        if value is None and cut_off is not None:
+            value, check = extract_json(close_list(strip_think(text)), want), cut_off
         try:
             if value is None:
                 raise ValueError("no JSON object found in the reply")
-            parsed.value, parsed.error = validate(value), None
+            parsed.value, parsed.error = check(value), None
             return parsed
         except (ValueError, TypeError, KeyError) as exc:
             parsed.error = f"MalformedOutput: {exc}"

@@ -5,7 +5,9 @@ one with a placeholder. Each sub-goal is executed: fill its placeholders, retrie
 Analysis-Answer agent judge sufficiency and extract the answer; when the passages are not enough, the
 Rewrite agent reformulates the query and retrieval runs again with a larger top-k (its passages join the
 earlier ones), at most `max_rewrites` times. Sub-goals that wait on no unfinished sub-goal run in parallel
-(one LangGraph `Send` task chain each). A final synthesis turns the sub-goal answers into the answer.
+(one LangGraph `Send` task chain each). A final synthesis turns the sub-goal answers into the answer; a
+question that compares two options by date ("Which film came out first, X or Y?") is settled in code when
+the sub-goals found one date for each option (`graphs/compare.py`).
 
     plan -> schedule -(Send per ready sub-goal)-> retrieve -> analyze -> (rewrite -> retrieve -> analyze ...)
          -> schedule -> ... -> synthesize
@@ -21,6 +23,7 @@ placeholders written in executed sub-goals and those resolved, and their ratio `
 
 Replies each role is expected to give (what `fake_llms` scripts):
 - plan: `{"subgoals": ["Who directed Inception?", "Where was [Answer1] born?"]}` (a bare JSON list works too).
+  A plan cut off by the token limit is asked again, unless it repeats one sub-goal (`cut_runaway`).
 - analysis: `{"reasoning": "...", "sufficient": true, "answer": "Christopher Nolan"}` (no "reasoning" when
   `think` is off; `"status": "yes"|"no"` stands for "sufficient"). A missing "sufficient" means no; so do an
   answer that refuses ("unknown", "The passages do not mention ...") and a short answer that no shown
@@ -62,6 +65,7 @@ from .common import (
     get_store,
     setting,
 )
+from .compare import Step, compare_dates
 from .refusals import grounded, is_no_answer
 
 RECURSION_LIMIT = 1000  # graph steps; a chain of n sub-goals takes 2 + n * (3 * max_rewrites + 3) + 1
@@ -112,7 +116,7 @@ class State(TypedDict, total=False):
     synthesis_raw: str
     answer: str
     error: str | None  # the first typed failure of the run (set by synthesize, from the notes)
-    notes: Annotated[list[str], extend]  # every failure and warning ("warning: ..."), in order
+    notes: Annotated[list[str], extend]  # every failure, warning ("warning: ...") and "info: ...", in order
     halted: bool  # the run cannot execute sub-goals (no source, the Plan agent failed)
     placeholders: dict[str, Any]  # {"written", "resolved", "fill_rate"} over the executed sub-goals
 
@@ -221,6 +225,32 @@ def check_plan(value: Any) -> list[str]:
             subgoals.append(" ".join(item.split()))
     if not subgoals:
         raise ValueError("the plan has no sub-goals")
+    return subgoals
+
+
+def _shape(text: str, index: int) -> str:
+    """A sub-goal's wording with its placeholders masked."""
+    for m, _ in reversed(step_refs(text, index)):
+        text = text[:m.start()] + "[#]" + text[m.end():]
+    return text.lower()
+
+
+def cut_runaway(subgoals: list[str], repeats: int = 2) -> list[str]:
+    """The plan up to a runaway: the first sub-goal worded like `repeats` earlier ones, placeholders aside, ends
+    it (a small model chaining "Who is the father of [AnswerN]?" until it runs out of tokens)."""
+    shapes = [_shape(text, i) for i, text in enumerate(subgoals, start=1)]
+    for i, shape in enumerate(shapes):
+        if shapes[:i].count(shape) >= repeats:
+            return subgoals[:i]
+    return subgoals
+
+
+def check_runaway_plan(value: Any) -> list[str]:
+    """The sub-goals of a plan reply that ran out of tokens, when they repeat themselves (see `cut_runaway`);
+    any other cut-off plan is a ValueError, as it may have lost its last hops."""
+    subgoals = check_plan(value)
+    if cut_runaway(subgoals) == subgoals:
+        raise ValueError("the plan was cut off")
     return subgoals
 
 
@@ -357,7 +387,8 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     hint = P.PLAN_HINT.format(entities=", ".join(entities)) if entities else ""
     messages = [SystemMessage(P.PLAN_SYSTEM), HumanMessage(P.PLAN_USER.format(question=question, hint=hint))]
     try:
-        parsed = ask_json(get_llm(ctx, "plan"), messages, check_plan, ctx.parse_retries)
+        parsed = ask_json(get_llm(ctx, "plan"), messages, check_plan, ctx.parse_retries,
+                          cut_off=check_runaway_plan)
     except ModelError as exc:
         return fresh | {"halted": True, "notes": Overwrite([f"ModelError: plan: {exc}"])}
     notes = []
@@ -365,7 +396,9 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
         subgoals = [question]
         notes.append(f"{parsed.error} (plan; planned the question as one sub-goal)")
     else:
-        subgoals = parsed.value
+        subgoals = cut_runaway(parsed.value)
+        if len(subgoals) < len(parsed.value):
+            notes.append(f"warning: the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats")
     if len(subgoals) > ctx.max_rounds:
         notes.append(f"warning: plan has {len(subgoals)} sub-goals; kept the first {ctx.max_rounds}")
         subgoals = subgoals[:ctx.max_rounds]
@@ -473,8 +506,9 @@ def rewrite(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Litera
 
 
 def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
-    """The final answer from the sub-goal answers; the last sub-goal answer when the model gives none
-    or the run was halted. Sets `error` (the first typed failure in the notes) and the placeholder counts."""
+    """The final answer from the sub-goal answers: the option a date comparison picks (`compare_dates`), else
+    the model's synthesis, else the last sub-goal answer (no reply, or the run was halted). Sets `error` (the
+    first typed failure in the notes) and the placeholder counts."""
     ctx = context_as(OperaContext, runtime)
     steps = state.get("steps") or []
     written, resolved = sum(s["placeholders"] for s in steps), sum(s["resolved"] for s in steps)
@@ -482,7 +516,11 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                                                "fill_rate": round(resolved / written, 4) if written else None}}
     answer = next((s["answer"] for s in reversed(steps) if s["answer"]), "")
     new: list[str] = []
-    if not _halted(state) and steps:
+    compared = compare_dates(state["question"], [Step(s["query"], s["answer"], s["depends_on"]) for s in steps])
+    if compared:
+        answer, dates = compared
+        new.append(f"info: compared the dates in code ({dates})")
+    elif not _halted(state) and steps:
         messages = [SystemMessage(P.ANSWER_SYSTEM),
                     HumanMessage(P.ANSWER_USER.format(question=state["question"], findings=_findings(steps)))]
         try:
@@ -495,7 +533,7 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                 answer = final
             else:
                 new.append("MalformedOutput: empty final answer")
-    error = next((n for n in [*(state.get("notes") or []), *new] if not n.startswith("warning")), None)
+    error = next((n for n in [*(state.get("notes") or []), *new] if not n.startswith(("warning", "info"))), None)
     return update | {"answer": answer, "error": error, "notes": new}
 
 

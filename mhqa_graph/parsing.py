@@ -96,6 +96,19 @@ def close_json(text: str) -> str:
     return text[start:] + ('"' if in_string else "") + "".join(reversed(stack))
 
 
+def close_list(text: str) -> str:
+    """The JSON value starting at the first bracket of `text`, cut back to its last complete item and
+    closed: for a reply that ran out of tokens in the middle of a list (a small model repeating itself)."""
+    start = next((i for i, ch in enumerate(text) if ch in "{["), None)
+    if start is None:
+        return text
+    end, stack, in_string = _scan(text, start)
+    if end is not None:
+        return text[start:end + 1]
+    body = text[start:text.rfind('"')] if in_string else text[start:]
+    return body.rstrip().rstrip(",").rstrip() + "".join(reversed(stack))
+
+
 def _loads(candidate: str) -> Any:
     for attempt in (candidate, _TRAILING_COMMA.sub(r"\1", candidate)):
         try:

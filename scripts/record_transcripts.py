@@ -32,7 +32,7 @@ DATA = ROOT.parent / "shared" / "data"
 OUT = ROOT / "tests" / "recorded"
 PLAN = {  # agent -> environments (DEV_ENVIRONMENTS)
     "omne": ("pq2h", "2wiki-kg"),
-    "opera": ("pq2h", "hotpot"),
+    "opera": ("pq2h", "2wiki-kg", "hotpot"),
     "mujica": ("pq2h", "hotpot"),
     "rag": ("pq2h", "hotpot"),
     "direct": ("hotpot",),

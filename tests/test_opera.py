@@ -19,6 +19,7 @@ from mhqa_graph.graphs.opera import (
     build,
     check_analysis,
     check_plan,
+    cut_runaway,
     dependencies,
     fill_placeholders,
     merge_steps,
@@ -248,6 +249,32 @@ def test_truncated_plan_is_repaired(store):
     assert "could not be used" in roles["plan"].calls[1][-1].text
 
 
+def test_runaway_plan_cut_off_by_the_token_limit_keeps_its_first_links(store):
+    """The real 1.5B model chains "the father of [AnswerN]" until it runs out of tokens: the plan keeps the
+    links before the third repeat, without asking again; a cut-off plan that does not repeat is asked again."""
+    runaway = '{"subgoals": ["Who directed Inception?"' + "".join(
+        f', "Who is the father of [Answer{i}]?"' for i in range(1, 30)) + ', "Who is the fa'
+    roles = models(plan=[runaway], analysis=[said("Christopher Nolan"), said("Rudolph"), said("Walter")],
+                   answer=["Walter"])
+    out = run(store, roles)
+    assert out["plan"] == ["Who directed Inception?", "Who is the father of [Answer1]?",
+                           "Who is the father of [Answer2]?"]
+    assert len(roles["plan"].calls) == 1 and out["answer"] == "Walter" and out["error"] is None
+    assert "warning: the plan repeats one sub-goal; cut 27 repeats" in out["notes"]
+
+
+@pytest.mark.parametrize("subgoals, kept", [
+    (["Who is A's mother?", "Who is the father of [Answer1]?", "What is the religion of [Answer2]?"], 3),
+    (["Who is A's mother?", "Who is the mother of [Answer1]?", "Who is the mother of [Answer2]?",
+      "Who is the mother of [Answer3]?"], 3),
+    (["q", "Who is the father of [Answer1]?", "Who is the mother of [Answer2]?", "Who is the father of [Answer3]?",
+      "Who is the mother of [Answer4]?", "Who is the father of [Answer5]?"], 5),
+    (["Who is [Answer1]?", "Who is [Answer2]?"], 2),
+])
+def test_cut_runaway(subgoals, kept):
+    assert cut_runaway(subgoals) == subgoals[:kept]
+
+
 def test_long_plan_is_capped(store):
     roles = models(plan=[json.dumps({"subgoals": [f"q{i}" for i in range(5)]})], analysis=[said("x")], answer=["x"])
     out = run(store, roles, max_rounds=2)
@@ -426,6 +453,31 @@ def test_topic_entities_reach_the_planner(store):
     assert out["answer"] == "London" and "Entities the question is about: Inception" in roles["plan"].calls[0][-1].text
 
 
+# -- date comparisons --------------------------------------------------------------------
+def _released(messages) -> str:
+    return said("2010" if "Current sub-goal: When was Inception" in messages[-1].text else "November 7, 2014")
+
+
+@pytest.mark.parametrize("word, winner", [("first", "Inception"), ("later", "Interstellar")])
+def test_a_date_comparison_is_settled_in_code(store, word, winner):
+    """The real model found both dates and then named the wrong film: with one date per option, code picks."""
+    roles = models(plan=[json.dumps({"subgoals": ["When was Inception released?", "When was Interstellar released?",
+                                                  "Which film came out first?"]})],
+                   answer=["Interstellar is newer"])
+    roles["analysis"] = FakeChatModel(respond=_released)
+    out = run(store, roles, question=f"Which film came out {word}, Inception or Interstellar?")
+    assert out["answer"] == winner and out["error"] is None and not roles["answer"].calls
+    assert "info: compared the dates in code (Inception: 2010-0-0; Interstellar: 2014-11-7)" in out["notes"]
+
+
+def test_an_undecided_date_comparison_is_left_to_the_synthesis(store):
+    roles = models(plan=[json.dumps({"subgoals": ["When was Inception released?", "Who directed Interstellar?"]})],
+                   analysis=[said("2010"), said("Christopher Nolan")], answer=["Inception"])
+    out = run(store, roles, question="Which film came out first, Inception or Interstellar?")
+    assert out["answer"] == "Inception" and len(roles["answer"].calls) == 1
+    assert not any(n.startswith("info") for n in out["notes"])
+
+
 # -- parallel sub-goals -------------------------------------------------------------------
 def test_independent_subgoals_run_in_parallel_and_dependents_wait_for_them(store):
     """Sub-goals 1 and 2 name no earlier step: their analyses meet at a barrier, which only two concurrent
@@ -480,7 +532,8 @@ def test_merge_steps_creates_and_updates_attempts_by_number():
 def test_build_returns_a_compiled_graph_with_its_recursion_limit(store):
     graph = build()
     assert isinstance(graph, CompiledStateGraph) and graph.config["recursion_limit"] == RECURSION_LIMIT
-    chain = {"subgoals": ["Who directed Inception?"] + [f"Where was [Answer{i}] born?" for i in range(1, 12)]}
+    chain = {"subgoals": ["Who directed Inception?"] + [f"Where did [Answer{i}] live in {1900 + i}?"
+                                                        for i in range(1, 12)]}
     roles = models(plan=[json.dumps(chain)], analysis=[said("", False)], answer=["London"])
     out = graph.invoke({"question": QUESTION}, {"configurable": {"thread_id": "x"}},
                        context=context(store, roles, max_rounds=12, max_rewrites=2))
