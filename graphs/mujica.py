@@ -70,6 +70,7 @@ from .common import (
     get_store,
     setting,
 )
+from .compare import Step, compare_dates
 from .refusals import is_no_answer
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
@@ -549,6 +550,9 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         if kind == "answer" and is_no_answer(value) and (own := _answer_to_the_question(state)):
             notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
             value = own
+        if kind == "answer" and (compared := compare_dates(state["question"], _steps(state))):
+            notes.append(f"info: compared the dates in code ({compared[1]}); the planner concluded {value!r}")
+            value = compared[0]
         if kind == "answer":
             log.update(action="answer", answer=value, reply=said(log["thought"], {"answer": value}, ctx.think))
             return {**update, "answer": value, "done": True, "notes": notes, "planner_log": [log]}
@@ -583,6 +587,14 @@ def _answer_to_the_question(state: State) -> str:
     asked = _key(state["question"])
     return next((r["answer"] for r in state["results"].values()
                  if r["status"] == ANSWERED and _key(r["query"]) == asked), "")
+
+
+def _steps(state: State) -> list[Step]:
+    """The answered sub-questions, as `compare_dates` reads them (text as asked, answer, sub-questions cited)."""
+    asked = [(q, state["results"][q["id"]]) for q in state["dag"] if q["id"] in state["results"]]
+    number = {q["id"]: i for i, (q, _) in enumerate(asked, start=1)}
+    return [Step(r["query"], r["answer"] if r["status"] == ANSWERED else "",
+                 [number[d] for d in q["depends_on"] if d in number]) for q, r in asked]
 
 
 def _thought(raw: str) -> str:

@@ -340,6 +340,21 @@ def test_unknown_from_the_planner_gives_way_to_a_workers_answer_to_the_question_
     assert out["answer"] == "unknown"  # no worker answered the question itself
 
 
+def test_a_date_comparison_is_settled_in_code_over_the_planners_answer(store):
+    """Workers found both directors' birth dates, through #q1 and #q2; the planner named a director."""
+    question = "Which film has the director born earlier, Inception or Casablanca?"
+    plan = planner([{"subquestions": [subq("q1", "Who directed Inception?"), subq("q2", "Who directed Casablanca?"),
+                                      subq("q3", "When was #q1 born?", "q1"), subq("q4", "When was #q2 born?", "q2")]},
+                    {"answer": "Michael Curtiz"}])
+    work = worker_saying({"Who directed Casablanca": '{"relevant": [1], "answer": "Michael Curtiz"}',
+                          "When was Michael Curtiz": '{"relevant": [1], "answer": "December 24, 1886"}',
+                          "When was Christopher Nolan": '{"relevant": [1], "answer": "30 July 1970"}'})
+    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, work))
+    assert out["answer"] == "Casablanca" and out["error"] is None
+    assert ("info: compared the dates in code (Inception: 1970-7-30; Casablanca: 1886-12-24); "
+            "the planner concluded 'Michael Curtiz'") in out["notes"]
+
+
 @pytest.mark.parametrize("reply", [
     '<think>Two hops.</think>\n{"answer": null, "subquestions": [{"id": "q1", "question": "Who directed Inception?", '
     '"depends_on": []}]}',
