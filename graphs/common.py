@@ -284,7 +284,8 @@ def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any
              cut_off: Callable[[Any], Any] | None = None) -> Parsed:
     """Ask for JSON, parse it tolerantly and `validate` it (return the cleaned value or raise
     ValueError). On failure, show the model its reply and the problem, `retries` times at most.
-    `cut_off` validates instead the items a reply completed before it ran out of tokens inside a list."""
+    `cut_off`: a reply with no complete JSON is cut back to the items it finished (`close_list`, for a reply
+    that ran out of tokens in a list) and checked with `cut_off` instead of `validate`."""
     parsed = Parsed()
     history = list(messages)
     for _ in range(retries + 1):

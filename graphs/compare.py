@@ -1,6 +1,6 @@
 """Date comparisons settled in code. For "Which film came out first, X or Y?" a small model often finds both
-dates and then names the wrong film, or a date: when the sub-answers hold one date per option, the older or
-newer option is picked here instead."""
+dates and then names the wrong film, or a date: when the sub-answers hold one date of the same kind per
+option, the earlier or later option is picked here instead."""
 from __future__ import annotations
 
 import re
@@ -10,45 +10,72 @@ MONTHS = {name: i for i, names in enumerate(
     [("january", "jan"), ("february", "feb"), ("march", "mar"), ("april", "apr"), ("may",), ("june", "jun"),
      ("july", "jul"), ("august", "aug"), ("september", "sep", "sept"), ("october", "oct"), ("november", "nov"),
      ("december", "dec")], start=1) for name in names}
+NOTE = "DateComparison"  # how an agent's note on a comparison settled here starts
 EARLIER = ("earlier", "earliest", "first", "older", "oldest", "sooner")
 LATER = ("later", "latest", "last", "younger", "youngest", "more recent", "most recent", "more recently")
+KINDS = {  # what a date is of, by the words that ask for it
+    "birth": ("born", "birth", "birthday"),
+    "death": ("died", "die", "dies", "death", "dead"),
+    "release": ("released", "release", "came out", "come out", "published", "premiered", "aired"),
+    "start": ("founded", "formed", "established", "opened", "built", "started", "began", "created"),
+}
+ASKS_DATE = ("when", "year", "date", *(w for words in KINDS.values() for w in words))
+NOT_A_DATE_ORDER = re.compile(r"\b(age|aged|lived|longer|shorter|died (younger|older))\b", re.IGNORECASE)
 _WORDS = r"\b(?P<word>" + "|".join(EARLIER + LATER) + r")\b"
 _ASKS_OPTION = r"(?i)^(?:which|who)\b[^,:]*?"  # "When was ..., X or Y?" asks for a date, not an option
-_END = r"\s*\?*\s*$"
-_COMPARISONS = [re.compile(_ASKS_OPTION + _WORDS + r"[^,:]*[,:]\s*(?P<a>.+?)\s+or\s+(?P<b>.+?)" + _END),
+_END = r"[\s?.]*$"
+_COMPARISONS = [re.compile(_ASKS_OPTION + _WORDS + r"[^,:]*[,:]\s*(?P<a>.+?),?\s+or\s+(?P<b>.+?)" + _END),
                 re.compile(_ASKS_OPTION + _WORDS + r".*?\bout of\s+(?P<a>.+?)\s+and\s+(?P<b>.+?)" + _END)]
-_ISO = re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b")
+_MONTH = r"(?P<month>" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
+_DATES = [re.compile(p, re.IGNORECASE) for p in (
+    r"\b(?P<year>\d{4})-(?P<m>\d{1,2})-(?P<day>\d{1,2})\b",
+    r"\b(?P<day>\d{1,2})(?:st|nd|rd|th)?\s+" + _MONTH + r",?\s+(?P<year>\d{3,4})\b",
+    r"\b" + _MONTH + r"\s+(?P<day>\d{1,2})(?:st|nd|rd|th)?,?\s+(?P<year>\d{3,4})\b",
+    r"\b" + _MONTH + r",?\s+(?P<year>\d{3,4})\b",
+    r"\b(?P<year>\d{3,4})\b")]
 _WORD = re.compile(r"[a-z]+|\d+")
+_QUOTES = " \"'“”‘’,.;"
 
 
 class Step(NamedTuple):
     text: str  # the sub-goal as it ran
-    answer: str
-    depends_on: list[int]  # 1-based numbers of the steps it used
+    answer: str  # "" when it has no confirmed answer
+    depends_on: list[int]  # positions (1-based) in the list of steps of the steps it used
 
 
 def comparison(question: str) -> tuple[str, str, bool] | None:
     """(first option, second option, whether the earlier date wins) of a date comparison; None otherwise."""
     text = " ".join(question.split())
-    m = next((m for pattern in _COMPARISONS if (m := pattern.match(text))), None)
-    if m is None:
+    if NOT_A_DATE_ORDER.search(text):
         return None
-    return m["a"].strip(' "'), m["b"].strip(' "'), m["word"].lower() in EARLIER
+    for pattern in _COMPARISONS:
+        if m := pattern.match(text):
+            return m["a"].strip(_QUOTES), m["b"].strip(_QUOTES), m["word"].lower() in EARLIER
+    return None
 
 
 def parse_date(text: str) -> tuple[int, int, int] | None:
-    """(year, month, day) of a date answer, 0 for a part it does not give; None when it holds no single year."""
+    """(year, month, day) of a date answer, 0 for a part it does not give; None unless it holds one date."""
     if re.search(r"\b(bc|bce)\b", text, re.IGNORECASE):
         return None
-    if iso := _ISO.search(text):
-        return int(iso[1]), int(iso[2]), int(iso[3])
-    words = _WORD.findall(text.lower())
-    years = [int(w) for w in words if w.isdigit() and 3 <= len(w) <= 4]
-    if len(years) != 1:
-        return None
-    month = next((MONTHS[w] for w in words if w in MONTHS), 0)
-    days = [int(w) for w in words if w.isdigit() and len(w) <= 2 and 1 <= int(w) <= 31]
-    return years[0], month, days[0] if month and len(days) == 1 else 0
+    found, rest = set(), text
+    for pattern in _DATES:
+        for m in pattern.finditer(rest):
+            month = MONTHS[m["month"].lower()] if "month" in m.groupdict() else int(m.groupdict().get("m") or 0)
+            found.add((int(m["year"]), month, int(m.groupdict().get("day") or 0)))
+        rest = pattern.sub(" ", rest)
+    return found.pop() if len(found) == 1 else None
+
+
+def kind(text: str) -> str | None:
+    """What the date a text asks for is of ("birth", "death", ...), when its words say."""
+    words = f" {' '.join(_WORD.findall(text.lower()))} "
+    return next((k for k, names in KINDS.items() if any(f" {n} " in words for n in names)), None)
+
+
+def _asks_date(text: str) -> bool:
+    words = f" {' '.join(_WORD.findall(text.lower()))} "
+    return any(f" {w} " in words for w in ASKS_DATE)
 
 
 def _before(x: tuple[int, int, int], y: tuple[int, int, int]) -> bool | None:
@@ -78,19 +105,22 @@ def _option_of(steps: list[Step], i: int, options: tuple[str, str], seen: frozen
 
 
 def compare_dates(question: str, steps: list[Step]) -> tuple[str, str] | None:
-    """(the option that wins, why) when `question` compares two options by date and `steps` hold exactly
-    one date for each; None when they do not, or the dates do not decide it."""
+    """(the option that wins, why) when `question` compares two options by date and the steps that ask for a
+    date hold exactly one for each option, all of one kind (birth, death, ...) where the words say; None when
+    they do not, or the dates do not decide it."""
     parsed = comparison(question)
     if parsed is None:
         return None
     a, b, earlier_wins = parsed
     dates: list[set[tuple[int, int, int]]] = [set(), set()]
+    kinds = {kind(question)} - {None}
     for i, step in enumerate(steps):
-        date = parse_date(step.answer) if step.answer else None
+        date = parse_date(step.answer) if _asks_date(step.text) else None
         option = _option_of(steps, i, (a, b)) if date else None
         if date and option is not None:
             dates[option].add(date)
-    if len(dates[0]) != 1 or len(dates[1]) != 1:
+            kinds |= {kind(step.text)} - {None}
+    if len(dates[0]) != 1 or len(dates[1]) != 1 or len(kinds) > 1:
         return None
     (da,), (db,) = dates
     a_first = _before(da, db)

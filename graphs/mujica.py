@@ -70,6 +70,7 @@ from .common import (
     get_store,
     setting,
 )
+from .compare import NOTE as DATE_NOTE
 from .compare import Step, compare_dates
 from .refusals import is_no_answer
 
@@ -551,7 +552,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
             notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
             value = own
         if kind == "answer" and (compared := compare_dates(state["question"], _steps(state))):
-            notes.append(f"info: compared the dates in code ({compared[1]}); the planner concluded {value!r}")
+            notes.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the planner concluded {value!r}")
             value = compared[0]
         if kind == "answer":
             log.update(action="answer", answer=value, reply=said(log["thought"], {"answer": value}, ctx.think))

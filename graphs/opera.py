@@ -65,6 +65,7 @@ from .common import (
     get_store,
     setting,
 )
+from .compare import NOTE as DATE_NOTE
 from .compare import Step, compare_dates
 from .refusals import grounded, is_no_answer
 
@@ -116,7 +117,7 @@ class State(TypedDict, total=False):
     synthesis_raw: str
     answer: str
     error: str | None  # the first typed failure of the run (set by synthesize, from the notes)
-    notes: Annotated[list[str], extend]  # every failure, warning ("warning: ...") and "info: ...", in order
+    notes: Annotated[list[str], extend]  # every failure, warning ("warning: ...") and "DateComparison: ...", in order
     halted: bool  # the run cannot execute sub-goals (no source, the Plan agent failed)
     placeholders: dict[str, Any]  # {"written", "resolved", "fill_rate"} over the executed sub-goals
 
@@ -361,6 +362,13 @@ def _findings(steps: list[dict]) -> str:
     return "\n".join(lines) or "none"
 
 
+def _compared_steps(steps: list[dict]) -> list[Step]:
+    """The sub-goals as `compare_dates` reads them: the text searched, the confirmed answer, the steps used."""
+    position = {s["n"]: i for i, s in enumerate(steps, start=1)}
+    return [Step(s["query"], s["answer"] if s["sufficient"] else "",
+                 [position[d] for d in s["depends_on"] if d in position]) for s in steps]
+
+
 def _halted(state: State) -> bool:
     return bool(state.get("halted")) or any(s.get("halted") for s in state.get("steps") or [])
 
@@ -395,10 +403,11 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     if parsed.value is None:
         subgoals = [question]
         notes.append(f"{parsed.error} (plan; planned the question as one sub-goal)")
-    else:
+    elif extract_json(parsed.raw[-1]) is None:  # a runaway cut off by the token limit (check_runaway_plan)
         subgoals = cut_runaway(parsed.value)
-        if len(subgoals) < len(parsed.value):
-            notes.append(f"warning: the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats")
+        notes.append(f"warning: the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats")
+    else:
+        subgoals = parsed.value
     if len(subgoals) > ctx.max_rounds:
         notes.append(f"warning: plan has {len(subgoals)} sub-goals; kept the first {ctx.max_rounds}")
         subgoals = subgoals[:ctx.max_rounds]
@@ -516,10 +525,9 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                                                "fill_rate": round(resolved / written, 4) if written else None}}
     answer = next((s["answer"] for s in reversed(steps) if s["answer"]), "")
     new: list[str] = []
-    compared = compare_dates(state["question"], [Step(s["query"], s["answer"], s["depends_on"]) for s in steps])
-    if compared:
+    if compared := compare_dates(state["question"], _compared_steps(steps)):
         answer, dates = compared
-        new.append(f"info: compared the dates in code ({dates})")
+        new.append(f"{DATE_NOTE}: settled in code ({dates})")
     elif not _halted(state) and steps:
         messages = [SystemMessage(P.ANSWER_SYSTEM),
                     HumanMessage(P.ANSWER_USER.format(question=state["question"], findings=_findings(steps)))]
@@ -533,7 +541,7 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                 answer = final
             else:
                 new.append("MalformedOutput: empty final answer")
-    error = next((n for n in [*(state.get("notes") or []), *new] if not n.startswith(("warning", "info"))), None)
+    error = next((n for n in [*(state.get("notes") or []), *new] if not n.startswith(("warning", DATE_NOTE))), None)
     return update | {"answer": answer, "error": error, "notes": new}
 
 

@@ -50,32 +50,33 @@ def final_answer(text: str) -> str:
     return strip_think(re.sub(r"<answer>\s*</answer>", "", text))
 
 
-def _scan(text: str, start: int) -> tuple[int | None, list[str], bool]:
+def _scan(text: str, start: int) -> tuple[int | None, list[str], int | None]:
     """Walk the bracketed value starting at `start`, respecting strings. Returns (index of the
-    closing bracket or None, closers still open, inside a string); a mismatched bracket gives
-    (None, [], False)."""
+    closing bracket or None, closers still open, index of the opening quote of an unfinished string
+    or None); a mismatched bracket gives (None, [], None)."""
     pairs = {"{": "}", "[": "]"}
     stack: list[str] = []
-    in_string = escaped = False
+    quote: int | None = None
+    escaped = False
     for i in range(start, len(text)):
         ch = text[i]
-        if in_string:
+        if quote is not None:
             if escaped:
                 escaped = False
             elif ch == "\\":
                 escaped = True
             elif ch == '"':
-                in_string = False
+                quote = None
         elif ch == '"':
-            in_string = True
+            quote = i
         elif ch in pairs:
             stack.append(pairs[ch])
         elif ch in "}]":
             if not stack or stack.pop() != ch:
-                return None, [], False
+                return None, [], None
             if not stack:
-                return i, [], False
-    return None, stack, in_string
+                return i, [], None
+    return None, stack, quote
 
 
 def _balanced(text: str, start: int) -> str | None:
@@ -90,22 +91,22 @@ def close_json(text: str) -> str:
     start = next((i for i, ch in enumerate(text) if ch in "{["), None)
     if start is None:
         return text
-    end, stack, in_string = _scan(text, start)
+    end, stack, quote = _scan(text, start)
     if end is not None:
         return text[start:end + 1]
-    return text[start:] + ('"' if in_string else "") + "".join(reversed(stack))
+    return text[start:] + ('"' if quote is not None else "") + "".join(reversed(stack))
 
 
 def close_list(text: str) -> str:
-    """The JSON value starting at the first bracket of `text`, cut back to its last complete item and
-    closed: for a reply that ran out of tokens in the middle of a list (a small model repeating itself)."""
+    """The JSON value starting at the first bracket of `text`, cut back to before a string it did not finish
+    and closed: for a reply that ran out of tokens in a list of strings (a small model repeating itself)."""
     start = next((i for i, ch in enumerate(text) if ch in "{["), None)
     if start is None:
         return text
-    end, stack, in_string = _scan(text, start)
+    end, stack, quote = _scan(text, start)
     if end is not None:
         return text[start:end + 1]
-    body = text[start:text.rfind('"')] if in_string else text[start:]
+    body = text[start:quote] if quote is not None else text[start:]
     return body.rstrip().rstrip(",").rstrip() + "".join(reversed(stack))
 
 

@@ -1,6 +1,6 @@
 """Date comparisons settled in code (graphs/compare.py)."""
 import pytest
-from mhqa_graph.graphs.compare import Step, compare_dates, comparison, parse_date
+from mhqa_graph.graphs.compare import Step, compare_dates, comparison, kind, parse_date
 
 
 @pytest.mark.parametrize("question, parsed", [
@@ -15,10 +15,14 @@ from mhqa_graph.graphs.compare import Step, compare_dates, comparison, parse_dat
      ("Siren Of Bagdad", "The Storyteller Of Venice", False)),
     ("Which university is older: University of California, Berkeley or Syracuse University?",
      ("University of California, Berkeley", "Syracuse University", True)),
+    ("Who died first, Ann Flood, or Louis Leroux.", ("Ann Flood", "Louis Leroux", True)),
     ("What is the year of the event which occurred first, A was founded, or B opened?", None),
+    ("When was the director born, Inception or Heat?", None),
+    ("Who lived longer, Ann Flood or Louis Leroux?", None),
+    ("Which film has the director who died at a younger age, Heat or Alien?", None),
+    ("Who died younger, Ann Flood or Louis Leroux?", None),
     ("Are Barrington, Illinois and Kushk-E Sofla, Kerman located in the same country?", None),
     ("Where was the director of Inception born?", None),
-    ("Who was the first president, George Washington?", None),
 ])
 def test_comparison(question, parsed):
     assert comparison(question) == parsed
@@ -26,36 +30,55 @@ def test_comparison(question, parsed):
 
 @pytest.mark.parametrize("text, date", [
     ("April 6, 1975", (1975, 4, 6)), ("27 January 1913", (1913, 1, 27)), ("2005", (2005, 0, 0)),
-    ("1975-04-06", (1975, 4, 6)), ("Sept 1887", (1887, 9, 0)), ("born in 870", (870, 0, 0)),
-    ("Christopher Nolan", None), ("1990 or 1991", None), ("44 BC", None), ("", None),
+    ("1975-04-06", (1975, 4, 6)), ("Sept. 1887", (1887, 9, 0)), ("born in 870", (870, 0, 0)),
+    ("died in March 1950 aged 30", (1950, 3, 0)), ("It may have been 1950", (1950, 0, 0)),
+    ("the 3rd of May 1801", (1801, 5, 0)),  # "3rd of" is not read as a day
+    ("Christopher Nolan", None), ("1990 or 1991", None), ("2010-01-01 to 2014-05-05", None), ("44 BC", None),
+    ("", None),
 ])
 def test_parse_date(text, date):
     assert parse_date(text) == date
 
 
-BRIDGE = "Which film has the director born earlier, Wish I Was Here or The Jack-Knife Man?"
-
-
-def test_bridge_comparison_follows_the_placeholders_to_the_option():
-    steps = [Step("Who directed Wish I Was Here?", "Zach Braff", []),
-             Step("Who directed The Jack-Knife Man?", "Jack Lee", []),
-             Step("When was Zach Braff born?", "April 6, 1975", [1]),
-             Step("When was Jack Lee born?", "27 January 1913", [2]),
-             Step("Which of the two directors was born earlier?", "Hans Müller", [3, 4])]
-    winner, why = compare_dates(BRIDGE, steps)
-    assert winner == "The Jack-Knife Man" and why == "Wish I Was Here: 1975-4-6; The Jack-Knife Man: 1913-1-27"
-    later = BRIDGE.replace("earlier", "later")
-    assert compare_dates(later, steps)[0] == "Wish I Was Here"
-
-
-@pytest.mark.parametrize("steps", [
-    [Step("When was Wish I Was Here released?", "2014", [])],  # one option has no date
-    [Step("When was Wish I Was Here released?", "2014", []), Step("When was The Jack-Knife Man released?", "2014", [])],
-    [Step("When was Wish I Was Here released?", "2014", []), Step("When was The Jack-Knife Man released?", "", [])],
-    [Step("When was Wish I Was Here released?", "2014", []), Step("Who directed Wish I Was Here?", "1975", []),
-     Step("When was The Jack-Knife Man released?", "1920", [])],  # two dates for one option
-    [Step("When were Wish I Was Here and The Jack-Knife Man released?", "2014", []),
-     Step("When was The Jack-Knife Man released?", "1920", [])],  # a step naming both options is not used
+@pytest.mark.parametrize("text, found", [
+    ("When was Zach Braff born?", "birth"), ("What is the date of death of X?", "death"),
+    ("When did It's Our Life! come out?", "release"), ("When was Syracuse University founded?", "start"),
+    ("What year is it?", None),
 ])
-def test_undecided_comparisons_are_left_to_the_model(steps):
-    assert compare_dates(BRIDGE, steps) is None
+def test_kind(text, found):
+    assert kind(text) == found
+
+
+BRIDGE = "Which film has the director born earlier, Wish I Was Here or The Jack-Knife Man?"
+BRIDGE_STEPS = [Step("Who directed Wish I Was Here?", "Zach Braff", []),
+                Step("Who directed The Jack-Knife Man?", "Jack Lee", []),
+                Step("When was Zach Braff born?", "April 6, 1975", [1]),
+                Step("When was Jack Lee born?", "27 January 1913", [2]),
+                Step("Which of the two directors was born earlier?", "Hans Müller", [3, 4])]
+
+
+def test_bridge_comparison_follows_the_dependencies_to_the_option():
+    winner, why = compare_dates(BRIDGE, BRIDGE_STEPS)
+    assert winner == "The Jack-Knife Man" and why == "Wish I Was Here: 1975-4-6; The Jack-Knife Man: 1913-1-27"
+    assert compare_dates(BRIDGE.replace("earlier", "later"), BRIDGE_STEPS)[0] == "Wish I Was Here"
+
+
+@pytest.mark.parametrize("question, steps", [
+    (BRIDGE, BRIDGE_STEPS[:3]),  # one option has no date
+    (BRIDGE, [Step("When was Wish I Was Here released?", "2014", []),
+              Step("When was The Jack-Knife Man released?", "2014", [])]),  # the same year
+    (BRIDGE, [Step("When was Wish I Was Here released?", "2014", []),
+              Step("When was The Jack-Knife Man released?", "", [])]),  # no confirmed answer
+    (BRIDGE, [Step("When was Wish I Was Here released?", "2014", []), Step("When was Wish I Was Here set?", "1975", []),
+              Step("When was The Jack-Knife Man released?", "1920", [])]),  # two dates for one option
+    (BRIDGE, [Step("When were Wish I Was Here and The Jack-Knife Man released?", "2014", []),
+              Step("When was The Jack-Knife Man released?", "1920", [])]),  # a step naming both is not used
+    (BRIDGE, BRIDGE_STEPS[:2] + [Step("When was Zach Braff born?", "April 6, 1975", [1]),
+                                 Step("When did Jack Lee die?", "1999", [2])]),  # a birth against a death
+    ("Which film has the director who died later, Wish I Was Here or The Jack-Knife Man?",
+     BRIDGE_STEPS),  # birth dates do not answer "died later"
+    ("Who was born first, The 300 Spartans or Heat?",
+     [Step("Who stars in The 300 Spartans?", "300", []), Step("When was Heat born?", "1995", [])]),
+])
+def test_undecided_comparisons_are_left_to_the_model(question, steps):
+    assert compare_dates(question, steps) is None

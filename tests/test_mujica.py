@@ -351,7 +351,7 @@ def test_a_date_comparison_is_settled_in_code_over_the_planners_answer(store):
                           "When was Christopher Nolan": '{"relevant": [1], "answer": "30 July 1970"}'})
     out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, work))
     assert out["answer"] == "Casablanca" and out["error"] is None
-    assert ("info: compared the dates in code (Inception: 1970-7-30; Casablanca: 1886-12-24); "
+    assert ("DateComparison: settled in code (Inception: 1970-7-30; Casablanca: 1886-12-24); "
             "the planner concluded 'Michael Curtiz'") in out["notes"]
 
 

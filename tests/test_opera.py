@@ -263,6 +263,14 @@ def test_runaway_plan_cut_off_by_the_token_limit_keeps_its_first_links(store):
     assert "warning: the plan repeats one sub-goal; cut 27 repeats" in out["notes"]
 
 
+def test_a_complete_plan_keeps_its_like_worded_sub_goals(store):
+    subgoals = ["Who directed Heat?", "Who directed Alien?", "Who directed Inception?", "When was [Answer1] born?",
+                "When was [Answer2] born?", "When was [Answer3] born?"]
+    roles = models(plan=[json.dumps({"subgoals": subgoals})], analysis=[said("x")], answer=["x"])
+    out = run(store, roles)
+    assert out["plan"] == subgoals and not any("repeats" in n for n in out["notes"])
+
+
 @pytest.mark.parametrize("subgoals, kept", [
     (["Who is A's mother?", "Who is the father of [Answer1]?", "What is the religion of [Answer2]?"], 3),
     (["Who is A's mother?", "Who is the mother of [Answer1]?", "Who is the mother of [Answer2]?",
@@ -455,7 +463,7 @@ def test_topic_entities_reach_the_planner(store):
 
 # -- date comparisons --------------------------------------------------------------------
 def _released(messages) -> str:
-    return said("2010" if "Current sub-goal: When was Inception" in messages[-1].text else "November 7, 2014")
+    return said("2010" if "Current sub-goal: When was Inception" in messages[-1].text else "2014")
 
 
 @pytest.mark.parametrize("word, winner", [("first", "Inception"), ("later", "Interstellar")])
@@ -467,7 +475,17 @@ def test_a_date_comparison_is_settled_in_code(store, word, winner):
     roles["analysis"] = FakeChatModel(respond=_released)
     out = run(store, roles, question=f"Which film came out {word}, Inception or Interstellar?")
     assert out["answer"] == winner and out["error"] is None and not roles["answer"].calls
-    assert "info: compared the dates in code (Inception: 2010-0-0; Interstellar: 2014-11-7)" in out["notes"]
+    assert "DateComparison: settled in code (Inception: 2010-0-0; Interstellar: 2014-0-0)" in out["notes"]
+
+
+def test_an_unconfirmed_date_is_not_compared(store):
+    roles = models(plan=[json.dumps({"subgoals": ["When was Inception released?", "When was Interstellar released?"]})],
+                   answer=["Inception"])
+    roles["analysis"] = FakeChatModel(respond=lambda m: said("2010") if "When was Inception" in m[-1].text
+                                      else said("1999", False))
+    out = run(store, roles, question="Which film came out first, Inception or Interstellar?", max_rewrites=0)
+    assert out["answer"] == "Inception" and len(roles["answer"].calls) == 1
+    assert [s["answer"] for s in out["steps"]] == ["2010", "1999"] and not out["steps"][1]["sufficient"]
 
 
 def test_an_undecided_date_comparison_is_left_to_the_synthesis(store):
@@ -475,7 +493,7 @@ def test_an_undecided_date_comparison_is_left_to_the_synthesis(store):
                    analysis=[said("2010"), said("Christopher Nolan")], answer=["Inception"])
     out = run(store, roles, question="Which film came out first, Inception or Interstellar?")
     assert out["answer"] == "Inception" and len(roles["answer"].calls) == 1
-    assert not any(n.startswith("info") for n in out["notes"])
+    assert not any(n.startswith("DateComparison") for n in out["notes"])
 
 
 # -- parallel sub-goals -------------------------------------------------------------------

@@ -37,7 +37,7 @@ def test_close_json():
 def test_close_list_keeps_the_complete_items():
     assert close_list('{"subgoals": ["a", "b", "c') == '{"subgoals": ["a", "b"]}'
     assert close_list('```json\n{"subgoals": ["a", "b",') == '{"subgoals": ["a", "b"]}'
-    assert close_list('[["a", 1], ["b", 2], ["c"') == '[["a", 1], ["b", 2], ["c"]]'
+    assert close_list('{"subgoals": ["a", "say \\"b\\"", "c \\"d') == '{"subgoals": ["a", "say \\"b\\""]}'
     assert close_list('{"a": [1]} tail') == '{"a": [1]}'
     assert close_list("no brackets") == "no brackets"
 
