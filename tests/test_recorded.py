@@ -17,6 +17,8 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs.common import clean_answer
+from mhqa_graph.graphs.compare import NOTE as DATE_NOTE
+from mhqa_graph.graphs.compare import comparison
 from mhqa_graph.graphs.omne import parse_reply
 from mhqa_graph.graphs.omne_prompts import is_send_back
 
@@ -74,6 +76,20 @@ def test_replay_reproduces_the_recorded_run(path: Path, i: int) -> None:
     elif agent == "opera":
         for step in trace.steps:  # a placeholder whose step answered is filled before retrieval
             assert not PLACEHOLDER.search(step.query), step.query
+    if any(n.startswith(DATE_NOTE) for n in out.get("notes") or []):  # settled in code: one of the options
+        assert out["answer"] in comparison(question["question"])[:2]
+
+
+def test_a_date_comparison_is_settled_in_code_with_the_real_model() -> None:
+    """On a recorded 2Wiki comparison, OPERA's sub-goals found a birth date for each director (one of them
+    wrong) and the model's own comparison sub-goal named a director: the code names a film, and the
+    synthesis is not asked."""
+    results = [replay(p, i) for p, i in CASES if p.stem == "opera-2wiki-kg"]
+    settled = [(q, out, trace) for q, out, trace in results if any(n.startswith(DATE_NOTE) for n in out["notes"])]
+    assert settled
+    for q, out, trace in settled:
+        assert out["answer"] in comparison(q["question"])[:2]
+        assert not [c for c in trace.llm_calls if c.role == "answer"]
 
 
 def test_recordings_cover_every_agent() -> None:
