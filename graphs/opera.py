@@ -66,7 +66,7 @@ from .common import (
     setting,
 )
 from .compare import NOTE as DATE_NOTE
-from .compare import Step, compare_dates
+from .compare import Step, compare_dates, comparison
 from .refusals import grounded, is_no_answer
 
 RECURSION_LIMIT = 1000  # graph steps; a chain of n sub-goals takes 2 + n * (3 * max_rewrites + 3) + 1
@@ -529,8 +529,10 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
         answer, dates = compared
         new.append(f"{DATE_NOTE}: settled in code ({dates})")
     elif not _halted(state) and steps:
-        messages = [SystemMessage(P.ANSWER_SYSTEM),
-                    HumanMessage(P.ANSWER_USER.format(question=state["question"], findings=_findings(steps)))]
+        options = comparison(state["question"])
+        asked = state["question"] + (P.ANSWER_OPTIONS.format(a=options[0], b=options[1]) if options else "")
+        messages = [SystemMessage(P.ANSWER_SYSTEM), HumanMessage(P.ANSWER_USER.format(question=asked,
+                                                                                      findings=_findings(steps)))]
         try:
             text = ask(get_llm(ctx, "answer"), messages)
         except ModelError as exc:

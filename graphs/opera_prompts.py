@@ -71,3 +71,6 @@ ANSWER_USER = """Question: {question}
 Findings:
 {findings}
 Final answer:"""
+
+# after the question, when it compares two options and code could not settle it (graphs/compare.py)
+ANSWER_OPTIONS = "\nAnswer with one of the two it names: {a} or {b}."

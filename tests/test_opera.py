@@ -494,6 +494,12 @@ def test_an_undecided_date_comparison_is_left_to_the_synthesis(store):
     out = run(store, roles, question="Which film came out first, Inception or Interstellar?")
     assert out["answer"] == "Inception" and len(roles["answer"].calls) == 1
     assert not any(n.startswith("DateComparison") for n in out["notes"])
+    asked = roles["answer"].calls[0][-1].text  # the synthesis is told to name an option, not a director or date
+    assert asked.startswith("Question: Which film came out first, Inception or Interstellar?\n"
+                            "Answer with one of the two it names: Inception or Interstellar.\nFindings:")
+    roles = models()
+    run(store, roles)
+    assert "Answer with one of" not in roles["answer"].calls[0][-1].text
 
 
 # -- parallel sub-goals -------------------------------------------------------------------
