@@ -7,7 +7,8 @@ Rewrite agent reformulates the query and retrieval runs again with a larger top-
 earlier ones), at most `max_rewrites` times. Sub-goals that wait on no unfinished sub-goal run in parallel
 (one LangGraph `Send` task chain each). A final synthesis turns the sub-goal answers into the answer; a
 question that compares two options by date ("Which film came out first, X or Y?") is settled in code when
-the sub-goals found one date for each option (`graphs/compare.py`).
+the sub-goals found one date for each option (`graphs/compare.py`); otherwise the synthesis is told to
+answer with one of the two.
 
     plan -> schedule -(Send per ready sub-goal)-> retrieve -> analyze -> (rewrite -> retrieve -> analyze ...)
          -> schedule -> ... -> synthesize
