@@ -23,7 +23,7 @@ from tenacity import wait_exponential_jitter
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion, MhqaError, ModelError, UnknownCorpus, UnknownGraph
-from mhqa_graph.parsing import close_list, extract_json, strip_think
+from mhqa_graph.parsing import close_json, extract_json, strip_think
 from mhqa_graph.store import KnowledgeStore, open_store
 
 MAX_QUESTION_CHARS = 4000
@@ -277,6 +277,7 @@ class Parsed:
     value: Any = None
     error: str | None = None
     raw: list[str] = field(default_factory=list)
+    cut_off: bool = False  # `value` was read from a reply cut off inside a list (ask_json's `cut_off`)
 
 
 def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any], Any],
@@ -284,7 +285,7 @@ def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any
              cut_off: Callable[[Any], Any] | None = None) -> Parsed:
     """Ask for JSON, parse it tolerantly and `validate` it (return the cleaned value or raise
     ValueError). On failure, show the model its reply and the problem, `retries` times at most.
-    `cut_off`: a reply with no complete JSON is cut back to the items it finished (`close_list`, for a reply
+    `cut_off`: a reply with no complete JSON is cut back to the items it finished (`close_json`, for a reply
     that ran out of tokens in a list) and checked with `cut_off` instead of `validate`."""
     parsed = Parsed()
     history = list(messages)
@@ -293,11 +294,11 @@ def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any
         parsed.raw.append(text)
         value, check = extract_json(text, want), validate
         if value is None and cut_off is not None:
-            value, check = extract_json(close_list(strip_think(text)), want), cut_off
+            value, check = extract_json(close_json(strip_think(text), finished=True), want), cut_off
         try:
             if value is None:
                 raise ValueError("no JSON object found in the reply")
-            parsed.value, parsed.error = check(value), None
+            parsed.value, parsed.error, parsed.cut_off = check(value), None, check is cut_off
             return parsed
         except (ValueError, TypeError, KeyError) as exc:
             parsed.error = f"MalformedOutput: {exc}"

@@ -67,14 +67,19 @@ def parse_date(text: str) -> tuple[int, int, int] | None:
     return found.pop() if len(found) == 1 else None
 
 
+def _words(text: str) -> str:
+    """The lowercased words of `text`, space-separated and padded, so that `f" {phrase} " in` matches whole words."""
+    return f" {' '.join(_WORD.findall(text.lower()))} "
+
+
 def kind(text: str) -> str | None:
     """What the date a text asks for is of ("birth", "death", ...), when its words say."""
-    words = f" {' '.join(_WORD.findall(text.lower()))} "
+    words = _words(text)
     return next((k for k, names in KINDS.items() if any(f" {n} " in words for n in names)), None)
 
 
 def _asks_date(text: str) -> bool:
-    words = f" {' '.join(_WORD.findall(text.lower()))} "
+    words = _words(text)
     return any(f" {w} " in words for w in ASKS_DATE)
 
 
@@ -89,7 +94,7 @@ def _before(x: tuple[int, int, int], y: tuple[int, int, int]) -> bool | None:
 
 
 def _mentions(text: str, option: str) -> bool:
-    return f" {' '.join(_WORD.findall(option.lower()))} " in f" {' '.join(_WORD.findall(text.lower()))} "
+    return _words(option) in _words(text)
 
 
 def _option_of(steps: list[Step], i: int, options: tuple[str, str], seen: frozenset[int] = frozenset()) -> int | None:

@@ -404,7 +404,7 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     if parsed.value is None:
         subgoals = [question]
         notes.append(f"{parsed.error} (plan; planned the question as one sub-goal)")
-    elif extract_json(parsed.raw[-1]) is None:  # a runaway cut off by the token limit (check_runaway_plan)
+    elif parsed.cut_off:  # a runaway cut off by the token limit (check_runaway_plan)
         subgoals = cut_runaway(parsed.value)
         notes.append(f"warning: the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats")
     else:

@@ -85,29 +85,22 @@ def _balanced(text: str, start: int) -> str | None:
     return text[start:end + 1] if end is not None else None
 
 
-def close_json(text: str) -> str:
+def close_json(text: str, finished: bool = False) -> str:
     """The JSON value starting at the first bracket of `text`, with the closing quote and brackets
-    a truncated reply is missing appended (small models stop early)."""
+    a truncated reply is missing appended (small models stop early). `finished`: cut back to before a
+    string it did not finish instead, keeping the items it completed (a reply that ran out of tokens in a
+    list of strings, as a small model repeating itself does)."""
     start = next((i for i, ch in enumerate(text) if ch in "{["), None)
     if start is None:
         return text
     end, stack, quote = _scan(text, start)
     if end is not None:
         return text[start:end + 1]
-    return text[start:] + ('"' if quote is not None else "") + "".join(reversed(stack))
-
-
-def close_list(text: str) -> str:
-    """The JSON value starting at the first bracket of `text`, cut back to before a string it did not finish
-    and closed: for a reply that ran out of tokens in a list of strings (a small model repeating itself)."""
-    start = next((i for i, ch in enumerate(text) if ch in "{["), None)
-    if start is None:
-        return text
-    end, stack, quote = _scan(text, start)
-    if end is not None:
-        return text[start:end + 1]
+    closers = "".join(reversed(stack))
+    if not finished:
+        return text[start:] + ('"' if quote is not None else "") + closers
     body = text[start:quote] if quote is not None else text[start:]
-    return body.rstrip().rstrip(",").rstrip() + "".join(reversed(stack))
+    return body.rstrip().rstrip(",").rstrip() + closers
 
 
 def _loads(candidate: str) -> Any:

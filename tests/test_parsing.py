@@ -2,7 +2,7 @@
 
 import pytest
 
-from mhqa_graph.parsing import close_json, close_list, extract_json, extract_tag, final_answer, strip_think, think_text
+from mhqa_graph.parsing import close_json, extract_json, extract_tag, final_answer, strip_think, think_text
 
 
 @pytest.mark.parametrize("text, want", [
@@ -34,12 +34,13 @@ def test_close_json():
     assert close_json("no brackets") == "no brackets"
 
 
-def test_close_list_keeps_the_complete_items():
-    assert close_list('{"subgoals": ["a", "b", "c') == '{"subgoals": ["a", "b"]}'
-    assert close_list('```json\n{"subgoals": ["a", "b",') == '{"subgoals": ["a", "b"]}'
-    assert close_list('{"subgoals": ["a", "say \\"b\\"", "c \\"d') == '{"subgoals": ["a", "say \\"b\\""]}'
-    assert close_list('{"a": [1]} tail') == '{"a": [1]}'
-    assert close_list("no brackets") == "no brackets"
+def test_close_json_finished_keeps_the_complete_items():
+    assert close_json('{"subgoals": ["a", "b", "c', finished=True) == '{"subgoals": ["a", "b"]}'
+    assert close_json('```json\n{"subgoals": ["a", "b",', finished=True) == '{"subgoals": ["a", "b"]}'
+    escaped = '{"subgoals": ["a", "say \\"b\\"", "c \\"d'
+    assert close_json(escaped, finished=True) == '{"subgoals": ["a", "say \\"b\\""]}'
+    assert close_json('{"a": [1]} tail', finished=True) == '{"a": [1]}'
+    assert close_json("no brackets", finished=True) == "no brackets"
 
 
 def test_tags_and_think():
