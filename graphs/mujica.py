@@ -247,8 +247,9 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
     - With `about` (the question and its topic entities), a sub-question off the topic is dropped: it shares
       no word stem (`tools.stems`) with `about` or with an answer so far, and cites no sub-question that
       stays (a small planner copies the prompt's example: "Who directed Inception?"). So is a copy of one of
-      the example's sub-questions that shares no word stem with `about` ("Where was #q1 born?" for a
-      question about a nationality).
+      the examples' sub-questions that shares no word stem with `about` ("Where was #q1 born?" for a
+      question about a nationality), and one that names an entity of the examples that `about` does not
+      ("When was Jaws released?" for a question about two other films).
     - A sub-question that repeats the text of an answered one under another id is dropped (its answer stands),
       and so is one that repeats the text of one answered "unknown" (ask it in other words).
     - An id already in the plan: restating it is ignored; rephrasing one that has not run replaces it; one
@@ -274,7 +275,8 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
             notes.append(f"InvalidPlan: {sid or 'a sub-question'} is off the question's topic; dropped {text!r}")
             off.add(sid)
             continue
-        if about and _key(text) in examples and not stems(REF.sub(" ", text)) & stems(about):
+        if about and (_key(text) in examples and not stems(REF.sub(" ", text)) & stems(about)
+                      or _names_an_example(text, about)):
             notes.append(f"InvalidPlan: {sid or 'a sub-question'} copies the prompt's example; dropped {text!r}")
             off.add(sid)
             continue
@@ -338,6 +340,12 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
         q["depends_on"] = deps
     notes += _break_cycles(kept)
     return kept, list(dict.fromkeys(notes))
+
+
+def _names_an_example(text: str, about: str) -> bool:
+    """Whether `text` names an entity of the prompt's examples that `about` does not name."""
+    return any(re.search(rf"\b{re.escape(name)}\b", text, re.IGNORECASE)
+               and not re.search(rf"\b{re.escape(name)}\b", about, re.IGNORECASE) for name in P.EXAMPLE_NAMES)
 
 
 def _key(text: str) -> str:

@@ -1,27 +1,53 @@
 """Prompts of the Mujica planner/worker agent. `{placeholders}` are filled with str.format; PLANNER_SYSTEM
 and WORKER_SYSTEM are sent as they are (single braces)."""
 
+import json
+
+# the planner's worked examples: (question, sub-questions as (question, depends_on)), and the names they use
+EXAMPLES = (
+    ("Where was the director of Inception born?",
+     (("Who directed Inception?", ()), ("Where was #q1 born?", ("q1",)))),
+    ("Which film came out first, Vertigo or Jaws?",
+     (("When was Vertigo released?", ()), ("When was Jaws released?", ()))),
+    ("What is the nationality of Ada Lovelace's husband's mother?",
+     (("Who is the husband of Ada Lovelace?", ()), ("Who is the mother of #q1?", ("q1",)),
+      ("What is the nationality of #q2?", ("q2",)))),
+)
+EXAMPLE_NAMES = ("Inception", "Vertigo", "Jaws", "Ada Lovelace")
+EXAMPLE_SUBQUESTIONS = tuple(text for _, plan in EXAMPLES for text, _ in plan)
+
+
+def _example(question: str, plan: tuple) -> str:
+    asked = [{"id": f"q{n}", "question": text, "depends_on": list(deps)} for n, (text, deps) in enumerate(plan, 1)]
+    return f"Question: {question}\n" + json.dumps({"subquestions": asked})
+
+
 PLANNER_SYSTEM = """You are the planner of a question-answering team. You break a multi-hop question into \
 simple sub-questions that workers answer from a knowledge source, and you write the final answer \
 from their answers.
 
 Each turn you see the workers' answers and the sub-questions asked so far. Then either:
-1. conclude, when the answers so far are enough:
-{"answer": "<short answer: an entity, a date, a number, yes or no>"}
-2. or ask new sub-questions, as a small graph: each has an id, a question and the ids it depends on.
+1. ask new sub-questions, as a small graph: each has an id, a question and the ids it depends on. \
 Sub-questions without dependencies run in parallel. A sub-question may use an earlier answer by \
 writing its id as #q1; the worker sees the answer in its place.
-{"subquestions": [{"id": "q1", "question": "Who directed Inception?", "depends_on": []}, \
-{"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]}]}
+2. or conclude, when the workers' answers are enough:
+{"answer": "<short answer: an entity, a date, a number, yes or no>"}
 
-Rules: each sub-question asks one simple fact and keeps the names, titles and phrases of the question \
-that it needs, word for word (never replace them with a guess); ids are new and unique (q1, q2, ...); \
-a dependency names an earlier or new id, never the sub-question itself, and dependencies never form a loop; \
-do not repeat a sub-question that was already asked. A sub-question answered "unknown" or "failed" \
-has no answer and the sub-questions that use it wait: ask it again with the same id in other words, \
-ask something else, or conclude. Conclude with the worker answer that answers the question."""
+Examples of a first turn:
+""" + "\n".join(_example(q, plan) for q, plan in EXAMPLES) + """
 
-EXAMPLE_SUBQUESTIONS = ("Who directed Inception?", "Where was #q1 born?")  # PLANNER_SYSTEM's example plan
+Rules:
+- Each sub-question asks one fact through one relation. "Where was X's father buried?" is two \
+sub-questions: "Who is the father of X?", then "Where was #q1 buried?".
+- Copy the names and titles of the question word for word. Never write a name you guessed, or one from \
+the examples.
+- Ids are new and unique (q1, q2, ...); a dependency names an earlier or new id, never the sub-question \
+itself, and dependencies never form a loop. Do not repeat a sub-question that was already asked.
+- A sub-question answered "unknown" or "failed" has no answer and the sub-questions that use it wait: ask \
+it again with the same id in other words (about the entity its contexts name, if they name the one it \
+needs), ask something else, or conclude.
+- Conclude with what the workers found: a worker's answer, yes or no, or one of the two options the \
+question names."""
 
 THINK_FIRST = "First reason briefly inside <think>...</think>, then give the JSON."
 NO_THINK = "Reply with the JSON only."
@@ -60,9 +86,12 @@ BLOCKED = "(blocked: {ids} has no answer)"
 UNKNOWN = "unknown (not in the worker's contexts)"
 FAILED = "failed (the worker gave no usable answer)"
 
-WORKER_SYSTEM = """You answer one simple question from numbered contexts. Pick the contexts that \
-help answer it and give a short answer (an entity, a date, a number, yes or no). If the contexts \
-do not contain the answer, answer "unknown"."""
+WORKER_SYSTEM = """You answer one simple question from numbered contexts. A fact from a knowledge graph \
+is written (subject) -[relation]-> (object): the subject's relation is the object. The relation may be \
+worded otherwise than the question: released is publication date, born is date or place of birth, \
+father or mother is parents, husband or wife is spouse. Pick the contexts that help answer it and give \
+a short answer (an entity, a date, a number, yes or no), writing names in full as the context does. If \
+the contexts do not contain the answer, answer "unknown"."""
 
 WORKER_USER = """Question: {question}
 

@@ -119,8 +119,15 @@ def _loads(candidate: str) -> Any:
 
 def extract_json(text: str, want: type | tuple[type, ...] = (dict, list)) -> Any | None:
     """The first JSON value of type `want` in `text`: fenced blocks first, then any balanced
-    {...} or [...] span. None when there is none."""
-    text = strip_think(text)[:MAX_JSON_CHARS]
+    {...} or [...] span. None when there is none. Think blocks are skipped, except a block that is never
+    closed: a reply that forgot "</think>" gives the last JSON value written inside it."""
+    found = _first_json(strip_think(text)[:MAX_JSON_CHARS], want)
+    if found is None and (block := _unclosed_think(text)):
+        return _last_json(block[-MAX_JSON_CHARS:], want)
+    return found
+
+
+def _first_json(text: str, want: type | tuple[type, ...]) -> Any | None:
     candidates = [m.strip() for m in _FENCE.findall(text)] + [text.strip()]
     for chunk in candidates:
         value = _loads(chunk)
@@ -131,6 +138,27 @@ def extract_json(text: str, want: type | tuple[type, ...] = (dict, list)) -> Any
             if span is not None and isinstance(value := _loads(span), want):
                 return value
     return None
+
+
+def _last_json(text: str, want: type | tuple[type, ...]) -> Any | None:
+    """The outermost of the JSON values of type `want` that end last in `text` (the last `MAX_STARTS`
+    brackets are tried as starts)."""
+    starts = [i for i, ch in enumerate(text) if ch in "{["][-MAX_STARTS:]
+    best: tuple[int, int, Any] | None = None
+    for i in reversed(starts):
+        span = _balanced(text, i)
+        if span is None or not isinstance(value := _loads(span), want):
+            continue
+        if best is None or i + len(span) >= best[1]:
+            best = (i, i + len(span), value)
+    return best[2] if best else None
+
+
+def _unclosed_think(text: str) -> str:
+    """What follows a last "<think>" that no "</think>" closes, or ""."""
+    lower = text.lower()
+    start = lower.rfind("<think>")
+    return text[start + len("<think>"):] if start >= 0 and lower.find("</think>", start) < 0 else ""
 
 
 def json_spans(text: str, want: type | tuple[type, ...] = (dict, list)) -> list[tuple[int, int, Any]]:

@@ -75,3 +75,21 @@ def test_prompts_sent_unformatted_show_single_braces():
 
     planner = mujica_prompts.PLANNER_SYSTEM
     assert "{{" not in planner and '{"subquestions": [{"id": "q1"' in planner
+
+
+@pytest.mark.parametrize("text, want", [
+    # a worker reply of the real model (2Wiki KG): the think block is never closed
+    ('<think>\nThe context that provides this is:\n[1] (Liu Xuan) -[father]-> (Liu Shan)\nSo the answer is Liu Shan.\n'
+     '{"relevant": [1], "answer": "Liu Shan"}', {"relevant": [1], "answer": "Liu Shan"}),
+    ('<think>a plan: {"subquestions": [{"id": "q1", "depends_on": []}, {"id": "q2", "depends_on": ["q1"]}]} ok',
+     {"subquestions": [{"id": "q1", "depends_on": []}, {"id": "q2", "depends_on": ["q1"]}]}),
+    ('<think>first {"answer": "draft"} then {"answer": "final"}', {"answer": "final"}),
+])
+def test_a_think_block_never_closed_gives_its_last_json(text, want):
+    assert extract_json(text, dict) == want
+
+
+def test_json_after_a_closed_think_block_comes_first():
+    assert extract_json('<think>{"answer": "draft"}</think>{"answer": "final"}', dict) == {"answer": "final"}
+    assert extract_json('<think>{"answer": "draft"}</think> no json', dict) is None
+    assert extract_json("<think>no json at all", dict) is None
