@@ -1,6 +1,8 @@
-"""Date comparisons settled in code. For "Which film came out first, X or Y?" a small model often finds both
+"""Comparisons settled in code. For "Which film came out first, X or Y?" a small model often finds both
 dates and then names the wrong film, or a date: when the sub-answers hold one date of the same kind per
-option, the earlier or later option is picked here instead."""
+option, the earlier or later option is picked here instead (`compare_dates`). And when the answer to a
+"which/who ..., X or Y?" question names neither option but is what a step about one of them found (the
+director of X, for "Which film has the younger director, X or Y?"), that option is the answer (`as_option`)."""
 from __future__ import annotations
 
 import re
@@ -11,6 +13,7 @@ MONTHS = {name: i for i, names in enumerate(
      ("july", "jul"), ("august", "aug"), ("september", "sep", "sept"), ("october", "oct"), ("november", "nov"),
      ("december", "dec")], start=1) for name in names}
 NOTE = "DateComparison"  # how an agent's note on a comparison settled here starts
+OPTION_NOTE = "OptionAnswer"  # how an agent's note on an answer mapped to an option starts
 EARLIER = ("earlier", "earliest", "first", "older", "oldest", "sooner")
 LATER = ("later", "latest", "last", "younger", "youngest", "more recent", "most recent", "more recently")
 KINDS = {  # what a date is of, by the words that ask for it
@@ -26,6 +29,8 @@ _ASKS_OPTION = r"(?i)^(?:which|who)\b[^,:]*?"  # "When was ..., X or Y?" asks fo
 _END = r"[\s?.]*$"
 _COMPARISONS = [re.compile(_ASKS_OPTION + _WORDS + r"[^,:]*[,:]\s*(?P<a>.+?),?\s+or\s+(?P<b>.+?)" + _END),
                 re.compile(_ASKS_OPTION + _WORDS + r".*?\bout of\s+(?P<a>.+?)\s+and\s+(?P<b>.+?)" + _END)]
+_OPTIONS = [re.compile(r"(?i)^(?:which|who)\b[^,:]*[,:]\s*(?P<a>.+?),?\s+or\s+(?P<b>.+?)" + _END),
+            re.compile(r"(?i)^(?:which|who)\b.*?\bout of\s+(?P<a>.+?)\s+and\s+(?P<b>.+?)" + _END)]
 _MONTH = r"(?P<month>" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
 _DATES = [re.compile(p, re.IGNORECASE) for p in (
     r"\b(?P<year>\d{4})-(?P<m>\d{1,2})-(?P<day>\d{1,2})\b",
@@ -51,6 +56,15 @@ def comparison(question: str) -> tuple[str, str, bool] | None:
     for pattern in _COMPARISONS:
         if m := pattern.match(text):
             return m["a"].strip(_QUOTES), m["b"].strip(_QUOTES), m["word"].lower() in EARLIER
+    return None
+
+
+def options(question: str) -> tuple[str, str] | None:
+    """The two options a "which/who ..., X or Y?" (or "... out of X and Y?") question names; None otherwise."""
+    text = " ".join(question.split())
+    for pattern in _OPTIONS:
+        if m := pattern.match(text):
+            return m["a"].strip(_QUOTES), m["b"].strip(_QUOTES)
     return None
 
 
@@ -133,3 +147,17 @@ def compare_dates(question: str, steps: list[Step]) -> tuple[str, str] | None:
         return None
     winner = a if a_first == earlier_wins else b
     return winner, f"{a}: {'-'.join(map(str, da))}; {b}: {'-'.join(map(str, db))}"
+
+
+def as_option(question: str, answer: str, steps: list[Step]) -> tuple[str, str] | None:
+    """(the option, why) when `question` names two options, `answer` names neither, and the steps that found
+    `answer` are all about one option; None otherwise."""
+    named = options(question)
+    if named is None or not _WORD.search(answer.lower()) or any(
+            _mentions(answer, option) or _mentions(option, answer) for option in named):
+        return None
+    found = {i: _option_of(steps, i, named) for i, step in enumerate(steps) if _words(step.answer) == _words(answer)}
+    if not found or len(set(found.values())) != 1 or None in found.values():
+        return None
+    option = named[next(iter(found.values()))]
+    return option, f"{answer!r} answers step {', '.join(str(i + 1) for i in found)}, about {option!r}"

@@ -71,7 +71,7 @@ from .common import (
     setting,
 )
 from .compare import NOTE as DATE_NOTE
-from .compare import Step, compare_dates
+from .compare import OPTION_NOTE, Step, as_option, compare_dates
 from .refusals import is_no_answer
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
@@ -562,6 +562,9 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         if kind == "answer" and (compared := compare_dates(state["question"], _steps(state))):
             notes.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the planner concluded {value!r}")
             value = compared[0]
+        elif kind == "answer" and (mapped := as_option(state["question"], value, _steps(state))):
+            notes.append(f"{OPTION_NOTE}: {mapped[1]}")
+            value = mapped[0]
         if kind == "answer":
             log.update(action="answer", answer=value, reply=said(log["thought"], {"answer": value}, ctx.think))
             return {**update, "answer": value, "done": True, "notes": notes, "planner_log": [log]}

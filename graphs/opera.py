@@ -67,7 +67,7 @@ from .common import (
     setting,
 )
 from .compare import NOTE as DATE_NOTE
-from .compare import Step, compare_dates, comparison
+from .compare import OPTION_NOTE, Step, as_option, compare_dates, comparison
 from .refusals import grounded, is_no_answer
 
 RECURSION_LIMIT = 1000  # graph steps; a chain of n sub-goals takes 2 + n * (3 * max_rewrites + 3) + 1
@@ -544,7 +544,11 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                 answer = final
             else:
                 new.append("MalformedOutput: empty final answer")
-    error = next((n for n in [*(state.get("notes") or []), *new] if not n.startswith(("warning", DATE_NOTE))), None)
+            if mapped := as_option(state["question"], answer, _compared_steps(steps)):
+                new.append(f"{OPTION_NOTE}: {mapped[1]}")
+                answer = mapped[0]
+    error = next((n for n in [*(state.get("notes") or []), *new]
+                  if not n.startswith(("warning", DATE_NOTE, OPTION_NOTE))), None)
     return update | {"answer": answer, "error": error, "notes": new}
 
 

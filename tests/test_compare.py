@@ -1,6 +1,6 @@
 """Date comparisons settled in code (graphs/compare.py)."""
 import pytest
-from mhqa_graph.graphs.compare import Step, compare_dates, comparison, kind, parse_date
+from mhqa_graph.graphs.compare import Step, as_option, compare_dates, comparison, kind, options, parse_date
 
 
 @pytest.mark.parametrize("question, parsed", [
@@ -82,3 +82,46 @@ def test_bridge_comparison_follows_the_dependencies_to_the_option():
 ])
 def test_undecided_comparisons_are_left_to_the_model(question, steps):
     assert compare_dates(question, steps) is None
+
+
+@pytest.mark.parametrize("question, named", [
+    ("Which film whose director is younger, Bloody Moon or The House Of Pulcini?",
+     ("Bloody Moon", "The House Of Pulcini")),
+    ("Who died at a younger age, Ann Flood or Louis Leroux?", ("Ann Flood", "Louis Leroux")),
+    ("Who was born first out of Attila Marosi and Michael Nardone?", ("Attila Marosi", "Michael Nardone")),
+    ("Are Barrington, Illinois and Kushk-E Sofla, Kerman located in the same country?", None),
+    ("Where was the director of Inception born?", None),
+])
+def test_options(question, named):
+    assert options(question) == named
+
+
+DIRECTORS = [Step("Who directed Bloody Moon?", "Jesús Franco", []),
+             Step("Who directed The House of Pulcini?", "Mario Camerini", []),
+             Step("Is Jesus Franco younger than Mario Camerini?", "yes", [1, 2])]
+QUESTION = "Which film whose director is younger, Bloody Moon or The House Of Pulcini?"
+
+
+def test_an_answer_found_about_one_option_becomes_that_option():
+    """The real planner (2Wiki text) concluded with the director of the film it meant."""
+    assert as_option(QUESTION, "Jesús Franco", DIRECTORS) == (
+        "Bloody Moon", "'Jesús Franco' answers step 1, about 'Bloody Moon'")
+    chained = [Step("Who directed Bloody Moon?", "Jesús Franco", []), Step("When was #q1 born?", "1930", [1])]
+    assert as_option(QUESTION, "1930", chained)[0] == "Bloody Moon"  # through the step it used
+
+
+@pytest.mark.parametrize("answer, steps", [
+    ("Bloody Moon", DIRECTORS),  # already an option
+    ("the house of pulcini", DIRECTORS),
+    ("Mario Bava", DIRECTORS),  # found by no step
+    ("yes", DIRECTORS),  # the step names both options' directors, not an option
+    ("Franco", [Step("Who directed Bloody Moon?", "Franco", []),
+                Step("Who directed The House of Pulcini?", "Franco", [])]),
+    ("", DIRECTORS),
+])
+def test_an_answer_is_left_alone_unless_the_steps_tie_it_to_one_option(answer, steps):
+    assert as_option(QUESTION, answer, steps) is None
+
+
+def test_a_question_without_options_is_left_alone():
+    assert as_option("Who directed Bloody Moon?", "Jesús Franco", DIRECTORS) is None

@@ -160,7 +160,8 @@ def test_old_worker_contexts_are_summarised_within_the_budget(store):
     assert cut[1].text == full[1].text and cut[-1].text == full[-1].text  # the question and the latest report stay
     assert sum(len(m.text) for m in cut) <= system + 1165 < sum(len(m.text) for m in full)
     tiny = planner(plans)
-    mujica.graph.invoke({"question": "Capitals?"}, context=ctx(store, tiny, answering_worker(), planner_budget=system + 365))
+    mujica.graph.invoke({"question": "Capitals?"},
+                        context=ctx(store, tiny, answering_worker(), planner_budget=system + 365))
     assert [m.type for m in tiny.calls[3]] == ["system", "human", "ai", "human"]  # middle rounds left out
     assert tiny.calls[3][1].text.startswith("Question: Capitals?")
 
@@ -369,6 +370,16 @@ def test_a_date_comparison_is_settled_in_code_over_the_planners_answer(store):
     assert out["answer"] == "Casablanca" and out["error"] is None
     assert ("DateComparison: settled in code (Inception: 1970-7-30; Casablanca: 1886-12-24); "
             "the planner concluded 'Michael Curtiz'") in out["notes"]
+
+
+def test_an_answer_a_worker_found_about_one_option_becomes_that_option(store):
+    question = "Which film has the director born earlier, Inception or Casablanca?"
+    plan = planner([{"subquestions": [subq("q1", "Who directed Inception?"), subq("q2", "Who directed Casablanca?")]},
+                    {"answer": "Michael Curtiz"}])
+    work = worker_saying({"Who directed Casablanca": '{"relevant": [1], "answer": "Michael Curtiz"}'})
+    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, work))
+    assert out["answer"] == "Casablanca" and out["error"] is None
+    assert "OptionAnswer: 'Michael Curtiz' answers step 2, about 'Casablanca'" in out["notes"]
 
 
 @pytest.mark.parametrize("reply", [

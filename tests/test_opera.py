@@ -502,6 +502,18 @@ def test_an_undecided_date_comparison_is_left_to_the_synthesis(store):
     assert "Answer with one of" not in roles["answer"].calls[0][-1].text
 
 
+def test_a_synthesis_naming_what_a_step_found_about_one_option_gives_that_option(store):
+    roles = models(plan=[json.dumps({"subgoals": ["Who composed the score of Inception?",
+                                                  "Who composed the score of Interstellar?"]})],
+                   answer=["Hans Zimmer"])
+    roles["analysis"] = FakeChatModel(respond=lambda m: said("Hans Zimmer") if "of Inception?" in m[-1].text
+                                      else said("", False))
+    out = run(store, roles, question="Which film has the composer born earlier, Inception or Interstellar?",
+              max_rewrites=0)
+    assert out["answer"] == "Inception" and out["error"] is None
+    assert "OptionAnswer: 'Hans Zimmer' answers step 1, about 'Inception'" in out["notes"]
+
+
 # -- parallel sub-goals -------------------------------------------------------------------
 def test_independent_subgoals_run_in_parallel_and_dependents_wait_for_them(store):
     """Sub-goals 1 and 2 name no earlier step: their analyses meet at a barrier, which only two concurrent
