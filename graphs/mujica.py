@@ -22,7 +22,9 @@ to it as its own words. When the conversation outgrows `planner_budget` characte
 contexts, then the oldest rounds after the first are left out. The planner may conclude only after
 `min_worker_rounds` waves of workers; an answer before that is repaired, and if it stands, the question
 itself goes to a worker. If the planner then concludes "unknown" although a worker answered the question
-itself, that answer stands.
+itself, that answer stands. A date comparison the workers' dates decide is settled in code, and an answer
+to "which ..., X or Y?" that is what a worker found about one option (its director) becomes that option
+(`graphs/compare.py`).
 
 Bad plans (cycles, self-dependencies, unknown ids, duplicate ids, empty sub-questions, more than
 `max_subquestions`) are repaired and noted. What a planner copies from the plan's progress lines into a

@@ -8,7 +8,8 @@ earlier ones), at most `max_rewrites` times. Sub-goals that wait on no unfinishe
 (one LangGraph `Send` task chain each). A final synthesis turns the sub-goal answers into the answer; a
 question that compares two options by date ("Which film came out first, X or Y?") is settled in code when
 the sub-goals found one date for each option (`graphs/compare.py`); otherwise the synthesis is told to
-answer with one of the two.
+answer with one of the two, and a synthesis that names what a sub-goal about one option found (its
+director) gives that option.
 
     plan -> schedule -(Send per ready sub-goal)-> retrieve -> analyze -> (rewrite -> retrieve -> analyze ...)
          -> schedule -> ... -> synthesize
@@ -118,7 +119,7 @@ class State(TypedDict, total=False):
     synthesis_raw: str
     answer: str
     error: str | None  # the first typed failure of the run (set by synthesize, from the notes)
-    notes: Annotated[list[str], extend]  # every failure, warning ("warning: ...") and "DateComparison: ...", in order
+    notes: Annotated[list[str], extend]  # every failure, warning, "DateComparison: ..." and "OptionAnswer: ..."
     halted: bool  # the run cannot execute sub-goals (no source, the Plan agent failed)
     placeholders: dict[str, Any]  # {"written", "resolved", "fill_rate"} over the executed sub-goals
 
@@ -517,8 +518,8 @@ def rewrite(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Litera
 
 def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     """The final answer from the sub-goal answers: the option a date comparison picks (`compare_dates`), else
-    the model's synthesis, else the last sub-goal answer (no reply, or the run was halted). Sets `error` (the
-    first typed failure in the notes) and the placeholder counts."""
+    the model's synthesis (mapped to an option by `as_option`), else the last sub-goal answer (no reply, or
+    the run was halted). Sets `error` (the first typed failure in the notes) and the placeholder counts."""
     ctx = context_as(OperaContext, runtime)
     steps = state.get("steps") or []
     written, resolved = sum(s["placeholders"] for s in steps), sum(s["resolved"] for s in steps)
