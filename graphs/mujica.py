@@ -185,7 +185,8 @@ def _stated(value: Any) -> str:
 
 def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True) -> tuple[str, Any]:
     """A planner reply as ("answer", text) or ("plan", (items, notes)); ValueError if unusable. An answer
-    beside sub-questions counts only when it says something and the planner may conclude."""
+    beside sub-questions counts only when it says something and the planner may conclude. An empty list of
+    sub-questions is a plan with nothing to run (the planner then gives its final answer)."""
     if isinstance(value, list):
         value = {"subquestions": value}
     if not isinstance(value, dict):
@@ -204,6 +205,8 @@ def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True) -
         raise ValueError('expected {"answer": "..."}')
     if not isinstance(items, list):
         raise ValueError('expected a key "answer" or "subquestions"')
+    if not items:  # nothing more to ask: the round plans nothing, and the planner is asked for its answer
+        return "plan", ([], [])
     plan, notes = [], []
     for n, item in enumerate(items, start=1):
         if isinstance(item, str):

@@ -467,7 +467,6 @@ def test_malformed_forced_answer_falls_back_to_the_last_worker_answer(store):
 @pytest.mark.parametrize("reply", [
     "I think we should look up the capital.",
     '{"subquestions": [{"id": "q1", "question": "What is the capi',
-    '{"subquestions": []}',
     '{"steps": ["find the capital"]}',
     '{"answer": ""}',
     '{"subquestions": [{"id": "q1"}, 3]}',
@@ -679,6 +678,23 @@ def test_subquestions_with_empty_text_are_dropped_or_end_in_a_typed_error(store)
                               context=ctx(store, plan, answering_worker(), max_rounds=3))
     assert out["notes"][0] == "MalformedOutput: no usable sub-questions and no answer" and out["answer"] == "Rome"
     assert out["rounds"] <= 3 and len(plan.calls) <= 3 * 2
+
+
+def test_an_empty_list_of_subquestions_asks_the_planner_for_its_final_answer(store):
+    """The real planner (PQ-2H) wrote {"subquestions": []} once the workers had answered; a repair message
+    then got {"answer": "unknown"}. It now gets the final-answer turn, with the answers in front of it."""
+    plan = planner([{"subquestions": [subq("q1", "What is the capital of France?")]}, {"subquestions": []}],
+                   final='{"answer": "Paris"}')
+    out = mujica.graph.invoke({"question": "What is the capital of France?"},
+                              context=ctx(store, plan, answering_worker()))
+    assert out["answer"] == "Paris" and out["error"] is None and out["rounds"] == 3
+    assert out["notes"] == ["NoProgress: round 2 planned nothing that can run"]
+    assert plan.calls[2][-1].text.startswith("Sub-questions so far:\nq1: What is the capital of France? -> Paris")
+    assert mujica.P.NO_MORE in plan.calls[2][-1].text
+    first = planner([{"subquestions": []}, {"answer": "Paris"}])  # before any worker: the question goes to one
+    out = mujica.graph.invoke({"question": "What is the capital of France?"},
+                              context=ctx(store, first, answering_worker()))
+    assert out["answer"] == "Paris" and list(out["results"]) == ["q1"]
 
 
 def test_endless_re_asks_end_within_the_round_and_subquestion_caps(store):
