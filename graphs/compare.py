@@ -25,12 +25,10 @@ KINDS = {  # what a date is of, by the words that ask for it
 ASKS_DATE = ("when", "year", "date", *(w for words in KINDS.values() for w in words))
 NOT_A_DATE_ORDER = re.compile(r"\b(age|aged|lived|longer|shorter|died (younger|older))\b", re.IGNORECASE)
 _WORDS = r"\b(?P<word>" + "|".join(EARLIER + LATER) + r")\b"
-_ASKS_OPTION = r"(?i)^(?:which|who)\b[^,:]*?"  # "When was ..., X or Y?" asks for a date, not an option
+_ASKS_OPTION = r"(?i)^(?:which|who)\b"  # "When was ..., X or Y?" asks for a date, not an option
 _END = r"[\s?.]*$"
-_COMPARISONS = [re.compile(_ASKS_OPTION + _WORDS + r"[^,:]*[,:]\s*(?P<a>.+?),?\s+or\s+(?P<b>.+?)" + _END),
-                re.compile(_ASKS_OPTION + _WORDS + r".*?\bout of\s+(?P<a>.+?)\s+and\s+(?P<b>.+?)" + _END)]
-_OPTIONS = [re.compile(r"(?i)^(?:which|who)\b[^,:]*[,:]\s*(?P<a>.+?),?\s+or\s+(?P<b>.+?)" + _END),
-            re.compile(r"(?i)^(?:which|who)\b.*?\bout of\s+(?P<a>.+?)\s+and\s+(?P<b>.+?)" + _END)]
+_OPTIONS = [re.compile(_ASKS_OPTION + r"[^,:]*[,:]\s*(?P<a>.+?),?\s+or\s+(?P<b>.+?)" + _END),
+            re.compile(_ASKS_OPTION + r".*?\bout of\s+(?P<a>.+?)\s+and\s+(?P<b>.+?)" + _END)]
 _MONTH = r"(?P<month>" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
 _DATES = [re.compile(p, re.IGNORECASE) for p in (
     r"\b(?P<year>\d{4})-(?P<m>\d{1,2})-(?P<day>\d{1,2})\b",
@@ -49,23 +47,23 @@ class Step(NamedTuple):
 
 
 def comparison(question: str) -> tuple[str, str, bool] | None:
-    """(first option, second option, whether the earlier date wins) of a date comparison; None otherwise."""
+    """(first option, second option, whether the earlier date wins) of a date comparison: a question naming
+    two options (`options`) with an earlier/later word before them and before any comma; None otherwise."""
     text = " ".join(question.split())
-    if NOT_A_DATE_ORDER.search(text):
+    if NOT_A_DATE_ORDER.search(text) or (m := _match_options(text)) is None:
         return None
-    for pattern in _COMPARISONS:
-        if m := pattern.match(text):
-            return m["a"].strip(_QUOTES), m["b"].strip(_QUOTES), m["word"].lower() in EARLIER
-    return None
+    word = re.search(_WORDS, re.split(r"[,:]", text[:m.start("a")], maxsplit=1)[0], re.IGNORECASE)
+    return (m["a"].strip(_QUOTES), m["b"].strip(_QUOTES), word["word"].lower() in EARLIER) if word else None
 
 
 def options(question: str) -> tuple[str, str] | None:
     """The two options a "which/who ..., X or Y?" (or "... out of X and Y?") question names; None otherwise."""
-    text = " ".join(question.split())
-    for pattern in _OPTIONS:
-        if m := pattern.match(text):
-            return m["a"].strip(_QUOTES), m["b"].strip(_QUOTES)
-    return None
+    m = _match_options(" ".join(question.split()))
+    return (m["a"].strip(_QUOTES), m["b"].strip(_QUOTES)) if m else None
+
+
+def _match_options(text: str) -> re.Match | None:
+    return next((m for pattern in _OPTIONS if (m := pattern.match(text))), None)
 
 
 def parse_date(text: str) -> tuple[int, int, int] | None:
