@@ -709,7 +709,8 @@ def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
         record["error"] = f"{type(exc).__name__}: {exc}"
     record["retrieved"] = [{"id": c.id, "score": c.score} for c in contexts]
     listing = cap_text("\n".join(f"[{i}] {c.text}" for i, c in enumerate(contexts, start=1))) or P.NO_CONTEXTS
-    messages = [SystemMessage(P.WORKER_SYSTEM), HumanMessage(P.WORKER_USER.format(
+    system = P.GRAPH_WORKER_SYSTEM if record["source"] == "graph" else P.WORKER_SYSTEM
+    messages = [SystemMessage(system), HumanMessage(P.WORKER_USER.format(
         question=sub["query"], contexts=listing, think=P.THINK_FIRST if ctx.think else P.NO_THINK))]
     try:
         parsed = ask_json(get_llm(ctx, "worker"), messages, lambda v: read_worker(v, len(contexts)),

@@ -1,5 +1,5 @@
-"""Prompts of the Mujica planner/worker agent. `{placeholders}` are filled with str.format; PLANNER_SYSTEM
-and WORKER_SYSTEM are sent as they are (single braces)."""
+"""Prompts of the Mujica planner/worker agent. `{placeholders}` are filled with str.format; PLANNER_SYSTEM,
+WORKER_SYSTEM (passages) and GRAPH_WORKER_SYSTEM (graph facts) are sent as they are (single braces)."""
 
 import json
 
@@ -86,7 +86,12 @@ BLOCKED = "(blocked: {ids} has no answer)"
 UNKNOWN = "unknown (not in the worker's contexts)"
 FAILED = "failed (the worker gave no usable answer)"
 
-WORKER_SYSTEM = """You answer one simple question from numbered contexts. A fact from a knowledge graph \
+WORKER_SYSTEM = """You answer one simple question from numbered contexts. Pick the contexts that \
+help answer it and give a short answer (an entity, a date, a number, yes or no). If the contexts \
+do not contain the answer, answer "unknown"."""
+
+# the worker's system prompt when its contexts are graph facts
+GRAPH_WORKER_SYSTEM = """You answer one simple question from numbered contexts. A fact from a knowledge graph \
 is written (subject) -[relation]-> (object): the subject's relation is the object. The relation may be \
 worded otherwise than the question: released is publication date, born is date or place of birth, \
 father or mother is parents, husband or wife is spouse. Pick the contexts that help answer it and give \

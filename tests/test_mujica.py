@@ -561,6 +561,12 @@ def test_graph_source_worker_answers_from_facts(store):
     assert r["source"] == "graph" and r["answer"] == "Christopher Nolan" and r["selected"] == [1]
     assert "(Inception) -[directed by]-> (Christopher Nolan)" in [x["id"] for x in r["retrieved"]]
     assert "[1] (" in work.calls[0][-1].text and "directed by" in work.calls[0][-1].text
+    assert work.calls[0][0].text == mujica.P.GRAPH_WORKER_SYSTEM  # how a fact reads, relation synonyms
+    text = answering_worker()
+    mujica.graph.invoke({"question": "Who directed Inception?"},
+                        context=ctx(store, planner([{"subquestions": [subq("q1", "Who directed Inception?")]},
+                                                    {"answer": "x"}]), text))
+    assert text.calls[0][0].text == mujica.P.WORKER_SYSTEM and "-[relation]->" not in mujica.P.WORKER_SYSTEM
     both = ctx(store, planner([{"subquestions": [subq("q1", "Who directed Inception?")]}, {"answer": "x"}]),
                answering_worker(), graph="kg", source="graph")
     assert mujica.graph.invoke({"question": "Q?"}, context=both)["results"]["q1"]["source"] == "graph"
