@@ -561,16 +561,17 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         update["force_final"] = True
     else:
         kind, value = parsed.value
-        if kind == "answer" and is_no_answer(value) and (own := _answer_to_the_question(state)):
-            notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
-            value = own
-        if kind == "answer" and (compared := compare_dates(state["question"], _steps(state))):
-            notes.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the planner concluded {value!r}")
-            value = compared[0]
-        elif kind == "answer" and (mapped := as_option(state["question"], value, _steps(state))):
-            notes.append(f"{OPTION_NOTE}: {mapped[1]}")
-            value = mapped[0]
         if kind == "answer":
+            if is_no_answer(value) and (own := _answer_to_the_question(state)):
+                notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
+                value = own
+            steps = _steps(state)
+            if compared := compare_dates(state["question"], steps):
+                notes.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the planner concluded {value!r}")
+                value = compared[0]
+            elif mapped := as_option(state["question"], value, steps):
+                notes.append(f"{OPTION_NOTE}: {mapped[1]}")
+                value = mapped[0]
             log.update(action="answer", answer=value, reply=said(log["thought"], {"answer": value}, ctx.think))
             return {**update, "answer": value, "done": True, "notes": notes, "planner_log": [log]}
         items, read_notes = value

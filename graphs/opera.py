@@ -527,7 +527,8 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                                                "fill_rate": round(resolved / written, 4) if written else None}}
     answer = next((s["answer"] for s in reversed(steps) if s["answer"]), "")
     new: list[str] = []
-    if compared := compare_dates(state["question"], _compared_steps(steps)):
+    compared_steps = _compared_steps(steps)
+    if compared := compare_dates(state["question"], compared_steps):
         answer, dates = compared
         new.append(f"{DATE_NOTE}: settled in code ({dates})")
     elif not _halted(state) and steps:
@@ -545,7 +546,7 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                 answer = final
             else:
                 new.append("MalformedOutput: empty final answer")
-            if mapped := as_option(state["question"], answer, _compared_steps(steps)):
+            if mapped := as_option(state["question"], answer, compared_steps):
                 new.append(f"{OPTION_NOTE}: {mapped[1]}")
                 answer = mapped[0]
     error = next((n for n in [*(state.get("notes") or []), *new]

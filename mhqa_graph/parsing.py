@@ -144,14 +144,12 @@ def _last_json(text: str, want: type | tuple[type, ...]) -> Any | None:
     """The outermost of the JSON values of type `want` that end last in `text` (the last `MAX_STARTS`
     brackets are tried as starts)."""
     starts = [i for i, ch in enumerate(text) if ch in "{["][-MAX_STARTS:]
-    best: tuple[int, int, Any] | None = None
-    for i in reversed(starts):
+    end, best = -1, None
+    for i in reversed(starts):  # a start further left that ends no earlier is the value around the last one
         span = _balanced(text, i)
-        if span is None or not isinstance(value := _loads(span), want):
-            continue
-        if best is None or i + len(span) >= best[1]:
-            best = (i, i + len(span), value)
-    return best[2] if best else None
+        if span is not None and i + len(span) >= end and isinstance(value := _loads(span), want):
+            end, best = i + len(span), value
+    return best
 
 
 def _unclosed_think(text: str) -> str:
