@@ -26,11 +26,19 @@ from mhqa_graph.errors import InvalidInput, InvalidQuestion, MhqaError, ModelErr
 from mhqa_graph.parsing import close_json, extract_json, strip_think
 from mhqa_graph.store import KnowledgeStore, open_store
 
+from .omne_prompts import NUDGE, is_send_back
+
 MAX_QUESTION_CHARS = 4000
 MAX_ANSWER_CHARS = 500
 MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
-REPAIR_PREFIX = "That reply could not be used"  # how ask_json's repair message starts (exports and health read it)
+REPAIR_PREFIX = "That reply could not be used"  # how ask_json's repair message starts (`is_retry` reads it)
 MAX_BACKOFF = 30.0  # seconds, longest wait between two model call attempts
+
+
+def is_retry(text: str) -> bool:
+    """Whether a user message asks the model to try again: ask_json's repair, Omne's nudge or an Omne
+    send-back. Exports drop the reply it answers; health counts it as a repair."""
+    return text.startswith(REPAIR_PREFIX) or text == NUDGE or is_send_back(text)
 
 
 class QAInput(TypedDict):

@@ -33,8 +33,8 @@ from typing import Any
 
 from .errors import MhqaError
 from .eval.scoring import normalize_answer
-from .graphs.common import REPAIR_PREFIX
-from .graphs.omne_prompts import FORCE_ANSWER, NUDGE, is_send_back
+from .graphs.common import is_retry
+from .graphs.omne_prompts import FORCE_ANSWER
 from .traces import LLMCall, Trace, TraceError, load_trace
 
 FORMATS = ("sft", "roles", "grpo", "mygo")
@@ -137,7 +137,7 @@ def _continues(sent: list[tuple[str, str]], turns: list[tuple[str, str]]) -> boo
 
 
 def _is_retry(role: str, text: str) -> bool:
-    return role == "user" and (text.startswith(REPAIR_PREFIX) or text == NUDGE or is_send_back(text))
+    return role == "user" and is_retry(text)
 
 
 def clean_turns(turns: list[tuple[str, str]]) -> list[tuple[str, str]]:

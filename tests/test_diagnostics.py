@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from langchain_core.messages import HumanMessage
 from mhqa_graph.graphs import build_graph, make_context, mujica_prompts, omne_prompts
+from mhqa_graph.graphs.common import ask_json, is_retry
 
 from mhqa_graph.eval.diagnostics import diagnose, failure_summary, hop_seen
-from mhqa_graph.eval.health import FORCE_MARKERS, REPAIR_MARKERS, health, health_summary
+from mhqa_graph.eval.health import FORCE_MARKERS, health, health_summary
 from mhqa_graph.eval.report import summarize
+from mhqa_graph.export import _is_retry
 from mhqa_graph.ingest.datasets import Hop
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.testing.replay import RecordingChatModel, RecordingStore, Transcript, Unrecorded
@@ -69,12 +72,22 @@ def test_health_counts_invented_results_repairs_and_forced_answers():
 
 def test_health_markers_are_what_the_graphs_say():
     """The phrases health.py looks for must stay in the prompts that the graphs send."""
-    import inspect
-
-    from mhqa_graph.graphs import common
-    sources = inspect.getsource(common) + omne_prompts.NUDGE + omne_prompts.FORCE_ANSWER + mujica_prompts.FINAL_USER
-    for marker in REPAIR_MARKERS + FORCE_MARKERS:
+    sources = omne_prompts.FORCE_ANSWER + mujica_prompts.FINAL_USER
+    for marker in FORCE_MARKERS:
         assert marker in sources, marker
+
+
+def test_retry_messages_are_the_ones_the_graphs_send():
+    """Health and export read a retry with one rule: ask_json's repair message, the nudge, a send-back."""
+    llm = FakeChatModel(responses=["no json here", '{"a": 1}'])
+    assert ask_json(llm, [HumanMessage("q")], dict).value == {"a": 1}
+    repair = llm.calls[-1][-1].text
+    sent_back = omne_prompts.UNGROUNDED.format(answer="Paris")
+    for text in (repair, omne_prompts.NUDGE, sent_back):
+        assert is_retry(text) and _is_retry("user", text), text
+    for text in ("Question: who?", omne_prompts.FORCE_ANSWER, f"see: {omne_prompts.NUDGE}"):
+        assert not is_retry(text), text
+    assert not _is_retry("assistant", repair)
 
 
 def test_eval_summary_carries_diagnostics_and_health(tmp_path):

@@ -16,14 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..graphs.common import REPAIR_PREFIX
+from ..graphs.common import is_retry
 from ..graphs.mujica_prompts import NO_MORE
-from ..graphs.omne_prompts import FORCE_ANSWER, NUDGE, is_send_back
+from ..graphs.omne_prompts import FORCE_ANSWER
 from ..traces import Trace
 
 MAX_ANSWER_WORDS = 10
-# what the graphs say to the model when a reply could not be used, or when it must answer now
-REPAIR_MARKERS = (REPAIR_PREFIX, NUDGE)
+# what the graphs say to the model when it must answer now
 FORCE_MARKERS = (FORCE_ANSWER, NO_MORE)
 INVENTED = "<tool_response>"
 
@@ -52,8 +51,7 @@ def health(record: dict, trace: Trace) -> dict[str, Any]:
         "acted": acted(trace),
         "invented": sum(c.output.count(INVENTED) for c in trace.llm_calls),
         "malformed": "MalformedOutput" in (record.get("error") or ""),
-        "repairs": sum(any(m in _last_user(c) for m in REPAIR_MARKERS) or is_send_back(_last_user(c))
-                       for c in trace.llm_calls),
+        "repairs": sum(is_retry(_last_user(c)) for c in trace.llm_calls),
         "forced": sum(any(m in _last_user(c) for m in FORCE_MARKERS) for c in trace.llm_calls),
         "bad_answer": not answer or len(answer) > MAX_ANSWER_WORDS,
     }
