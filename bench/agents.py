@@ -1,16 +1,18 @@
 """Every agent side by side on the same dev questions, with a real model: quality, cost and protocol health.
 
-    python bench/agents.py --quick                       # 4 questions on PQ-2H and HotpotQA dev_b (~20 min)
+    python bench/agents.py --quick                       # 4 questions on PQ-2H and HotpotQA dev_b (~35 min, 2 cores)
     python bench/agents.py --env pq2h --env hotpot --limit 20 [--start 0] [--agents rag,omne]
                            [--llm llamacpp:qwen2.5-coder-1.5b] [--jobs 2] [--out bench/out]
 
 Each (environment, agent) pair is one `mhqa eval` run in `OUT/runs/<llm>/<env>/<agent>`, so a rerun
 resumes where it stopped and reuses finished questions. `--jobs` runs that many evals at once, each
-with one llama.cpp thread. The tables compare agents on the questions all of them answered:
+with one llama.cpp thread. The tables compare agents on the questions of the asked range (`--start`,
+`--limit`) that all of them answered:
 EM, F1, ΔF1 against `rag` measured in the same run, seconds and LLM calls per question, protocol
 health (the agent acted as designed, invented tool results, malformed runs, repairs, forced
 answers, empty or over-long answers) and the failure classes of the misses (eval/diagnostics.py).
-They go to stdout, `OUT/agents.md` and `OUT/agents.png`.
+They go to stdout and `OUT/agents.md`; `OUT/agents.png` plots F1 and EM, ΔF1, seconds and calls per
+question, and how often each agent acted as designed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
 from mhqa_graph.eval.health import health_summary
 from mhqa_graph.eval.report import RESULTS, read_records
+from mhqa_graph.eval.runner import load_questions
 from mhqa_graph.plots import pyplot, save_png
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -77,13 +80,22 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def asked_ids(args: argparse.Namespace, env: str) -> set[str]:
+    """The ids of questions `args.start` .. `args.start + args.limit - 1` of the environment's file."""
+    spec = DEV_ENVIRONMENTS[env]
+    return {q.id for q in load_questions(spec.dataset, args.data / spec.file, limit=args.limit, start=args.start)}
+
+
 def env_rows(args: argparse.Namespace, env: str, agents: list[str]) -> tuple[int, list[dict]]:
-    """(questions shared by all agents' runs, one row of metrics per agent over those questions)."""
+    """(questions of the asked range that all agents' runs answered, one row of metrics per agent over
+    those questions). A run folder may hold more questions, from earlier runs over other ranges."""
     records = {a: {r["id"]: r for r in read_records(run_dir(args.out, args.llm, env, a) / RESULTS)} for a in agents}
     records = {a: r for a, r in records.items() if r}
     if not records:
         return 0, []
-    shared = set.intersection(*(set(r) for r in records.values()))
+    shared = set.intersection(asked_ids(args, env), *(set(r) for r in records.values()))
+    if not shared:
+        return 0, []
     rag_f1 = _mean([records["rag"][i]["f1"] for i in shared]) if "rag" in records else None
     rows = []
     for agent, by_id in records.items():
@@ -131,21 +143,38 @@ def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+PANELS = (("F1 (%)", "f1"), ("ΔF1 vs rag", "df1"), ("seconds per question", "sec"),
+          ("LLM calls per question", "calls"), ("acted as designed (%)", "acted_pct"))
+
+
 def plot(tables: dict[str, list[dict]], path: Path) -> None:
+    """One row of panels per environment: F1 (EM as the dark part of each bar), ΔF1 against rag,
+    seconds and LLM calls per question, and the share of questions where the agent acted as designed."""
     envs = [e for e, rows in tables.items() if rows]
     if not envs:
         return
-    fig, axes = pyplot().subplots(1, len(envs), figsize=(4.5 * len(envs), 4), squeeze=False)
-    for ax, env in zip(axes[0], envs):
+    fig, axes = pyplot().subplots(len(envs), len(PANELS), figsize=(3.6 * len(PANELS), 3 * len(envs)), squeeze=False)
+    for row_axes, env in zip(axes, envs):
         rows = tables[env]
-        ax.bar([r["agent"] for r in rows], [r["f1"] for r in rows], color="tab:blue")
-        for i, r in enumerate(rows):
-            ax.text(i, r["f1"] + 1, f"{r['sec']:.0f}s", ha="center", fontsize=8)
-        ax.set_title(f"{env} (n={rows[0]['n']})")
-        ax.set_ylim(0, 100)
-        ax.tick_params(axis="x", rotation=30)
-    axes[0][0].set_ylabel("F1 (%), seconds per question above the bars")
+        names = [r["agent"] for r in rows]
+        for ax, (label, key) in zip(row_axes, PANELS):
+            values = [_panel_value(r, key) for r in rows]
+            ax.bar(names, values, color="tab:blue")
+            if key == "f1":
+                ax.bar(names, [r["em"] for r in rows], color="tab:blue", alpha=0.6, hatch="//", label="EM")
+                ax.set_ylim(0, 100)
+            if key == "df1":
+                ax.axhline(0, color="black", linewidth=0.8)
+            ax.set_title(f"{env} (n={rows[0]['n']}): {label}", fontsize=9)
+            ax.tick_params(axis="x", rotation=30, labelsize=8)
     save_png(fig, path)
+
+
+def _panel_value(row: dict, key: str) -> float:
+    if key == "acted_pct":
+        acted, _, of = str(row["acted"]).partition("/")
+        return 100 * int(acted) / int(of) if of else 0.0
+    return row[key] or 0.0
 
 
 def main() -> None:

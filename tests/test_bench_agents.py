@@ -1,0 +1,64 @@
+"""bench/agents.py's tables and plot, from run folders written here (no model, no eval)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from mhqa_graph.eval.report import RESULTS
+
+SPEC = importlib.util.spec_from_file_location("bench_agents", Path(__file__).parents[1] / "bench" / "agents.py")
+bench = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(bench)
+
+LLM = "fake:llm"
+ROW = "who is q{n} 's spouse ?\tanswer_{n}(answer_{n}/)\tq{n}#spouse#answer_{n}#<end>#answer_{n}\n"
+
+
+@pytest.fixture
+def folders(tmp_path: Path) -> argparse.Namespace:
+    """Six PQ-2H questions; rag answered all six (right on even ones), opera answered the first four (all right)."""
+    data = tmp_path / "data" / "pathquestion"
+    data.mkdir(parents=True)
+    (data / "PQ-2H.txt").write_text("".join(ROW.format(n=n) for n in range(6)), encoding="utf-8")
+    args = argparse.Namespace(out=tmp_path / "out", llm=LLM, data=tmp_path / "data", start=0, limit=6)
+    ids = [q.id for q in bench.load_questions("pathquestion", data / "PQ-2H.txt")]
+    for agent, answered, right in (("rag", ids, ids[::2]), ("opera", ids[:4], ids[:4])):
+        folder = bench.run_dir(args.out, LLM, "pq2h", agent)
+        folder.mkdir(parents=True)
+        with (folder / RESULTS).open("w", encoding="utf-8") as f:
+            for qid in answered:
+                score = float(qid in right)
+                f.write(json.dumps({"id": qid, "em": score, "f1": score, "latency": 2.0, "llm_calls": 3,
+                                    "tokens": {"total": 10}, "health": {"acted": True, "repairs": 1}}) + "\n")
+    return args
+
+
+def test_a_table_covers_the_asked_range_that_every_agent_answered(folders):
+    n, rows = bench.env_rows(folders, "pq2h", ["rag", "opera"])
+    by_agent = {r["agent"]: r for r in rows}
+    assert n == 4  # opera has not answered questions 4 and 5
+    assert by_agent["rag"]["f1"] == 50.0 and by_agent["opera"]["f1"] == 100.0
+    assert by_agent["opera"]["df1"] == 50.0 and by_agent["opera"]["acted"] == "4/4"
+
+    folders.start, folders.limit = 1, 2  # questions 1 and 2 only: rag right on 2, opera on both
+    n, rows = bench.env_rows(folders, "pq2h", ["rag", "opera"])
+    assert n == 2 and {r["agent"]: r["f1"] for r in rows} == {"rag": 50.0, "opera": 100.0}
+
+    folders.start, folders.limit = 4, 2  # only rag answered these
+    assert bench.env_rows(folders, "pq2h", ["rag", "opera"]) == (0, [])
+
+
+def test_report_only_writes_the_table_and_the_plot(folders, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["agents.py", "--report-only", "--env", "pq2h", "--agents", "rag,opera",
+                                     "--llm", LLM, "--limit", "4", "--out", str(folders.out),
+                                     "--data", str(folders.data)])
+    bench.main()
+    table = (folders.out / "agents.md").read_text(encoding="utf-8")
+    assert "4 questions" in table and "| opera | 100.0 | 100.0 | +50.0 |" in table
+    assert capsys.readouterr().out.strip() == table.strip()
+    assert (folders.out / "agents.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
