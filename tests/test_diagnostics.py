@@ -98,6 +98,23 @@ def test_eval_summary_carries_diagnostics_and_health(tmp_path):
     assert summary.diagnostics["failures"]["retrieval"] == 1 and summary.health["questions"] == 1
 
 
+def test_the_report_shows_recall_failure_classes_and_first_missed_hops():
+    from rich.console import Console
+
+    from mhqa_graph.eval.report import compare_table
+
+    def record(qid: str, trace: Trace) -> dict:
+        return {"id": qid, "em": 0.0, "f1": 0.0, "latency": 1.0, "tokens": {"total": 3}, "llm_calls": 1,
+                "diagnostics": diagnose(CHAIN, trace, 0.0, 0.0)}
+    hop2 = trace_showing("(Inception) -[directed by]-> (Christopher Nolan)")
+    runs = {"run": summarize([record("a", trace_showing()), record("b", hop2), record("c", hop2)])}
+    console = Console(width=200, record=True)
+    console.print(compare_table(runs))
+    text = console.export_text()
+    assert "gold evidence seen %" in text and "retrieval misses" in text
+    assert "1: 1, 2: 2" in text  # one question never saw hop 1, two saw hop 1 but not hop 2
+
+
 # -- replay ----------------------------------------------------------------------------------------
 def test_recorded_run_replays_without_model_or_store(mhqa_store, tmp_path):
     real = FakeChatModel(responses=["Christopher Nolan"])

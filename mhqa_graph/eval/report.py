@@ -197,6 +197,7 @@ def compare_table(summaries: dict[str, Summary]) -> Table:
                                                  else _pct(s.diagnostics["evidence_recall"]) for s in runs])
         for k in FAILURE_CLASSES:
             table.add_row(f"{k} misses", *[str(s.diagnostics.get("failures", {}).get(k, 0)) for s in runs])
+        table.add_row("first missed hop (hop: questions)", *[_missed_hops(s) for s in runs])
     for name, groups_of in _panels():
         keys = _ordered(k for s in runs for k in groups_of(s))
         for key in keys:
@@ -206,6 +207,11 @@ def compare_table(summaries: dict[str, Summary]) -> Table:
             table.add_row(label, *[f"{_pct(g.em)} / {_pct(g.f1)}" if g else "-" for g in cells],
                           style="bold" if name == "all" else None)
     return table
+
+
+def _missed_hops(summary: Summary) -> str:
+    missed = summary.diagnostics.get("first_missed_hop") or {}
+    return ", ".join(f"{hop}: {n}" for hop, n in missed.items()) or "-"
 
 
 def plot(summaries: dict[str, Summary], out: str | Path) -> Path:
