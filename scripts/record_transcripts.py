@@ -6,6 +6,9 @@ every store read of a few dev questions, with the model, its sha256 and the date
     python scripts/record_transcripts.py --only omne          # one agent after its prompts changed
     python scripts/record_transcripts.py --llm llamacpp:qwen2.5-coder-0.5b --questions 3
 
+NO_STOP's runs call the model without the graph's stop sequences, as a provider without them does: Omne's
+model then writes `<tool_response>` blocks of its own, which the graph must reject.
+
 Questions are chosen by rule: from `--start` on, the first `--questions` whose gold answers differ
 (PathQuestion files hold each path as three paraphrases in a row).
 """
@@ -37,6 +40,7 @@ PLAN = {  # agent -> environments (DEV_ENVIRONMENTS)
     "rag": ("pq2h", "hotpot"),
     "direct": ("hotpot",),
 }
+NO_STOP = {"omne": ("pq2h",)}  # also recorded from a provider without stop sequences: `<agent>-<env>-nostop.json`
 
 
 def sha256(path: Path) -> str:
@@ -58,13 +62,13 @@ def pick(dataset: str, path: Path, start: int, n: int) -> list:
     return chosen
 
 
-def record(agent: str, env: str, args: argparse.Namespace) -> Path:
+def record(agent: str, env: str, args: argparse.Namespace, pass_stop: bool = True) -> Path:
     dataset, rel = DEV_ENVIRONMENTS[env].dataset, DEV_ENVIRONMENTS[env].file
     path = args.data / rel
     with open_environment(args.store, dataset, path) as (store, built):
         settings = {"corpus": built["corpus"], "graph": built["graph"]}
         real = chat_model(make_context(agent, llm=args.llm), "any")
-        llm, reads = RecordingChatModel(inner=real), RecordingStore(store)
+        llm, reads = RecordingChatModel(inner=real, pass_stop=pass_stop), RecordingStore(store)
         context = make_context(agent, llm=llm, store=reads, **settings)
         graph = build_graph(agent)
         questions = []
@@ -78,10 +82,10 @@ def record(agent: str, env: str, args: argparse.Namespace) -> Path:
                   f"{out.get('error') or ''} {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
     gguf = Path(getattr(real, "model_path", "") or "")
     meta = {"agent": agent, "environment": env, "dataset": dataset, "file": rel, "settings": settings,
-            "model": args.llm, "sha256": sha256(gguf) if gguf.is_file() else None,
+            "model": args.llm, "sha256": sha256(gguf) if gguf.is_file() else None, "stop_sequences": pass_stop,
             "date": datetime.date.today().isoformat(), "command": " ".join(sys.argv)}
     transcript = Transcript(meta=meta, questions=questions, llm=llm.calls, store=reads.reads)
-    return transcript.save(args.out / f"{agent}-{env}.json")
+    return transcript.save(args.out / f"{agent}-{env}{'' if pass_stop else '-nostop'}.json")
 
 
 def main() -> None:
@@ -95,10 +99,11 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
-    for agent in args.only or PLAN:
-        for env in PLAN[agent]:
-            if not args.env or env in args.env:
-                print(f"wrote {record(agent, env, args)}", file=sys.stderr)
+    runs = [(agent, env, True) for agent in PLAN for env in PLAN[agent]]
+    runs += [(agent, env, False) for agent in NO_STOP for env in NO_STOP[agent]]
+    for agent, env, pass_stop in runs:
+        if (not args.only or agent in args.only) and (not args.env or env in args.env):
+            print(f"wrote {record(agent, env, args, pass_stop)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

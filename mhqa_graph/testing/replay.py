@@ -90,9 +90,12 @@ def _message(text: str, n_in: int = 0, n_out: int = 0) -> ChatResult:
 
 
 class RecordingChatModel(BaseChatModel):
-    """Passes every call to `inner` and keeps its prompt, stop sequences and raw output in `calls`."""
+    """Passes every call to `inner` and keeps its prompt, stop sequences and raw output in `calls`.
+    `pass_stop=False` plays a provider without stop sequences: `inner` is called without them, and they
+    are still recorded, so that the graph's calls replay."""
 
     inner: BaseChatModel
+    pass_stop: bool = True
     calls: dict[str, dict[str, Any]] = Field(default_factory=dict)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
@@ -102,7 +105,7 @@ class RecordingChatModel(BaseChatModel):
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
-        reply = self.inner.invoke(messages, stop=stop, **kwargs)
+        reply = self.inner.invoke(messages, stop=stop if self.pass_stop else None, **kwargs)
         usage = reply.usage_metadata or {}
         with self._lock:
             self.calls[prompt_key(messages, stop)] = {
