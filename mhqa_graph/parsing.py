@@ -119,10 +119,11 @@ def _loads(candidate: str) -> Any:
 
 def extract_json(text: str, want: type | tuple[type, ...] = (dict, list)) -> Any | None:
     """The first JSON value of type `want` in `text`: fenced blocks first, then any balanced
-    {...} or [...] span. None when there is none. Think blocks are skipped, except a block that is never
-    closed: a reply that forgot "</think>" gives the last JSON value written inside it."""
+    {...} or [...] span. None when there is none. Think blocks are skipped, except a block that ends the
+    reply when nothing outside the blocks is JSON: a reply that forgot "</think>", or wrote its JSON
+    just before it, gives the last JSON value written inside that block."""
     found = _first_json(strip_think(text)[:MAX_JSON_CHARS], want)
-    if found is None and (block := _unclosed_think(text)):
+    if found is None and (block := _closing_think(text)):
         return _last_json(block[-MAX_JSON_CHARS:], want)
     return found
 
@@ -152,11 +153,17 @@ def _last_json(text: str, want: type | tuple[type, ...]) -> Any | None:
     return best
 
 
-def _unclosed_think(text: str) -> str:
-    """What follows a last "<think>" that no "</think>" closes, or ""."""
+def _closing_think(text: str) -> str:
+    """The contents of a last <think> block that ends `text` (never closed, or closed with only whitespace
+    after it), or ""."""
     lower = text.lower()
     start = lower.rfind("<think>")
-    return text[start + len("<think>"):] if start >= 0 and lower.find("</think>", start) < 0 else ""
+    if start < 0:
+        return ""
+    end = lower.find("</think>", start)
+    if end < 0:
+        return text[start + len("<think>"):]
+    return "" if text[end + len("</think>"):].strip() else text[start + len("<think>"):end]
 
 
 def json_spans(text: str, want: type | tuple[type, ...] = (dict, list)) -> list[tuple[int, int, Any]]:

@@ -91,5 +91,16 @@ def test_a_think_block_never_closed_gives_its_last_json(text, want):
 
 def test_json_after_a_closed_think_block_comes_first():
     assert extract_json('<think>{"answer": "draft"}</think>{"answer": "final"}', dict) == {"answer": "final"}
-    assert extract_json('<think>{"answer": "draft"}</think> no json', dict) is None
+    assert extract_json('<think>{"answer": "draft"}</think> no json', dict) is None  # prose ends the reply
+    assert extract_json('<think>{"answer": "a"}</think> <think>no json</think>', dict) is None  # not in the last
     assert extract_json("<think>no json at all", dict) is None
+    assert extract_json("<think>no json</think>\n", dict) is None
+
+
+def test_json_that_closes_the_last_think_block_is_the_reply():
+    """A worker reply of the real model (PQ-2H): the JSON is written just before </think>, nothing after."""
+    text = ("<think>\nFrom Context 1, Claudius's parent is Nero Claudius Drusus.\n\nTherefore, the answer to the "
+            'question "What is the name of Claudius\'s father? " is Nero Claudius Drusus.\n\n'
+            '{"relevant": [1], "answer": "Nero Claudius Drusus"}\n</think>')
+    assert extract_json(text, dict) == {"relevant": [1], "answer": "Nero Claudius Drusus"}
+    assert extract_json('<think>x {"answer": "draft"} y {"answer": "last"}</think>  ', dict) == {"answer": "last"}
