@@ -148,7 +148,7 @@ PANELS = (("F1 (%)", "f1"), ("ΔF1 vs rag", "df1"), ("seconds per question", "se
 
 
 def plot(tables: dict[str, list[dict]], path: Path) -> None:
-    """One row of panels per environment: F1 (EM as the dark part of each bar), ΔF1 against rag,
+    """One row of panels per environment: F1 (EM as the hatched part of each bar), ΔF1 against rag,
     seconds and LLM calls per question, and the share of questions where the agent acted as designed."""
     envs = [e for e, rows in tables.items() if rows]
     if not envs:
@@ -161,7 +161,7 @@ def plot(tables: dict[str, list[dict]], path: Path) -> None:
             values = [_panel_value(r, key) for r in rows]
             ax.bar(names, values, color="tab:blue")
             if key == "f1":
-                ax.bar(names, [r["em"] for r in rows], color="tab:blue", alpha=0.6, hatch="//", label="EM")
+                ax.bar(names, [r["em"] for r in rows], color="tab:blue", alpha=0.6, hatch="//")
                 ax.set_ylim(0, 100)
             if key == "df1":
                 ax.axhline(0, color="black", linewidth=0.8)
