@@ -154,16 +154,10 @@ def _last_json(text: str, want: type | tuple[type, ...]) -> Any | None:
 
 
 def _closing_think(text: str) -> str:
-    """The contents of a last <think> block that ends `text` (never closed, or closed with only whitespace
-    after it), or ""."""
-    lower = text.lower()
-    start = lower.rfind("<think>")
-    if start < 0:
-        return ""
-    end = lower.find("</think>", start)
-    if end < 0:
-        return text[start + len("<think>"):]
-    return "" if text[end + len("</think>"):].strip() else text[start + len("<think>"):end]
+    """The contents of the last think block (as `strip_think` finds them) when only whitespace follows it:
+    a block never closed, or closed at the end of `text`; else ""."""
+    last = next(reversed(list(_THINK.finditer(text))), None)
+    return last.group(1) if last and not text[last.end():].strip() else ""
 
 
 def json_spans(text: str, want: type | tuple[type, ...] = (dict, list)) -> list[tuple[int, int, Any]]:
