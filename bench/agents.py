@@ -109,6 +109,7 @@ def env_rows(args: argparse.Namespace, env: str, agents: list[str]) -> tuple[int
             "sec": _mean([r["latency"] for r in recs]), "calls": _mean([r["llm_calls"] for r in recs]),
             "tokens": _mean([r["tokens"]["total"] for r in recs]),
             "acted": f"{health['acted']}/{health['acted_of']}" if health["acted_of"] else "-",
+            "acted_pct": 100 * health["acted"] / health["acted_of"] if health["acted_of"] else None,
             "invented": health["invented"], "malformed": health["malformed"], "repairs": health["repairs"],
             "forced": health["forced"], "bad": health["bad_answers"],
             "recall": diags["evidence_recall"], "failures": diags["failures"], "fill": _fill(recs),
@@ -158,8 +159,7 @@ def plot(tables: dict[str, list[dict]], path: Path) -> None:
         rows = tables[env]
         names = [r["agent"] for r in rows]
         for ax, (label, key) in zip(row_axes, PANELS):
-            values = [_panel_value(r, key) for r in rows]
-            ax.bar(names, values, color="tab:blue")
+            ax.bar(names, [r[key] or 0.0 for r in rows], color="tab:blue")
             if key == "f1":
                 ax.bar(names, [r["em"] for r in rows], color="tab:blue", alpha=0.6, hatch="//")
                 ax.set_ylim(0, 100)
@@ -168,13 +168,6 @@ def plot(tables: dict[str, list[dict]], path: Path) -> None:
             ax.set_title(f"{env} (n={rows[0]['n']}): {label}", fontsize=9)
             ax.tick_params(axis="x", rotation=30, labelsize=8)
     save_png(fig, path)
-
-
-def _panel_value(row: dict, key: str) -> float:
-    if key == "acted_pct":
-        acted, _, of = str(row["acted"]).partition("/")
-        return 100 * int(acted) / int(of) if of else 0.0
-    return row[key] or 0.0
 
 
 def main() -> None:

@@ -44,6 +44,7 @@ def test_a_table_covers_the_asked_range_that_every_agent_answered(folders):
     assert n == 4  # opera has not answered questions 4 and 5
     assert by_agent["rag"]["f1"] == 50.0 and by_agent["opera"]["f1"] == 100.0
     assert by_agent["opera"]["df1"] == 50.0 and by_agent["opera"]["acted"] == "4/4"
+    assert by_agent["opera"]["acted_pct"] == 100.0
 
     folders.start, folders.limit = 1, 2  # questions 1 and 2 only: rag right on 2, opera on both
     n, rows = bench.env_rows(folders, "pq2h", ["rag", "opera"])
