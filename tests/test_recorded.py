@@ -9,6 +9,7 @@ rejected, placeholders filled, the DAG dispatched, the final answer extracted.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -34,8 +35,10 @@ CASES = [(p, i) for p in FILES for i in range(len(json.loads(p.read_text(encodin
 PLACEHOLDER = re.compile(r"\[[^\[\]]*\b(?:answer|step)\s*#?\d+[^\[\]]*\]|\{answer\d+\}|<answer\d+>", re.IGNORECASE)
 
 
+@functools.cache
 def replay(path: Path, i: int) -> tuple[dict, dict, object]:
-    """(the recorded question, the graph's output on replay, its trace)."""
+    """(the recorded question, the graph's output on replay, its trace); each case is replayed once per
+    session and shared by the tests that read it (none changes what it gets)."""
     transcript = Transcript.load(path)
     transcript.meta["file"] = path.name
     question = transcript.questions[i]
