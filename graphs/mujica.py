@@ -22,9 +22,10 @@ to it as its own words. When the conversation outgrows `planner_budget` characte
 contexts, then the oldest rounds after the first are left out. The planner may conclude only after
 `min_worker_rounds` waves of workers; an answer before that is repaired, and if it stands, the question
 itself goes to a worker. If the planner then concludes "unknown" although a worker answered the question
-itself, that answer stands. A date comparison the workers' dates decide is settled in code, and an answer
-to "which ..., X or Y?" that is what a worker found about one option (its director) becomes that option
-(`graphs/compare.py`).
+itself, that answer stands. A conclusion that reads as a sentence ("X's son is the parent of Y.") and is no
+worker's answer is asked for once more, as a short answer; the sentence stands if none comes. A date
+comparison the workers' dates decide is settled in code, and an answer to "which ..., X or Y?" that is what
+a worker found about one option (its director) becomes that option (`graphs/compare.py`).
 
 Bad plans (cycles, self-dependencies, unknown ids, duplicate ids, empty sub-questions, more than
 `max_subquestions`) are repaired and noted. What a planner copies from the plan's progress lines into a
@@ -34,8 +35,8 @@ nothing, and in round `max_rounds`, the planner call must give the final answer.
 Replies each role is expected to give (what `fake_llms` scripts):
 - planner: `{"subquestions": [{"id": "q1", "question": "Who directed Inception?", "depends_on": []},
   {"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]}]}` to ask, or `{"answer": "London"}`
-  to conclude (a `"answer": null` or `""` beside sub-questions is ignored). `#q1` or `[q1]` in a
-  sub-question stands for q1's answer. A `<think>` block may come first.
+  to conclude (a `"answer": null` or `""` beside sub-questions is ignored; a sentence is asked again). `#q1`
+  or `[q1]` in a sub-question stands for q1's answer. A `<think>` block may come first.
 - worker: `{"relevant": [1, 3], "answer": "Christopher Nolan"}`, or `"answer": "unknown"` when the contexts
   do not hold it. A `<think>` block may come first.
 """
@@ -49,6 +50,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NotRequired
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from langchain_core.runnables import Runnable
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
@@ -61,6 +63,7 @@ from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, stems
 
 from . import mujica_prompts as P
 from .common import (
+    REPAIR_PREFIX,
     AgentContext,
     QAInput,
     QAOutput,
@@ -74,7 +77,7 @@ from .common import (
 )
 from .compare import NOTE as DATE_NOTE
 from .compare import OPTION_NOTE, Step, as_option, compare_dates
-from .refusals import is_no_answer
+from .refusals import is_no_answer, is_sentence
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
 # what a planner copies from `progress` lines into a sub-question: "q1: ", " (after q1)", " -> answer"
@@ -543,7 +546,8 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     log = {"round": rnd, "final": final, "waves": state["waves"], "prompt": prompt, "brief": brief, "raw": [],
            "thought": "", "action": "", "error": None}
     try:
-        parsed = ask_json(get_llm(ctx, "planner"), messages, lambda v: read_plan(v, final, pending, may_answer),
+        llm = get_llm(ctx, "planner")
+        parsed = ask_json(llm, messages, lambda v: read_plan(v, final, pending, may_answer),
                           retries=ctx.parse_retries)
     except ModelError as exc:
         error = f"ModelError: {exc}"
@@ -565,6 +569,10 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
             if is_no_answer(value) and (own := _answer_to_the_question(state)):
                 notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
                 value = own
+            elif is_sentence(value) and _key(value) not in {_key(r["answer"]) for r in results.values()}:
+                value, note, raw = _shorten(llm, messages, parsed.raw[-1], value)
+                notes.append(note)
+                log["raw"] = parsed.raw + raw
             steps = _steps(state)
             if compared := compare_dates(state["question"], steps):
                 notes.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the planner concluded {value!r}")
@@ -589,6 +597,24 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     asked_now = [{"id": q["id"], "question": q["question"], "depends_on": q["depends_on"]} for q in new]
     log["reply"] = said(log["thought"], {"subquestions": asked_now}, ctx.think)
     return {**update, "dag": new, "notes": notes, "planner_log": [log]}
+
+
+def _short(value: Any) -> str:
+    """The answer of a reply asked to be short; ValueError if it is missing, a sentence or no answer."""
+    answer = _stated(value.get("answer")) if isinstance(value, dict) else ""
+    if not answer or is_sentence(answer) or is_no_answer(answer):
+        raise ValueError("expected a short answer")
+    return answer
+
+
+def _shorten(llm: Runnable, messages: list[BaseMessage], reply: str, answer: str) -> tuple[str, str, list[str]]:
+    """One more call when the planner concluded with a sentence that is no worker's answer: its short answer
+    if it gives one, else the sentence. Returns the answer, a note and the raw reply."""
+    ask = HumanMessage(f"{REPAIR_PREFIX} {P.SHORTEN}")
+    again = ask_json(llm, [*messages, AIMessage(reply), ask], _short, retries=0)
+    if again.error:
+        return answer, f"LongAnswer: the planner concluded {answer!r} and gave no short answer when asked", again.raw
+    return again.value, f"LongAnswer: the planner concluded {answer!r}; asked, it answered {again.value!r}", again.raw
 
 
 def said(thought: str, action: dict, think: bool) -> str:

@@ -1,5 +1,5 @@
 """Answers that are not answers: refusals, "not found" and placeholders that small models write in an
-answer field, and short answers that no retrieved passage contains."""
+answer field, short answers that no retrieved passage contains, and sentences where a short answer was asked."""
 
 from __future__ import annotations
 
@@ -53,3 +53,16 @@ def grounded(answer: str, passages: list[str]) -> bool:
     if not words or len(words) > MAX_GROUNDED_WORDS or " ".join(words) in _FREE:
         return True
     return any(set(words) <= set(normalize_answer(p).split()) for p in passages)
+
+
+LONG_WORDS = 12  # an answer this long is a sentence, whatever its words
+_VERB = re.compile(r"\b(?:is|are|was|were|has|have|had|does|did)\b", re.IGNORECASE)
+MIN_VERB_WORDS = 6  # an answer this long with one of _VERB is a sentence ("X's son is the parent of Y.")
+
+
+def is_sentence(answer: str) -> bool:
+    """Whether an answer reads as a sentence rather than a short answer: LONG_WORDS words or more, or
+    MIN_VERB_WORDS or more with a finite verb such as "is" or "was" (titles such as "Life Is a Long Quiet
+    River" are caught too: check them against the answers found before asking again)."""
+    words = answer.split()
+    return len(words) >= LONG_WORDS or (len(words) >= MIN_VERB_WORDS and bool(_VERB.search(answer)))

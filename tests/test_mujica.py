@@ -12,7 +12,9 @@ import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
 from mhqa_graph.graphs import mujica
+from mhqa_graph.graphs.common import REPAIR_PREFIX, is_retry
 from mhqa_graph.graphs.mujica import MujicaContext, merge_results, read_plan, repair_plan
+from mhqa_graph.graphs.refusals import is_sentence
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion
 from mhqa_graph.store import open_store
@@ -355,6 +357,47 @@ def test_unknown_from_the_planner_gives_way_to_a_workers_answer_to_the_question_
     plan = planner([{"subquestions": [subq("q1", "What is the capital city of France?")]}, {"answer": "unknown"}])
     out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, answering_worker()))
     assert out["answer"] == "unknown"  # no worker answered the question itself
+
+
+@pytest.mark.parametrize("again, answer, note", [
+    ('{"answer": "London"}', "London", "; asked, it answered 'London'"),
+    ('{"answer": "He was born in the city of London, England."}', "Nolan was born in London, the capital city.",
+     " and gave no short answer when asked"),
+    ("London", "Nolan was born in London, the capital city.", " and gave no short answer when asked"),
+])
+def test_a_sentence_conclusion_is_asked_once_for_its_short_answer(store, again, answer, note):
+    sentence = "Nolan was born in London, the capital city."
+    replies = iter([json.dumps({"subquestions": [subq("q1", "Who directed Inception?")]}),
+                    json.dumps({"answer": sentence}), again])
+    plan = FakeChatModel(respond=lambda messages: next(replies))
+    out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
+                              context=ctx(store, plan, answering_worker()))
+    assert out["answer"] == answer and out["error"] is None and len(plan.calls) == 3
+    assert out["notes"] == [f"LongAnswer: the planner concluded {sentence!r}{note}"]
+    ask = plan.calls[2][-1].text
+    assert ask.startswith(REPAIR_PREFIX) and is_retry(ask)
+    assert plan.calls[2][-2].text == json.dumps({"answer": sentence})  # shown its own reply
+
+
+def test_a_long_answer_a_worker_found_is_kept_without_asking_again(store):
+    title = "Where Did You Get That Girl?"  # a title that reads as a sentence
+    replies = iter([json.dumps({"subquestions": [subq("q1", "Which film did Nolan make in 1998?")]}),
+                    json.dumps({"answer": title}), '{"answer": "unused"}'])
+    plan = FakeChatModel(respond=lambda messages: next(replies))
+    work = FakeChatModel(respond=lambda m: f'{{"relevant": [1], "answer": "{title}"}}')
+    out = mujica.graph.invoke({"question": "Which film did Nolan make in 1998?"}, context=ctx(store, plan, work))
+    assert out["answer"] == title and len(plan.calls) == 2 and not out["notes"]
+
+
+@pytest.mark.parametrize("text, sentence", [
+    ("Anna of Holstein-Gottorp's son is the parent of Anna.", True),
+    ("The capital is Paris", False),  # too short to tell
+    ("one two three four five six seven eight nine ten eleven twelve", True),
+    ("Alessandro Ruspoli, 2nd Prince of Cerveteri", False),
+    ("Life Is a Long Quiet River", True),  # a title: kept when a worker found it
+])
+def test_sentences_are_told_from_short_answers(text, sentence):
+    assert is_sentence(text) is sentence
 
 
 def test_a_date_comparison_is_settled_in_code_over_the_planners_answer(store):
