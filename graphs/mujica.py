@@ -611,7 +611,10 @@ def _shorten(llm: Runnable, messages: list[BaseMessage], reply: str, answer: str
     """One more call when the planner concluded with a sentence that is no worker's answer: its short answer
     if it gives one, else the sentence. Returns the answer, a note and the raw reply."""
     ask = HumanMessage(f"{REPAIR_PREFIX} {P.SHORTEN}")
-    again = ask_json(llm, [*messages, AIMessage(reply), ask], _short, retries=0)
+    try:
+        again = ask_json(llm, [*messages, AIMessage(reply), ask], _short, retries=0)
+    except ModelError as exc:
+        return answer, f"LongAnswer: the planner concluded {answer!r}; asking again failed: {exc}", []
     if again.error:
         return answer, f"LongAnswer: the planner concluded {answer!r} and gave no short answer when asked", again.raw
     return again.value, f"LongAnswer: the planner concluded {answer!r}; asked, it answered {again.value!r}", again.raw

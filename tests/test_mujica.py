@@ -379,6 +379,16 @@ def test_a_sentence_conclusion_is_asked_once_for_its_short_answer(store, again, 
     assert plan.calls[2][-2].text == json.dumps({"answer": sentence})  # shown its own reply
 
 
+def test_a_model_error_when_asking_for_the_short_answer_keeps_the_sentence(store):
+    sentence = "Nolan was born in London, the capital city."
+    plan = FakeChatModel(responses=[json.dumps({"subquestions": [subq("q1", "Who directed Inception?")]}),
+                                    json.dumps({"answer": sentence})], cycle=False)  # a third call raises
+    out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
+                              context=ctx(store, plan, answering_worker()))
+    assert out["answer"] == sentence and out["error"] is None
+    assert out["notes"][0].startswith(f"LongAnswer: the planner concluded {sentence!r}; asking again failed: ")
+
+
 def test_a_long_answer_a_worker_found_is_kept_without_asking_again(store):
     title = "Where Did You Get That Girl?"  # a title that reads as a sentence
     replies = iter([json.dumps({"subquestions": [subq("q1", "Which film did Nolan make in 1998?")]}),
