@@ -249,7 +249,8 @@ def asks(dag: list[SubQuestion]) -> int:
 
 
 def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
-                results: dict[str, dict] | None = None, about: str = "") -> tuple[list[SubQuestion], list[str]]:
+                results: dict[str, dict] | None = None, about: str = "",
+                entities: list[str] | None = None) -> tuple[list[SubQuestion], list[str]]:
     """The new and re-asked sub-questions of a plan, made valid, and notes on every repair.
 
     - With `about` (the question and its topic entities), a sub-question off the topic is dropped: it shares
@@ -258,6 +259,9 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
       the examples' sub-questions that shares no word stem with `about` ("Where was #q1 born?" for a
       question about a nationality), and one that names an entity of the examples that `about` does not
       ("When was Jaws released?" for a question about two other films).
+    - With the question's topic `entities`, a sub-question that cites none is dropped when it shares no word
+      stem with a topic entity or an answer so far: it is about an entity the planner made up ("What is the
+      nationality of King Hamlet?" for Claudius's parents).
     - A sub-question that repeats the text of an answered one under another id is dropped (its answer stands),
       and so is one that repeats the text of one answered "unknown" (ask it in other words).
     - An id already in the plan: restating it is ignored; rephrasing one that has not run replaces it; one
@@ -274,13 +278,20 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
     unknown = {_key(q["question"]): q["id"] for q in dag if status(q, results) == UNKNOWN}
     examples = {_key(x) for x in P.EXAMPLE_SUBQUESTIONS}
     budget = cap - asks(dag)
-    topic = stems(about) | set().union(*(stems(str(r.get("answer") or "")) for r in results.values()))
+    found = set().union(*(stems(str(r.get("answer") or "")) for r in results.values()))
+    topic = stems(about) | found
+    anchors = set().union(*(stems(e) for e in entities)) | found if entities else set()
     off: set[str] = set()
     for item in items:
         sid, text = item["id"], item["question"]
         cites = {m.group(1) or m.group(2) for m in REF.finditer(text)} | set(item["depends_on"])
         if about and not stems(REF.sub(" ", text)) & topic and not cites - off:
             notes.append(f"InvalidPlan: {sid or 'a sub-question'} is off the question's topic; dropped {text!r}")
+            off.add(sid)
+            continue
+        if anchors and not cites and not stems(text) & anchors:
+            notes.append(f"InvalidPlan: {sid or 'a sub-question'} names no topic entity and no answer so far; "
+                         f"dropped {text!r}")
             off.add(sid)
             continue
         if about and (_key(text) in examples and not stems(REF.sub(" ", text)) & stems(about)
@@ -583,8 +594,9 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
             log.update(action="answer", answer=value, reply=said(log["thought"], {"answer": value}, ctx.think))
             return {**update, "answer": value, "done": True, "notes": notes, "planner_log": [log]}
         items, read_notes = value
-        about = " ".join([state["question"], *(state.get("topic_entities") or [])])
-        new, repair_notes = repair_plan(items, dag, ctx.max_subquestions, rnd, results, about)
+        entities = state.get("topic_entities") or []
+        new, repair_notes = repair_plan(items, dag, ctx.max_subquestions, rnd, results,
+                                        " ".join([state["question"], *entities]), entities)
         notes += read_notes + repair_notes
         log.update(action="plan", plan=new)
         if not ready(merge_dag(dag, new), results):

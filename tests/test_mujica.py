@@ -337,6 +337,35 @@ def test_a_subquestion_naming_an_entity_of_the_examples_is_dropped_unless_the_qu
     assert all(name in mujica.P.PLANNER_SYSTEM for name in mujica.P.EXAMPLE_NAMES)
 
 
+def test_a_subquestion_about_an_entity_the_planner_made_up_is_dropped_when_topic_entities_are_given():
+    """The real planner (PQ-2H) asked "What is the nationality of King Hamlet?" for "claudius 's parents 's
+    nationality ?" (topic entity claudius); its stem "nationality" passes the topic check."""
+    about, entities = "claudius 's parents 's nationality ?", ["claudius"]
+    items = [subq("q1", "What is the nationality of King Hamlet?"), subq("q2", "Who are Claudius's parents?"),
+             subq("q3", "What is the nationality of #q2?"), subq("q4", "Where was Nero Claudius Drusus born?")]
+    kept, notes = repair_plan(items, [], 12, 1, {}, about=about + " claudius", entities=entities)
+    assert [q["id"] for q in kept] == ["q2", "q3", "q4"]  # q4 shares "claudius" with the topic entity
+    assert notes == ["InvalidPlan: q1 names no topic entity and no answer so far; dropped "
+                     "'What is the nationality of King Hamlet?'"]
+    # an answer so far anchors a sub-question that names it without citing it
+    dag = [{**subq("q1", "Who are Claudius's parents?"), "round": 1, "attempt": 1}]
+    results = {"q1": {"status": "answered", "attempt": 1, "answer": "Drusus"}}
+    kept, notes = repair_plan([subq("q2", "What is the nationality of Drusus?")], dag, 12, 2, results,
+                              about=about, entities=entities)
+    assert [q["id"] for q in kept] == ["q2"] and notes == []
+    kept, _ = repair_plan(items[:1], [], 12, 1, {}, about=about)  # no topic entities: only the topic check
+    assert [q["id"] for q in kept] == ["q1"]
+
+
+def test_the_planner_node_drops_made_up_entities_by_the_runs_topic_entities(store):
+    plan = planner([{"subquestions": [subq("q1", "Who directed Tenet?"), subq("q2", "Who directed Inception?")]},
+                    {"answer": "Christopher Nolan"}])
+    out = mujica.graph.invoke({"question": "Who directed it, Inception?", "topic_entities": ["Inception"]},
+                              context=ctx(store, plan, answering_worker()))
+    assert list(out["results"]) == ["q2"] and out["answer"] == "Christopher Nolan"
+    assert out["notes"] == ["InvalidPlan: q1 names no topic entity and no answer so far; dropped 'Who directed Tenet?'"]
+
+
 def test_an_unknown_subquestion_asked_again_unchanged_under_a_new_id_is_dropped(store):
     plans = [{"subquestions": [subq("q1", "What is the capital of Spain?")]},
              {"subquestions": [subq("q2", "What is the capital of  spain?")]}]
