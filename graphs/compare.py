@@ -62,6 +62,16 @@ def options(question: str) -> tuple[str, str] | None:
     return (m["a"].strip(_QUOTES), m["b"].strip(_QUOTES)) if m else None
 
 
+_AUX = re.compile(r"(?i)^(?:is|are|was|were|do|does|did|can|could|has|have|had|will|would|should)\b")
+
+
+def asks_yes_or_no(question: str) -> bool:
+    """Whether the question is answered yes or no: it opens with an auxiliary ("Are both ...", "Did X ...")
+    and names no alternatives ("Is X a man or a woman?" is not)."""
+    text = " ".join(question.split())
+    return bool(_AUX.match(text)) and not re.search(r"(?i)\bor\b", text)
+
+
 def _match_options(text: str) -> re.Match | None:
     return next((m for pattern in _OPTIONS if (m := pattern.match(text))), None)
 

@@ -76,7 +76,7 @@ from .common import (
     setting,
 )
 from .compare import NOTE as DATE_NOTE
-from .compare import OPTION_NOTE, Step, as_option, compare_dates
+from .compare import OPTION_NOTE, Step, as_option, asks_yes_or_no, compare_dates
 from .refusals import is_no_answer, is_sentence
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
@@ -581,7 +581,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
                 notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
                 value = own
             elif is_sentence(value) and _key(value) not in {_key(r["answer"]) for r in results.values()}:
-                value, note, raw = _shorten(llm, messages, parsed.raw[-1], value)
+                value, note, raw = _shorten(llm, messages, parsed.raw[-1], value, state["question"])
                 notes.append(note)
                 log["raw"] = parsed.raw + raw
             steps = _steps(state)
@@ -611,20 +611,24 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     return {**update, "dag": new, "notes": notes, "planner_log": [log]}
 
 
-def _short(value: Any) -> str:
-    """The answer of a reply asked to be short; ValueError if it is missing, a sentence or no answer."""
+def _short(value: Any, question: str) -> str:
+    """The answer of a reply asked to be short; ValueError if it is missing, a sentence, no answer, or yes or
+    no to a question that is not a yes-no question."""
     answer = _stated(value.get("answer")) if isinstance(value, dict) else ""
     if not answer or is_sentence(answer) or is_no_answer(answer):
         raise ValueError("expected a short answer")
+    if answer.lower().strip(" .!") in ("yes", "no") and not asks_yes_or_no(question):
+        raise ValueError("the question is not a yes-no question")
     return answer
 
 
-def _shorten(llm: Runnable, messages: list[BaseMessage], reply: str, answer: str) -> tuple[str, str, list[str]]:
+def _shorten(llm: Runnable, messages: list[BaseMessage], reply: str, answer: str,
+             question: str) -> tuple[str, str, list[str]]:
     """One more call when the planner concluded with a sentence that is no worker's answer: its short answer
     if it gives one, else the sentence. Returns the answer, a note and the raw reply."""
     ask = HumanMessage(f"{REPAIR_PREFIX} {P.SHORTEN}")
     try:
-        again = ask_json(llm, [*messages, AIMessage(reply), ask], _short, retries=0)
+        again = ask_json(llm, [*messages, AIMessage(reply), ask], lambda v: _short(v, question), retries=0)
     except ModelError as exc:
         return answer, f"LongAnswer: the planner concluded {answer!r}; asking again failed: {exc}", []
     if again.error:

@@ -1,6 +1,15 @@
 """Date comparisons settled in code (graphs/compare.py)."""
 import pytest
-from mhqa_graph.graphs.compare import Step, as_option, compare_dates, comparison, kind, options, parse_date
+from mhqa_graph.graphs.compare import (
+    Step,
+    as_option,
+    asks_yes_or_no,
+    compare_dates,
+    comparison,
+    kind,
+    options,
+    parse_date,
+)
 
 
 @pytest.mark.parametrize("question, parsed", [
@@ -125,3 +134,14 @@ def test_an_answer_is_left_alone_unless_the_steps_tie_it_to_one_option(answer, s
 
 def test_a_question_without_options_is_left_alone():
     assert as_option("Who directed Bloody Moon?", "Jesús Franco", DIRECTORS) is None
+
+
+@pytest.mark.parametrize("question, yes_no", [
+    ("Are both films from the same country?", True),
+    ("Did Nolan direct Inception?", True),
+    ("Is claudius 's husband a man or a woman ?", False),
+    ("Who is the parent of anna 's son?", False),
+    ("the parent of anna of holstein-gottorp 's son ?", False),
+])
+def test_yes_no_questions_are_told_apart(question, yes_no):
+    assert asks_yes_or_no(question) is yes_no

@@ -393,6 +393,7 @@ def test_unknown_from_the_planner_gives_way_to_a_workers_answer_to_the_question_
     ('{"answer": "He was born in the city of London, England."}', "Nolan was born in London, the capital city.",
      " and gave no short answer when asked"),
     ("London", "Nolan was born in London, the capital city.", " and gave no short answer when asked"),
+    ('{"answer": "yes"}', "Nolan was born in London, the capital city.", " and gave no short answer when asked"),
 ])
 def test_a_sentence_conclusion_is_asked_once_for_its_short_answer(store, again, answer, note):
     sentence = "Nolan was born in London, the capital city."
