@@ -577,9 +577,10 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     else:
         kind, value = parsed.value
         if kind == "answer":
-            if is_no_answer(value) and (own := _answer_to_the_question(state)):
-                notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
-                value = own
+            if is_no_answer(value):
+                if own := _answer_to_the_question(state):
+                    notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
+                    value = own
             elif is_sentence(value) and _key(value) not in {_key(r["answer"]) for r in results.values()}:
                 value, note, raw = _shorten(llm, messages, parsed.raw[-1], value, state["question"])
                 notes.append(note)

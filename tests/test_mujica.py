@@ -409,6 +409,14 @@ def test_a_sentence_conclusion_is_asked_once_for_its_short_answer(store, again, 
     assert plan.calls[2][-2].text == json.dumps({"answer": sentence})  # shown its own reply
 
 
+def test_a_sentence_saying_there_is_no_answer_is_not_asked_again(store):
+    sentence = "The birthplace of the director of Inception is unknown."
+    plan = planner([{"subquestions": [subq("q1", "Who directed Inception?")]}, {"answer": sentence}])
+    out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
+                              context=ctx(store, plan, answering_worker()))
+    assert out["answer"] == sentence and len(plan.calls) == 2 and not out["notes"]
+
+
 def test_a_model_error_when_asking_for_the_short_answer_keeps_the_sentence(store):
     sentence = "Nolan was born in London, the capital city."
     plan = FakeChatModel(responses=[json.dumps({"subquestions": [subq("q1", "Who directed Inception?")]}),
