@@ -23,7 +23,7 @@ contexts, then the oldest rounds after the first are left out. The planner may c
 `min_worker_rounds` waves of workers; an answer before that is repaired, and if it stands, the question
 itself goes to a worker. If the planner then concludes "unknown" although a worker answered the question
 itself, that answer stands. A conclusion that reads as a sentence ("X's son is the parent of Y.") and is no
-worker's answer is asked for once more, as a short answer; the sentence stands if none comes. A date
+worker's answer is asked for once more, afresh, as a short answer; the sentence stands if none comes. A date
 comparison the workers' dates decide is settled in code, and an answer to "which ..., X or Y?" that is what
 a worker found about one option (its director) becomes that option (`graphs/compare.py`).
 
@@ -63,7 +63,6 @@ from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, stems
 
 from . import mujica_prompts as P
 from .common import (
-    REPAIR_PREFIX,
     AgentContext,
     QAInput,
     QAOutput,
@@ -582,7 +581,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
                     notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
                     value = own
             elif is_sentence(value) and _key(value) not in {_key(r["answer"]) for r in results.values()}:
-                value, note, raw = _shorten(llm, messages, parsed.raw[-1], value, state["question"])
+                value, note, raw = _shorten(llm, state, value)
                 notes.append(note)
                 log["raw"] = parsed.raw + raw
             steps = _steps(state)
@@ -623,13 +622,14 @@ def _short(value: Any, question: str) -> str:
     return answer
 
 
-def _shorten(llm: Runnable, messages: list[BaseMessage], reply: str, answer: str,
-             question: str) -> tuple[str, str, list[str]]:
-    """One more call when the planner concluded with a sentence that is no worker's answer: its short answer
-    if it gives one, else the sentence. Returns the answer, a note and the raw reply."""
-    ask = HumanMessage(f"{REPAIR_PREFIX} {P.SHORTEN}")
+def _shorten(llm: Runnable, state: State, answer: str) -> tuple[str, str, list[str]]:
+    """One more call when the planner concluded with a sentence that is no worker's answer: the question and
+    the plan's answers, asked afresh for the short answer (in its conversation, a small model repeats its
+    sentence), or the sentence if none comes. Returns the answer, a note and the raw reply."""
+    prompt = P.SHORT_USER.format(question=state["question"], progress=progress(state["dag"], state["results"]))
     try:
-        again = ask_json(llm, [*messages, AIMessage(reply), ask], lambda v: _short(v, question), retries=0)
+        again = ask_json(llm, [SystemMessage(P.PLANNER_SYSTEM), HumanMessage(prompt)],
+                         lambda v: _short(v, state["question"]), retries=0)
     except ModelError as exc:
         return answer, f"LongAnswer: the planner concluded {answer!r}; asking again failed: {exc}", []
     if again.error:

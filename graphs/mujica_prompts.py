@@ -78,9 +78,14 @@ FINAL_USER = """Sub-questions so far:
 
 """ + NO_MORE + """ Give your best final answer now, as {{"answer": "<short answer>"}}. {think}"""
 
-# asked once when the planner concludes with a sentence, after ask_json's REPAIR_PREFIX (health counts it as one)
-SHORTEN = """(the answer is a sentence). Give only what the question asks for: the name, date or \
-number as a worker's answer writes it, or yes or no to a yes-no question, as {"answer": "<short answer>"}."""
+# asked afresh (without the planner's conversation) when it concludes with a sentence
+SHORT_USER = """Question: {question}
+
+Sub-questions so far:
+{progress}
+
+Give only what the question asks for: the name, date or number as a worker's answer writes it, or yes or no \
+to a yes-no question, as {{"answer": "<short answer>"}}."""
 NO_NEW_ANSWERS = "(no new worker answers)"
 TOPIC = "\nTopic entities: {entities}"
 NO_PROGRESS = "(none yet)"

@@ -12,7 +12,7 @@ import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
 from mhqa_graph.graphs import mujica
-from mhqa_graph.graphs.common import REPAIR_PREFIX, is_retry
+from mhqa_graph.graphs.common import is_retry
 from mhqa_graph.graphs.mujica import MujicaContext, merge_results, read_plan, repair_plan
 from mhqa_graph.graphs.refusals import is_sentence
 
@@ -404,9 +404,10 @@ def test_a_sentence_conclusion_is_asked_once_for_its_short_answer(store, again, 
                               context=ctx(store, plan, answering_worker()))
     assert out["answer"] == answer and out["error"] is None and len(plan.calls) == 3
     assert out["notes"] == [f"LongAnswer: the planner concluded {sentence!r}{note}"]
-    ask = plan.calls[2][-1].text
-    assert ask.startswith(REPAIR_PREFIX) and is_retry(ask)
-    assert plan.calls[2][-2].text == json.dumps({"answer": sentence})  # shown its own reply
+    system, ask = plan.calls[2]  # asked afresh: the question and the plan's answers, not its own sentence
+    assert system.text == mujica.P.PLANNER_SYSTEM and sentence not in ask.text and not is_retry(ask.text)
+    assert ask.text.startswith("Question: Where was the director of Inception born?") and \
+        "q1: Who directed Inception? -> Christopher Nolan" in ask.text
 
 
 def test_a_sentence_saying_there_is_no_answer_is_not_asked_again(store):
