@@ -1,3 +1,4 @@
+import functools
 import os
 from pathlib import Path
 
@@ -21,20 +22,74 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
         monkeypatch.setenv("MHQA_CACHE", str(Path.home() / ".cache" / "mhqa-graph" / "models"))
 
 
+REQUIRE_NEO4J = os.environ.get("MHQA_REQUIRE_NEO4J") == "1"  # set by .ci/run, which starts a server
+_live_skips: list[str] = []
+
+
 def pytest_report_header(config):
     if not os.environ.get("NEO4J_URI"):
+        if REQUIRE_NEO4J:
+            return "neo4j_live tests: FAIL, MHQA_REQUIRE_NEO4J=1 but NEO4J_URI is not set"
         return "neo4j_live tests: skipped, NEO4J_URI is not set (no live Neo4j server to test)"
-    return f"neo4j_live tests: against {os.environ['NEO4J_URI']}"
+    return f"neo4j_live tests: against {os.environ['NEO4J_URI']}" + (" (required)" if REQUIRE_NEO4J else "")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Without NEO4J_URI, skip the live-server tests with one reason (printed in the header and summary)."""
-    if os.environ.get("NEO4J_URI"):
+    """Without NEO4J_URI, skip the live-server tests with one reason (printed in the header and summary),
+    unless MHQA_REQUIRE_NEO4J=1 says a server is expected: then they fail (see `_neo4j_live`)."""
+    if os.environ.get("NEO4J_URI") or REQUIRE_NEO4J:
         return
     skip = pytest.mark.skip(reason="NEO4J_URI is not set: no live Neo4j server to test")
     for item in items:
         if item.get_closest_marker("neo4j_live"):
             item.add_marker(skip)
+
+
+@functools.cache
+def neo4j_unreachable() -> str | None:
+    """Why the server at NEO4J_URI cannot be used (one line), or None; asked once per session, within seconds."""
+    uri = os.environ.get("NEO4J_URI")
+    if not uri:
+        return ("MHQA_REQUIRE_NEO4J=1 expects a live server, but NEO4J_URI is not set (start one: "
+                "bash neo4j/server.sh start)")
+    try:
+        from mhqa_graph.store.neo4j_backend import probe
+    except ImportError as e:  # the neo4j extra is missing
+        return f"NEO4J_URI is set, but the Neo4j driver is missing ({e}); bash scripts/install.sh neo4j"
+    return probe(uri)
+
+
+@pytest.fixture(scope="session")
+def neo4j_uri() -> str:
+    """NEO4J_URI, once the server there answered; a missing or down server fails the test with the reason."""
+    reason = neo4j_unreachable()
+    if reason:
+        pytest.fail(reason, pytrace=False)
+    return os.environ["NEO4J_URI"]
+
+
+@pytest.fixture(autouse=True)
+def _neo4j_live(request):
+    """A neo4j_live test whose server is missing or down fails at once with the reason, never skips."""
+    if request.node.get_closest_marker("neo4j_live"):
+        request.getfixturevalue("neo4j_uri")
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and "neo4j_live" in report.keywords:
+        _live_skips.append(report.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Where a server is required, a live test that skipped (for any reason) fails the run."""
+    if REQUIRE_NEO4J and _live_skips and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter):
+    if REQUIRE_NEO4J and _live_skips:
+        terminalreporter.write_line(f"MHQA_REQUIRE_NEO4J=1: {len(_live_skips)} neo4j_live tests skipped, which fails "
+                                    f"the run: {', '.join(_live_skips[:5])}", red=True)
 
 
 @pytest.fixture(scope="module")

@@ -31,18 +31,23 @@ class TestLiveNeo4jStore(StoreConformance):
     def store(self):
         store = _live_store()
         yield store
-        store.drop_namespace()
+        _drop_namespace(store.namespace)  # `reopen` may have closed this store
         store.close()
 
     @pytest.fixture
     def reopen(self):
+        opened = []
+
         def _reopen(store):
             namespace = store.namespace
             store.close()
             again = open_store(os.environ["NEO4J_URI"], embedder="hash")
             again.namespace = namespace
+            opened.append(again)
             return again
-        return _reopen
+        yield _reopen
+        for again in opened:
+            again.close()
 
 
 def _live_store(embedder: str = "hash"):
@@ -54,22 +59,29 @@ def _live_store(embedder: str = "hash"):
     return store
 
 
+def _drop_namespace(namespace: str) -> None:
+    with open_store(os.environ["NEO4J_URI"], embedder="hash") as store:
+        store.namespace = namespace
+        store.drop_namespace()
+
+
+@pytest.fixture(scope="module")
+def populated(neo4j_uri):
+    """50,000 passages in corpus `big`, all about the question's words, then the 5 passages of `small`."""
+    store = _live_store()
+    big = [Passage(f"b{i}", f"Andrzej Żuławski {i}",
+                   f"Andrzej Żuławski, the Polish film director, was born in the city of Lviv ({i}).")
+           for i in range(50_000)]
+    store.add_passages("big", big)
+    store.add_passages("small", PASSAGES)
+    yield store
+    store.drop_namespace()
+    store.close()
+
+
 @pytest.mark.neo4j_live
 class TestLiveNeo4jPopulated:
     """A database that holds more than the collection under test, as production ones do."""
-
-    @pytest.fixture(scope="class")
-    def populated(self):
-        """50,000 passages in corpus `big`, all about the question's words, then the 5 passages of `small`."""
-        store = _live_store()
-        big = [Passage(f"b{i}", f"Andrzej Żuławski {i}",
-                       f"Andrzej Żuławski, the Polish film director, was born in the city of Lviv ({i}).")
-               for i in range(50_000)]
-        store.add_passages("big", big)
-        store.add_passages("small", PASSAGES)
-        yield store
-        store.drop_namespace()
-        store.close()
 
     @pytest.mark.parametrize("mode", ["bm25", "dense", "hybrid"])
     def test_small_corpus_finds_its_own_passages(self, populated, mode):

@@ -94,6 +94,8 @@ SCHEMA_ITEMS = (
     SchemaItem("passage_embedding", "VECTOR", "Passage", ("embedding",), CREATE_PASSAGE_VECTOR, "passage_vector"),
 )
 
+PING = "RETURN 1 AS ok"  # is the server there, and are the credentials good
+
 # -- collections -------------------------------------------------------------------------------
 EMBEDDERS = "MATCH (c:Collection) RETURN DISTINCT c.embedder AS embedder, c.dim AS dim"
 COLLECTION = "MATCH (c:Collection {key: $collection}) RETURN c.embedder AS embedder, c.dim AS dim, c.size AS size"

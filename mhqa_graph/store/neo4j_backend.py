@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 from neo4j.exceptions import AuthError, ConfigurationError, DriverError, Neo4jError, ServiceUnavailable, SessionExpired
@@ -47,6 +47,9 @@ from .base import KnowledgeStore
 from .fusion import candidate_depth, reciprocal_rank_fusion
 
 log = logging.getLogger(__name__)
+# The driver logs a refused connection as a warning too; without this, an application with no logging set up
+# would print it to stderr beside the StoreUnavailable message. Handlers the application adds still get it.
+logging.getLogger("neo4j").addHandler(logging.NullHandler())
 
 BATCH = 1000  # rows per UNWIND statement
 MAX_FETCH = 10_000  # deepest vector index query when keeping one graph's/corpus's neighbours
@@ -58,6 +61,7 @@ INDEX_WAIT_S = 60  # how long opening waits for populating indexes, in all
 
 FORBIDDEN = "Neo.ClientError.Security.Forbidden"
 CREDENTIALS_EXPIRED = "Neo.ClientError.Security.CredentialsExpired"
+DATABASE_NOT_FOUND = "Neo.ClientError.Database.DatabaseNotFound"
 _TOO_MANY_CLAUSES = re.compile(r"too ?many ?(nested ?)?clauses|maxClauseCount", re.IGNORECASE)
 
 T = TypeVar("T")
@@ -68,9 +72,27 @@ class _TooManyClauses(StoreError):
     """Lucene refused a full-text query as too long; the caller retries with a shorter one."""
 
 
+def _one_line(e: BaseException, limit: int = 400) -> str:
+    """The driver's message on one line, with the cause it wraps (a routing failure hides the refused connection
+    in an exception group), cut to `limit` characters."""
+    parts, seen, todo = [], set(), [e]
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        text = " ".join(str(getattr(current, "message", None) or current).split())
+        if text and not any(text in p for p in parts) and not isinstance(current, BaseExceptionGroup):
+            parts.append(text)
+        todo.extend(getattr(current, "exceptions", ()))
+        todo.extend(c for c in (current.__cause__, current.__context__) if c is not None)
+    line = ": ".join(parts)
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
 @contextmanager
 def _driver_errors(uri: str, credentials: str) -> Iterator[None]:
-    """Turn driver exceptions into store errors; `credentials` says whose they were, for the message."""
+    """Turn driver exceptions into store errors with one-line messages; `credentials` says whose they were."""
     try:
         yield
     except AuthError as e:
@@ -79,20 +101,23 @@ def _driver_errors(uri: str, credentials: str) -> Iterator[None]:
             "NEO4J_PASSWORD to a user and password of this server") from e
     except (ServiceUnavailable, SessionExpired) as e:
         raise StoreUnavailable(
-            f"Neo4j at {uri} is unavailable ({type(e).__name__}: {e}); is the server up (see neo4j/README.md) "
-            "and are NEO4J_USER / NEO4J_PASSWORD right?"
-        ) from e
+            f"Neo4j at {uri} is unavailable ({type(e).__name__}: {_one_line(e)}); is the server up (bash "
+            "neo4j/server.sh start, or see neo4j/README.md), on this host and port?") from e
     except Neo4jError as e:
         if e.code == CREDENTIALS_EXPIRED:
             raise StoreUnavailable(
                 f"Neo4j at {uri} is unavailable: the password ({credentials}) has expired and must be changed; "
                 "run `ALTER CURRENT USER SET PASSWORD FROM '<old>' TO '<new>'` in cypher-shell, then set "
                 "NEO4J_PASSWORD to the new one") from e
+        if e.code == DATABASE_NOT_FOUND:
+            raise StoreUnavailable(
+                f"Neo4j at {uri} has no such database ({_one_line(e, 200)}); set NEO4J_DATABASE or ?database= to one "
+                "that SHOW DATABASES lists, or leave both unset for the server's default") from e
         if _TOO_MANY_CLAUSES.search(e.message or ""):
             raise _TooManyClauses(f"Neo4j at {uri}: full-text query too long: {e.message}") from e
         raise StoreError(f"Neo4j at {uri}: {type(e).__name__}: {e}") from e
     except DriverError as e:
-        raise StoreError(f"Neo4j at {uri}: {type(e).__name__}: {e}") from e
+        raise StoreError(f"Neo4j at {uri}: {type(e).__name__}: {_one_line(e)}") from e
 
 
 def _batches(items: Sequence[T], size: int = BATCH) -> Iterator[Sequence[T]]:
@@ -123,6 +148,39 @@ def _describe(type_: str, labels: Sequence[str], properties: Sequence[str]) -> s
     return f"a {type_} index on :{'|'.join(labels)}({', '.join(properties)})"
 
 
+def _connect(uri: str) -> tuple[Driver, str, str]:
+    """A driver for `uri` (query and fragment dropped) with NEO4J_USER / NEO4J_PASSWORD, the URI it targets,
+    and whose credentials those are, for messages."""
+    target = urlsplit(uri)._replace(query="", fragment="").geturl()
+    user, password = os.environ.get("NEO4J_USER", "neo4j"), os.environ.get("NEO4J_PASSWORD")
+    credentials = f"user {user!r}" + ("" if password else ", and NEO4J_PASSWORD is not set, so the default "
+                                      "password 'neo4j' was sent, which Neo4j 5 never accepts")
+    try:
+        driver = GraphDatabase.driver(target, auth=(user, password or "neo4j"), connection_timeout=TIMEOUT_S,
+                                      connection_acquisition_timeout=TIMEOUT_S, max_transaction_retry_time=TIMEOUT_S)
+    except (ConfigurationError, ValueError) as e:
+        raise InvalidStoreURI(f"{uri!r}: {e}") from e
+    return driver, target, credentials
+
+
+def probe(uri: str) -> str | None:
+    """None if the server at `uri` answers `RETURN 1` with NEO4J_USER / NEO4J_PASSWORD, else why not, in one line."""
+    database = parse_qs(urlsplit(uri).query).get("database", [None])[-1]
+    try:
+        driver, target, credentials = _connect(uri)
+    except InvalidStoreURI as e:
+        return str(e)
+    try:
+        with _driver_errors(target, credentials), driver.session(
+                database=database or os.environ.get("NEO4J_DATABASE") or None) as session:
+            session.run(cypher.PING).consume()
+        return None
+    except StoreError as e:
+        return str(e).splitlines()[0]
+    finally:
+        driver.close()
+
+
 class Neo4jStore(KnowledgeStore):
     """A `KnowledgeStore` on a Neo4j database. Open with `open_store("neo4j://host:7687")`."""
 
@@ -150,16 +208,7 @@ class Neo4jStore(KnowledgeStore):
     def from_uri(cls, uri: str, embedder: str | None = None, database: str | None = None,
                  read_only: bool = False) -> Neo4jStore:
         """Connect with NEO4J_USER / NEO4J_PASSWORD (default neo4j/neo4j); database: arg, else NEO4J_DATABASE."""
-        target = urlsplit(uri)._replace(query="", fragment="").geturl()
-        user, password = os.environ.get("NEO4J_USER", "neo4j"), os.environ.get("NEO4J_PASSWORD")
-        credentials = f"user {user!r}" + ("" if password else ", and NEO4J_PASSWORD is not set, so the default "
-                                          "password 'neo4j' was sent, which Neo4j 5 never accepts")
-        try:
-            driver = GraphDatabase.driver(target, auth=(user, password or "neo4j"), connection_timeout=TIMEOUT_S,
-                                          connection_acquisition_timeout=TIMEOUT_S,
-                                          max_transaction_retry_time=TIMEOUT_S)
-        except (ConfigurationError, ValueError) as e:
-            raise InvalidStoreURI(f"{uri!r}: {e}") from e
+        driver, target, credentials = _connect(uri)
         try:
             with _driver_errors(target, credentials):
                 driver.verify_connectivity()
