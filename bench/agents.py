@@ -3,6 +3,11 @@
     python bench/agents.py --quick                       # 4 questions on PQ-2H and HotpotQA dev_b (~35 min, 2 cores)
     python bench/agents.py --env pq2h --env hotpot --limit 20 [--start 0] [--agents rag,omne]
                            [--llm llamacpp:qwen2.5-coder-1.5b] [--jobs 2] [--out bench/out]
+    python bench/agents.py --start 100 --limit 40 --agents rag,rag:decoding=prompt,omne,omne:guards=none
+
+An agent may carry settings after a colon (`omne:guards=none`, `mujica:guards=unecho;guard_mode=log`,
+`rag:decoding=prompt`): each such variant is a row of its own, with its own run folder. `--guards X`
+adds `agent:guards=X` for every agent, so each table has the guards-off row beside the default.
 
 Each (environment, agent) pair is one `mhqa eval` run in `OUT/runs/<llm>/<env>/<agent>`, so a rerun
 resumes where it stopped and reuses finished questions. `--jobs` runs that many evals at once, each
@@ -41,17 +46,33 @@ KG_ONLY = {"omne"}  # agents that need a knowledge graph
 QUICK = (("pq2h", "hotpot"), 4)
 
 
+SETTINGS = {"decoding": "--decoding", "guards": "--guards", "guard_mode": "--guard-mode"}  # variant key -> eval flag
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
+    """`omne:guards=none;guard_mode=log` -> ("omne", {"guards": "none", "guard_mode": "log"})."""
+    agent, _, rest = spec.partition(":")
+    settings = dict(item.split("=", 1) for item in rest.split(";") if "=" in item)
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if agent not in AGENTS or unknown or (rest and not settings):
+        raise ValueError(f"bad agent {spec!r}: use <agent>[:key=value;...] with agent in {', '.join(AGENTS)} "
+                         f"and keys in {', '.join(SETTINGS)}")
+    return agent, settings
+
+
 def run_dir(out: Path, llm: str, env: str, agent: str) -> Path:
-    return out / "runs" / re.sub(r"[^\w.-]+", "_", llm) / env / agent
+    return out / "runs" / re.sub(r"[^\w.-]+", "_", llm) / env / re.sub(r"[^\w.=;,-]+", "_", agent)
 
 
-def eval_command(args: argparse.Namespace, env: str, agent: str) -> list[str]:
+def eval_command(args: argparse.Namespace, env: str, variant: str) -> list[str]:
     spec = DEV_ENVIRONMENTS[env]
+    agent, settings = parse_variant(variant)
     llm = args.llm if "?" in args.llm or not args.llm.startswith("llamacpp:") else f"{args.llm}?threads=1"
     mhqa = str(Path(sys.executable).with_name("mhqa"))
+    flags = [x for key, value in settings.items() for x in (SETTINGS[key], value)]
     return [mhqa, "eval", str(args.data / spec.file), "--dataset", spec.dataset, "--agent", agent,
             "--llm", llm, "--store", args.store, "--limit", str(args.limit), "--start", str(args.start),
-            "--concurrency", "1", "--out", str(run_dir(args.out, args.llm, env, agent))]
+            "--concurrency", "1", *flags, "--out", str(run_dir(args.out, args.llm, env, variant))]
 
 
 def run_all(args: argparse.Namespace, jobs: list[tuple[str, str]]) -> None:
@@ -112,6 +133,8 @@ def env_rows(args: argparse.Namespace, env: str, agents: list[str]) -> tuple[int
             "acted_pct": 100 * health["acted"] / health["acted_of"] if health["acted_of"] else None,
             "invented": health["invented"], "malformed": health["malformed"], "repairs": health["repairs"],
             "forced": health["forced"], "bad": health["bad_answers"],
+            "guarded": health.get("guard_changed", 0), "answer_guard": health.get("answer_guard", 0),
+            "fired": health.get("guards", {}),
             "recall": diags["evidence_recall"], "failures": diags["failures"], "fill": _fill(recs),
         })
     return len(shared), rows
@@ -130,9 +153,9 @@ def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
     spec = DEV_ENVIRONMENTS[env]
     head = (f"### {env}: {spec.dataset} `{Path(spec.file).name}` ({spec.kind}), {n} questions, `{llm}`\n\n"
             "| agent | EM | F1 | ΔF1 vs rag | s/q | LLM calls/q | tokens/q | acted | invented | malformed | "
-            "repairs | forced | empty/long | evidence seen | misses (retrieval/reasoning/format/error) | "
-            "placeholders filled |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "repairs | forced | empty/long | guarded (answer) | evidence seen | "
+            "misses (retrieval/reasoning/format/error) | placeholders filled |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         df1 = "-" if r["df1"] is None or r["agent"] == "rag" else f"{r['df1']:+.1f}"
@@ -140,7 +163,12 @@ def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
         misses = "/".join(str(r["failures"][k]) for k in FAILURE_CLASSES[:4])
         lines.append(f"| {r['agent']} | {r['em']:.1f} | {r['f1']:.1f} | {df1} | {r['sec']:.1f} | {r['calls']:.1f} | "
                      f"{r['tokens']:.0f} | {r['acted']} | {r['invented']} | {r['malformed']} | {r['repairs']} | "
-                     f"{r['forced']} | {r['bad']} | {recall} | {misses} | {r['fill']} |")
+                     f"{r['forced']} | {r['bad']} | {r['guarded']} ({r['answer_guard']}) | {recall} | {misses} | "
+                     f"{r['fill']} |")
+    fired = sorted({name for r in rows for name in r["fired"]})
+    if fired:  # questions each guard fired in, per variant
+        lines += ["", "| agent | " + " | ".join(fired) + " |", "|---|" + "---|" * len(fired)]
+        lines += [f"| {r['agent']} | " + " | ".join(str(r["fired"].get(n, 0)) for n in fired) + " |" for r in rows]
     return head + "\n".join(lines) + "\n"
 
 
@@ -183,16 +211,21 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
     parser.add_argument("--report-only", action="store_true", help="tables from finished runs, run nothing")
+    parser.add_argument("--guards", default=None, help="also run every agent with these guards (e.g. none)")
     args = parser.parse_args()
     envs = args.env or list(DEV_ENVIRONMENTS)
     if args.quick:
         envs, args.limit = list(QUICK[0]), QUICK[1]
     args.store = args.store or f"embedded://{(args.out / 'store').resolve()}"
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
-    unknown = sorted(set(agents) - set(AGENTS))
-    if unknown:
-        parser.error(f"unknown agents {unknown}; choose from {', '.join(AGENTS)}")
-    jobs = [(env, a) for env in envs for a in agents if not (a in KG_ONLY and DEV_ENVIRONMENTS[env].kind != "kg")]
+    if args.guards:
+        agents += [f"{a}:guards={args.guards}" for a in agents if ":" not in a and a not in ("rag", "direct")]
+    try:
+        kinds = {a: parse_variant(a)[0] for a in agents}
+    except ValueError as exc:
+        parser.error(str(exc))
+    jobs = [(env, a) for env in envs for a in agents
+            if not (kinds[a] in KG_ONLY and DEV_ENVIRONMENTS[env].kind != "kg")]
     started = time.perf_counter()
     if not args.report_only:
         run_all(args, jobs)

@@ -14,7 +14,7 @@ from typing import (
     NotRequired,  # pydantic needs these on 3.11 (Studio schemas)
 )
 
-from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
@@ -22,10 +22,12 @@ from typing_extensions import TypedDict
 
 from mhqa_graph.errors import MhqaError, ModelError
 from mhqa_graph.parsing import final_answer
+from mhqa_graph.replies import answer_reply
 from mhqa_graph.tools import cap_text, format_passages, node_info_tool
 
 from . import baselines_prompts as P
 from .common import (
+    REPAIR_PREFIX,
     AgentContext,
     QAInput,
     QAOutput,
@@ -47,7 +49,7 @@ class BaselineContext(AgentContext):
 
 
 class DirectOutput(QAOutput):
-    raw: str  # the model's reply
+    raw: str  # the model's reply (replies, after a repair, blank-line separated)
 
 
 class RagOutput(QAOutput):
@@ -73,14 +75,22 @@ class RagState(DirectState):
 
 
 def _reply(ctx: BaselineContext, system: str, user: str) -> dict:
-    """Ask the answer model; the state update with raw reply, answer and error."""
-    try:
-        text = ask(get_llm(ctx, ROLE), [SystemMessage(system.format(think=P.THINK_ON if ctx.think else P.THINK_OFF)),
-                                         HumanMessage(user)])
-    except ModelError as exc:
-        return {"raw": "", "answer": "", "error": f"ModelError: {exc}"}
-    answer = clean_answer(final_answer(text))
-    return {"raw": text, "answer": answer, "error": None if answer else "MalformedOutput: the reply has no answer"}
+    """Ask the answer model, its reply constrained to `<think>…</think><answer>…</answer>` where the backend
+    can; a reply with no answer gets the agents' bounded repair (`parse_retries`). The state update with the
+    raw replies, the answer and the error."""
+    llm = get_llm(ctx, ROLE, reply=answer_reply(ROLE, think=ctx.think))
+    messages = [SystemMessage(system.format(think=P.THINK_ON if ctx.think else P.THINK_OFF)), HumanMessage(user)]
+    raw: list[str] = []
+    for _ in range(ctx.parse_retries + 1):
+        try:
+            text = ask(llm, messages)
+        except ModelError as exc:
+            return {"raw": "\n\n".join(raw), "answer": "", "error": f"ModelError: {exc}"}
+        raw.append(text)
+        if answer := clean_answer(final_answer(text)):
+            return {"raw": "\n\n".join(raw), "answer": answer, "error": None}
+        messages = [*messages, AIMessage(text), HumanMessage(P.REPAIR.format(prefix=REPAIR_PREFIX))]
+    return {"raw": "\n\n".join(raw), "answer": "", "error": "MalformedOutput: the reply has no answer"}
 
 
 def start(state: DirectState) -> dict:

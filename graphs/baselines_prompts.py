@@ -15,3 +15,6 @@ QUESTION = "Question: {question}"
 PASSAGES = "Retrieved passages:\n{context}\n\nQuestion: {question}"
 
 FACTS = "Facts from the knowledge graph:\n{context}\n\nQuestion: {question}"
+
+# after a reply with no answer in it (one repair, as the agents get)
+REPAIR = "{prefix} (it has no <answer> tag). Reply again: the final answer inside <answer></answer> tags."

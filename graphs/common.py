@@ -24,8 +24,10 @@ from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion, MhqaError, ModelError, UnknownCorpus, UnknownGraph
 from mhqa_graph.parsing import close_json, extract_json, strip_think
+from mhqa_graph.replies import DECODING_MODES, ReplyFormat, can_constrain, decoding_kwargs
 from mhqa_graph.store import KnowledgeStore, open_store
 
+from .guards import check_settings as check_guards
 from .omne_prompts import NUDGE, is_send_back
 
 MAX_QUESTION_CHARS = 4000
@@ -81,6 +83,14 @@ class AgentContext:
                                  "or HTTP 5xx.")
     retry_backoff: float = setting(0.5, help="Seconds before the first retry; doubles each time, plus up to as "
                                    "much jitter.")
+    decoding: str = setting("auto", help="auto: constrain each reply to its role's format where the backend can "
+                            "(llama.cpp grammar, OpenAI-compatible json_schema), else prompt and parse; "
+                            "constrained: the same, but a role whose model cannot be constrained is an error; "
+                            "prompt: never constrain.")
+    guards: str = setting("auto", help="Small-model guards to run (graphs/guards.py): auto (the default set), none, "
+                          "or comma-separated names.")
+    guard_mode: str = setting("enforce", help="enforce: a guard that fires changes the run; log: it is only "
+                              "recorded in the run's guards list.")
 
 
 C = TypeVar("C", bound=AgentContext)
@@ -127,6 +137,14 @@ def validate_context(ctx: AgentContext, roles: tuple[str, ...]) -> None:
             check_chat_spec(spec)
         except ModelError as exc:
             raise type(exc)(f"{where}: {exc}") from None
+    if ctx.decoding not in DECODING_MODES:
+        raise InvalidInput(f"decoding must be one of {', '.join(DECODING_MODES)}, got {ctx.decoding!r}")
+    check_guards(ctx.guards, ctx.guard_mode)
+    if ctx.decoding == "constrained":
+        for where, spec in specs:
+            if not can_constrain(spec):
+                raise InvalidInput(f"decoding=constrained: {where} ({spec!r}) cannot be constrained; use a "
+                                   "llamacpp: or openai: model, or decoding=auto")
     if not (ctx.store is None or isinstance(ctx.store, (str, KnowledgeStore))):
         raise InvalidInput(f"store must be a URI or a KnowledgeStore, got {type(ctx.store).__name__}")
     for f in fields(ctx):
@@ -214,18 +232,37 @@ def supports_tool_calling(model: BaseChatModel) -> bool:
     return type(model).bind_tools is not BaseChatModel.bind_tools
 
 
-def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None) -> Runnable:
-    """The chat model for `role` (see `chat_model`), with `tools` bound natively if given; tagged with
-    the role (run name, tag `mhqa:role:<role>`, metadata `mhqa_role`) so callbacks such as the trace
-    recorder can see it, and retried `ctx.model_retries` times with exponential backoff and jitter on
-    transient failures."""
-    model: Runnable = chat_model(ctx, role)
+def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None,
+            reply: ReplyFormat | None = None) -> Runnable:
+    """The chat model for `role` (see `chat_model`), with `tools` bound natively if given, and constrained to
+    the `reply` format where the backend can and `ctx.decoding` allows (`replies.decoding_kwargs`); tagged with
+    the role (run name, tag `mhqa:role:<role>`, metadata `mhqa_role` and `mhqa_decoding`) so callbacks such as
+    the trace recorder can see it, and retried `ctx.model_retries` times with exponential backoff and jitter
+    on transient failures."""
+    base = chat_model(ctx, role)
+    model: Runnable = base
     if tools:
         model = model.bind_tools(tools)  # type: ignore[attr-defined]
+    how = "prompt"
+    if reply is not None and ctx.decoding != "prompt":
+        kwargs, how = decoding_kwargs(base, reply)
+        if kwargs:
+            model = _constrained(model, kwargs)
     retrying = BackoffRetry(bound=model, retry_exception_types=is_transient, wait_exponential_jitter=False,
                             max_attempt_number=max(0, ctx.model_retries) + 1,
                             backoff=max(0.0, float(ctx.retry_backoff)))
-    return retrying.with_config(run_name=role, tags=[f"mhqa:role:{role}"], metadata={"mhqa_role": role})
+    return retrying.with_config(run_name=role, tags=[f"mhqa:role:{role}"],
+                                metadata={"mhqa_role": role, "mhqa_decoding": how})
+
+
+def _constrained(model: Runnable, kwargs: dict[str, Any]) -> Runnable:
+    """`model` with the constraint kwargs bound; a server that refuses a response_format (HTTP 400) is asked
+    again without it (llama.cpp falls back to the prompt by itself, see LlamaCppChatModel)."""
+    bound = model.bind(**kwargs)
+    openai = sys.modules.get("openai")
+    if "response_format" in kwargs and openai is not None:
+        return bound.with_fallbacks([model], exceptions_to_handle=(openai.BadRequestError,))
+    return bound
 
 
 def get_store(ctx: AgentContext) -> KnowledgeStore:

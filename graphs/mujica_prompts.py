@@ -3,6 +3,8 @@ WORKER_SYSTEM (passages) and GRAPH_WORKER_SYSTEM (graph facts) are sent as they 
 
 import json
 
+from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, json_reply, obj, text
+
 # the planner's worked examples: (question, sub-questions as (question, depends_on)), and the names they use
 EXAMPLES = (
     ("Where was the director of Inception born?",
@@ -114,3 +116,29 @@ Contexts:
 Reply with JSON: {{"relevant": [<numbers of the helpful contexts>], "answer": "<short answer>"}}. {think}"""
 
 NO_CONTEXTS = "(no contexts found)"
+
+
+# -- reply formats (mhqa_graph.replies): what a constrained backend lets each role write ----------
+def _ids(cap: int) -> dict:
+    return {"type": "string", "enum": [f"q{i}" for i in range(1, cap + 1)]}
+
+
+def planner_format(final: bool, may_answer: bool, think: bool, cap: int) -> ReplyFormat:
+    """The planner's reply: sub-questions with ids among q1..q`cap` (dependencies too), or the answer when it
+    may conclude; only the answer when it must."""
+    answer = obj({"answer": text(ANSWER_CHARS)})
+    item = obj({"id": _ids(cap), "question": text(), "depends_on": {"type": "array", "items": _ids(cap),
+                                                                     "maxItems": cap}})
+    plan = obj({"subquestions": {"type": "array", "items": item, "maxItems": cap}})
+    schema = answer if final else {"anyOf": [plan, answer]} if may_answer else plan
+    return json_reply("planner", schema, think=think)
+
+
+def worker_format(contexts: int, think: bool) -> ReplyFormat:
+    """The worker's reply: the numbers of the contexts it used (1..`contexts`) and its answer."""
+    numbers = {"type": "integer", "enum": list(range(1, contexts + 1))} if contexts else {"type": "integer"}
+    relevant = {"type": "array", "items": numbers, "maxItems": contexts}
+    return json_reply("worker", obj({"relevant": relevant, "answer": text(ANSWER_CHARS)}), think=think)
+
+
+SHORT_FORMAT = json_reply("short answer", obj({"answer": text(ANSWER_CHARS)}))

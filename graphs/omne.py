@@ -43,7 +43,6 @@ reply), `ModelError`.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import (
     Annotated,
@@ -60,17 +59,16 @@ from langchain_core.messages import (
     SystemMessage,
     ToolMessage,
 )
-from langchain_core.messages.tool import invalid_tool_call, tool_call
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
-from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
-from mhqa_graph.parsing import close_json, extract_json, extract_tag, final_answer, json_spans, words
-from mhqa_graph.tools import entity_matcher_tool, node_info_tool, open_relations, pick_graph, render_node
-from mhqa_graph.types import NodeInfo
+from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
+from mhqa_graph.parsing import final_answer
+from mhqa_graph.replies import answer_reply
+from mhqa_graph.tools import entity_matcher_tool, node_info_tool, render_node
 
 from . import omne_prompts as P
 from .common import (
@@ -88,24 +86,12 @@ from .common import (
     setting,
     supports_tool_calling,
 )
+from .guards import apply, check
+from .omne_protocol import ai_message, call_key, call_order, check_args, parse_reply
+from .omne_send_back import grounded, one_hop_short, start_node
 
 ROLE = "tool-agent"
 PREVIEW_CHARS = 200
-# canonical argument -> the names small models use for it
-_MAIN_ARG = {
-    "entity_matcher": ("query", ("query", "text", "entity", "name", "entity_name", "keyword")),
-    "node_info": ("entity", ("entity", "name", "node", "node_name", "entity_name", "query")),
-}
-_GRAPH_ARGS = ("graph_type", "graph", "graph_name", "kg")
-_NAME_KEYS = ("name", "tool", "tool_name", "function")
-_ARGS_KEYS = ("arguments", "args", "parameters", "params", "input")
-
-_CLOSED_THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_LEADING_THINK = re.compile(r"\s*(<think>.*?</think>)", re.DOTALL | re.IGNORECASE)
-_STRAY_THINK = re.compile(r"</?think>", re.IGNORECASE)
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|$)", re.DOTALL | re.IGNORECASE)
-_RESPONSE = re.compile(r"<tool_response>", re.IGNORECASE)
-_ANSWER_BLOCK = re.compile(r"<answer>.*?(?:</answer>|$)", re.DOTALL | re.IGNORECASE)
 
 
 @dataclass
@@ -132,6 +118,7 @@ class OmneOutput(QAOutput):
     repeated_calls: int
     invented_results: int
     dropped_answers: int
+    guards: list[dict]
     messages: NotRequired[list[AnyMessage]]
 
 
@@ -147,94 +134,9 @@ class OmneState(TypedDict):
     repeated_calls: int
     invented_results: int  # <tool_response> blocks the model wrote itself (dropped)
     dropped_answers: int  # answers written beside tool calls (dropped: the calls run)
+    guards: list[dict]  # every guard firing (graphs/guards.py)
     answer: str
     error: str | None
-
-
-# -- the text protocol -------------------------------------------------------------------
-def _read_call(value: Any) -> dict:
-    """{"name", "args", "error"} from one parsed call, accepting the usual variants: "args" or
-    "parameters" for "arguments", arguments as a JSON string, OpenAI's {"function": {...}},
-    {"node_info": {...}}, or the arguments at the top level."""
-    if not isinstance(value, dict):
-        return {"name": "", "args": {}, "error": "a tool call must be a JSON object"}
-    if isinstance(value.get("function"), dict):
-        return _read_call(value["function"])
-    name = next((value[k] for k in _NAME_KEYS if k in value), None)
-    args = next((value[k] for k in _ARGS_KEYS if k in value), None)
-    if name is None and len(value) == 1 and next(iter(value)) not in _ARGS_KEYS \
-            and isinstance(next(iter(value.values())), dict):
-        name, args = next(iter(value.items()))
-    if args is None:
-        args = {k: v for k, v in value.items() if k not in _NAME_KEYS and k != "type"}
-    if isinstance(args, str):
-        args = extract_json(args, dict) if args.strip() else {}
-    if not isinstance(name, str) or not name.strip():
-        return {"name": "", "args": {}, "error": 'the tool call has no "name"'}
-    if not isinstance(args, dict):
-        return {"name": name.strip(), "args": {}, "error": '"arguments" must be a JSON object'}
-    return {"name": name.strip(), "args": args, "error": None}
-
-
-@dataclass
-class Reply:
-    calls: list[dict]  # {"name", "args", "error", "raw"}, in the order written
-    answer: str | None  # None when there are calls: they run first
-    kept: str  # the reply as it enters the conversation: through its last call, nothing after it
-    invented: int = 0  # <tool_response> blocks the model wrote itself
-    dropped_answer: bool = False  # an <answer> beside calls
-
-
-def _blank(match: re.Match) -> str:
-    return " " * len(match.group())
-
-
-def parse_reply(text: str) -> Reply:
-    """The tool calls and the answer of a model reply, read tolerantly: <tool_call> blocks, else bare
-    JSON calls (objects or lists) of the known tools; everything from the first <tool_response> on is
-    invented and ignored."""
-    invented = len(_RESPONSE.findall(text))
-    first = _RESPONSE.search(text)
-    cut = text[:first.start()] if first else text
-    masked = _STRAY_THINK.sub(_blank, _CLOSED_THINK.sub(_blank, cut))  # same length: positions hold
-    calls: list[dict] = []
-    end = 0
-    for block in _TOOL_CALL.finditer(masked):
-        value = extract_json(close_json(block.group(1)), (dict, list))
-        if value is None:
-            read = [{"name": "", "args": {}, "error": "the tool call is not valid JSON"}]
-        else:
-            read = [_read_call(v) for v in (value if isinstance(value, list) else [value])]
-        calls += [dict(call, raw=block.group(1).strip()[:500]) for call in read]
-        end = block.end()
-    if not calls:  # bare JSON calls without the tags
-        for start, stop, value in json_spans(_ANSWER_BLOCK.sub(_blank, masked)):
-            read = [c for c in (_read_call(v) for v in (value if isinstance(value, list) else [value]))
-                    if c["name"] in _MAIN_ARG and not c["error"]]
-            if read:
-                calls += [dict(c, raw=masked[start:stop][:500]) for c in read]
-                end = stop
-    answer = extract_tag(_TOOL_CALL.sub(_blank, masked), "answer")
-    answer = clean_answer(answer) if answer else None
-    if calls:
-        return Reply(calls, None, cut[:end].rstrip(), invented, dropped_answer=bool(answer))
-    return Reply([], answer or None, cut.rstrip(), invented)
-
-
-def canonical_reply(text: str) -> str:
-    """`text` as the system prompt asks for it: its <think> block, then each call `parse_reply` reads as a
-    <tool_call> block of strict JSON, or its <answer>. A teacher's bare JSON call becomes a tagged one, so
-    SFT on its trajectories teaches the protocol; a reply with a malformed call or neither stays as it is."""
-    reply = parse_reply(text)
-    if reply.calls and not any(call["error"] for call in reply.calls):
-        body = "\n".join("<tool_call>\n" + json.dumps({"name": call["name"], "arguments": call["args"]},
-                                                      ensure_ascii=False) + "\n</tool_call>" for call in reply.calls)
-    elif not reply.calls and reply.answer:
-        body = f"<answer>{reply.answer}</answer>"
-    else:
-        return text
-    think = _LEADING_THINK.match(text)
-    return f"{think.group(1)}\n{body}" if think else body
 
 
 def _tool_specs(graphs: list[str]) -> list[dict]:
@@ -304,52 +206,6 @@ def room_for_a_round(ctx: OmneContext, graphs: list[str], messages: list[BaseMes
     return fits
 
 
-def _ai_message(text: str, calls: list[dict], round_no: int) -> AIMessage:
-    ok, bad = [], []
-    for i, call in enumerate(calls):
-        call_id = f"call_{round_no}_{i}"
-        if call["error"]:
-            bad.append(invalid_tool_call(name=call["name"] or None, args=call["raw"], id=call_id,
-                                         error=call["error"]))
-        else:
-            ok.append(tool_call(name=call["name"], args=call["args"], id=call_id))
-    return AIMessage(text, tool_calls=ok, invalid_tool_calls=bad)
-
-
-# -- tools ---------------------------------------------------------------------------------
-def check_args(name: str, args: dict, graphs: list[str]) -> dict | str:
-    """The canonical arguments of a call ({main argument, graph_type}, whitespace-normalised), or
-    the error text the model is shown. With a single graph, any graph_type means that graph."""
-    if name not in _MAIN_ARG:
-        return f"Error: unknown tool {name!r}; the tools are {' and '.join(_MAIN_ARG)}."
-    key, aliases = _MAIN_ARG[name]
-    value = next((args[a] for a in aliases if a in args), None)
-    if value is None:
-        return f'Error: {name} needs the argument "{key}" (a string) and optionally "graph_type".'
-    if not isinstance(value, str) or not value.strip():
-        return f'Error: argument "{key}" of {name} must be a non-empty string, got {json.dumps(value)[:80]}.'
-    graph = next((args[a] for a in _GRAPH_ARGS if a in args), None) or (graphs[0] if graphs else "")
-    if not isinstance(graph, str):
-        return f'Error: argument "graph_type" of {name} must be a string, got {json.dumps(graph)[:80]}.'
-    graph = graph.strip()
-    if graphs:
-        try:
-            graph = pick_graph(graph, graphs)
-        except MhqaError as exc:
-            return f"Error: {exc}."
-    return {key: " ".join(value.split()), "graph_type": graph}
-
-
-def _call_key(name: str, args: dict) -> str:
-    return name + json.dumps(args, sort_keys=True, default=str)
-
-
-def _order(call: dict) -> int:
-    """Text-mode calls keep the order they were written in (their ids end in their index)."""
-    tail = str(call.get("id") or "").rsplit("_", 1)[-1]
-    return int(tail) if tail.isdigit() else 0
-
-
 # -- nodes ---------------------------------------------------------------------------------
 def _native(ctx: OmneContext) -> bool:
     if ctx.tool_mode not in ("auto", "native", "text"):
@@ -363,7 +219,7 @@ def start(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     ctx = context_as(OmneContext, runtime)
     question = check_question(state.get("question"))
     update: dict[str, Any] = {"question": question, "rounds": 0, "nudges": 0, "tool_calls": [], "repeated_calls": 0,
-                              "invented_results": 0, "dropped_answers": 0, "answer": "", "error": None,
+                              "invented_results": 0, "dropped_answers": 0, "guards": [], "answer": "", "error": None,
                               "graphs": [], "native": False}
     try:
         graphs = [g.strip() for g in ctx.graph.split(",") if g.strip()] if ctx.graph else get_store(ctx).graphs()
@@ -400,14 +256,15 @@ def agent(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     try:
         if state["native"]:
             return _native_turn(ctx, state, round_no)
-        text = ask(get_llm(ctx, ROLE), render_prompt(ctx, state["graphs"], state["messages"]), stop=P.STOP)
+        llm = get_llm(ctx, ROLE, reply=P.tool_format(state["graphs"], ctx.think, ctx.max_calls_per_round))
+        text = ask(llm, render_prompt(ctx, state["graphs"], state["messages"]), stop=P.STOP)
     except ModelError as exc:
         return {"rounds": round_no, "error": f"ModelError: {exc}"}
     reply = parse_reply(text)
     counts = {"invented_results": state["invented_results"] + reply.invented,
               "dropped_answers": state["dropped_answers"] + reply.dropped_answer}
     if reply.calls:
-        return {**counts, "rounds": round_no, "messages": [_ai_message(reply.kept, reply.calls, round_no)]}
+        return {**counts, "rounds": round_no, "messages": [ai_message(reply.kept, reply.calls, round_no)]}
     if reply.answer:
         return {**counts, **_answer_or_send_back(ctx, state, round_no, reply.answer, AIMessage(reply.kept))}
     nudge = [HumanMessage(P.NUDGE)] if state["nudges"] == 0 else []
@@ -416,81 +273,28 @@ def agent(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
 
 
 def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answer: str, said: AIMessage) -> dict:
-    """The answer, or once per run the answer sent back with the facts that it skipped: when no fact
-    of the run contains it (the facts of the entity the question starts from, unless the run looked
-    into it), or when it is one hop short (the facts of the answer entity)."""
+    """The answer, or once per run (guards `send_back_ungrounded` and `send_back_one_hop`) the answer sent back
+    with the facts that it skipped: when no fact of the run contains it (the facts of the entity the question
+    starts from, unless the run looked into it), or when it is one hop short (the facts of the answer entity)."""
+    firings = list(state.get("guards") or [])
     if state["nudges"] == 0 and round_no < ctx.max_rounds:
-        if not grounded(answer, state):
+        if check(ctx, "send_back_ungrounded", lambda: not grounded(answer, state), answer, "sent back", firings):
             text = P.UNGROUNDED.format(answer=answer)
-            if start := _start_node(ctx, state):
+            if start := start_node(ctx, state):
                 facts = render_node(start, state["question"], max_chars=ctx.result_chars)
                 text = P.UNGROUNDED_FACTS.format(answer=answer, entity=start.name, facts=facts)
-            return {"rounds": round_no, "nudges": 1, "messages": [said, HumanMessage(text)]}
-        if left := one_hop_short(ctx, state, answer):
+            return {"rounds": round_no, "nudges": 1, "messages": [said, HumanMessage(text)], "guards": firings}
+        seen = len(firings)
+        left = apply(ctx, "send_back_one_hop", None, lambda: one_hop_short(ctx, state, answer), firings)
+        if len(firings) > seen and firings[-1]["after"] is not None:  # fired: say what it does, not the node
+            hop = one_hop_short(ctx, state, answer) if left is None else left
+            firings[-1].update(before=answer, after=f"sent back with the facts of {hop[0].name}" if hop else None)
+        if left is not None:
             node, relations = left
             text = P.ONE_HOP_SHORT.format(entity=node.name, relations=", ".join(relations),
                                           facts=render_node(node, state["question"], max_chars=ctx.result_chars))
-            return {"rounds": round_no, "nudges": 1, "messages": [said, HumanMessage(text)]}
-    return {"rounds": round_no, "messages": [said], "answer": answer}
-
-
-def _looked_into(state: OmneState) -> list[str]:
-    """The entities that node_info returned facts for in this run."""
-    return [str(r["args"].get("entity", "")) for r in state["tool_calls"]
-            if r["name"] == "node_info" and not r["repeated"] and not r["result_preview"].startswith("Error")]
-
-
-def _start_node(ctx: OmneContext, state: OmneState) -> NodeInfo | None:
-    """The entity the question starts from (its first topic entity, else the best match for the whole
-    question), unless the run looked into it already; None if there is none."""
-    looked = {words(e) for e in _looked_into(state)}
-    for graph in state["graphs"]:
-        try:
-            store = get_store(ctx)
-            names = state.get("topic_entities") or [h.name for h in store.match_entities(graph, state["question"], k=1)]
-            node = store.node_info(graph, names[0]) if names else None
-        except MhqaError:
-            continue
-        if node is not None:
-            return None if words(node.name) in looked else node
-    return None
-
-
-def grounded(answer: str, state: OmneState) -> bool:
-    """Whether a fact of the run (a successful node_info result) contains the answer; yes/no answers
-    always are. A name that only entity_matcher listed is not: it was matched, not reached."""
-    said = words(answer)
-    if said in ("yes", "no"):
-        return True
-    results = (m.text for m in state["messages"]
-               if isinstance(m, ToolMessage) and m.name == "node_info" and m.status != "error")
-    return bool(said) and any(f" {said} " in f" {words(text)} " for text in results)
-
-
-def one_hop_short(ctx: OmneContext, state: OmneState, answer: str) -> tuple[NodeInfo, list[str]] | None:
-    """(the answer's node, relations) when the answer is a graph entity that the question does not
-    name, that the run never looked into, and that has relations the question asks about which the
-    walk so far has not covered (`tools.open_relations`): e.g. the father, for "where was X's father
-    buried?"."""
-    said = words(answer)
-    looked = _looked_into(state)
-    if not said or f" {said} " in f" {words(state['question'])} " or said in {words(e) for e in looked}:
-        return None
-    for graph in state["graphs"]:
-        try:
-            store = get_store(ctx)
-            node = store.node_info(graph, answer)
-            path = []
-            for entity in looked:
-                try:
-                    path.append(store.node_info(graph, entity))
-                except EntityNotFound:
-                    continue
-        except MhqaError:
-            continue
-        if relations := open_relations(node, state["question"], path):
-            return node, relations
-    return None
+            return {"rounds": round_no, "nudges": 1, "messages": [said, HumanMessage(text)], "guards": firings}
+    return {"rounds": round_no, "messages": [said], "answer": answer, "guards": firings}
 
 
 def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
@@ -498,9 +302,9 @@ def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     ctx = context_as(OmneContext, runtime)
     graphs = state["graphs"]
     last = state["messages"][-1]
-    calls = sorted([*last.tool_calls, *last.invalid_tool_calls], key=_order)
+    calls = sorted([*last.tool_calls, *last.invalid_tool_calls], key=call_order)
     runners: dict[str, Any] = {}
-    seen = {_call_key(r["name"], r["args"]) for r in state["tool_calls"]}
+    seen = {call_key(r["name"], r["args"]) for r in state["tool_calls"]}
     records: list[ToolCallRecord] = []
     results: list[ToolMessage] = []
     for i, call in enumerate(calls):
@@ -513,7 +317,7 @@ def tools(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
             args = {"raw": args}
         else:
             checked = check_args(name, args if isinstance(args, dict) else {}, graphs)
-            key = _call_key(name, checked if isinstance(checked, dict) else args)
+            key = call_key(name, checked if isinstance(checked, dict) else args)
             repeated = key in seen
             seen.add(key)
             if repeated:
@@ -559,7 +363,8 @@ def final(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     cap = None if state["rounds"] < ctx.max_rounds else f"RoundCap: no answer within {ctx.max_rounds} rounds"
     try:
         prompt = render_prompt(ctx, state["graphs"], [*state["messages"], force], native=state["native"])
-        text = ask(get_llm(ctx, ROLE), prompt, stop=None if state["native"] else P.STOP)
+        llm = get_llm(ctx, ROLE, reply=None if state["native"] else answer_reply(ROLE, ctx.think))
+        text = ask(llm, prompt, stop=None if state["native"] else P.STOP)
     except ModelError as exc:
         return {"messages": [force], "error": f"ModelError: {exc}"}
     reply = parse_reply(text)

@@ -2,6 +2,8 @@
 
 import re
 
+from mhqa_graph.replies import ReplyFormat, obj, text, tool_reply
+
 # Tool signatures shown to the model; omne.py fills the graph_type enum with the graphs of the run.
 TOOL_SPECS = [
     {
@@ -140,3 +142,12 @@ Knowledge graphs you can search (the graph_type argument): {graph_types}
 Start with entity_matcher to find the exact name of the entity the question starts from, then follow the \
 relations with node_info, hop by hop, until you reach the answer. Do not repeat a call. When the facts give the \
 answer, reply without a tool call, with the answer inside <answer></answer> tags: a short entity name or phrase."""
+
+
+# -- reply format (mhqa_graph.replies): a constrained backend lets the model write a call or an answer -----
+def tool_format(graphs: list[str], think: bool, max_calls: int) -> ReplyFormat:
+    """One or more <tool_call> blocks of the two tools (graph_type among the run's graphs), or an <answer>."""
+    graph = {"type": "string", "enum": list(graphs)} if graphs else text()
+    calls = [obj({"name": {"const": name}, "arguments": obj({arg: text(), "graph_type": graph})})
+             for name, arg in (("entity_matcher", "query"), ("node_info", "entity"))]
+    return tool_reply("tool-agent", calls, think=think, max_calls=max_calls)

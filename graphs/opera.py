@@ -36,7 +36,6 @@ Replies each role is expected to give (what `fake_llms` scripts):
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -48,7 +47,6 @@ from langgraph.types import Command, Overwrite, Send
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import EntityNotFound, ModelError, StoreError
-from mhqa_graph.parsing import extract_json, final_answer, strip_think
 from mhqa_graph.store.base import MAX_K
 from mhqa_graph.tools import MAX_FACTS, format_passages
 from mhqa_graph.types import PassageHit
@@ -61,7 +59,6 @@ from .common import (
     ask,
     ask_json,
     check_question,
-    clean_answer,
     context_as,
     get_llm,
     get_store,
@@ -69,7 +66,9 @@ from .common import (
 )
 from .compare import NOTE as DATE_NOTE
 from .compare import OPTION_NOTE, Step, as_option, compare_dates, comparison
-from .refusals import grounded, is_no_answer
+from .guards import apply, check, is_on
+from .opera_analysis import check_analysis, parse_final, parse_rewrite
+from .opera_plan import check_plan, check_runaway_plan, cut_runaway, dependencies, fill_placeholders
 
 RECURSION_LIMIT = 1000  # graph steps; a chain of n sub-goals takes 2 + n * (3 * max_rewrites + 3) + 1
 
@@ -120,6 +119,7 @@ class State(TypedDict, total=False):
     answer: str
     error: str | None  # the first typed failure of the run (set by synthesize, from the notes)
     notes: Annotated[list[str], extend]  # every failure, warning, "DateComparison: ..." and "OptionAnswer: ..."
+    guards: Annotated[list[dict], extend]  # every guard firing (graphs/guards.py)
     halted: bool  # the run cannot execute sub-goals (no source, the Plan agent failed)
     placeholders: dict[str, Any]  # {"written", "resolved", "fill_rate"} over the executed sub-goals
 
@@ -128,6 +128,7 @@ class OperaOutput(QAOutput):
     plan: list[str]
     steps: list[dict[str, Any]]
     notes: list[str]
+    guards: list[dict]
     placeholders: dict[str, Any]
 
 
@@ -151,163 +152,6 @@ def topk_for(ctx: OperaContext, attempt: int) -> int:
     """The top-k of retrieval attempt `attempt` (0-based) of a sub-goal."""
     schedule = [int(k) for k in ctx.topk_schedule] or [ctx.top_k * (i + 1) for i in range(ctx.max_rewrites + 1)]
     return max(1, min(MAX_K, schedule[min(attempt, len(schedule) - 1)]))
-
-
-# -- placeholders ----------------------------------------------------------------------
-_BRACKETED = re.compile(r"\[([^\[\]]{1,60})\]|\{([^{}]{1,60})\}|<([^<>]{1,60})>")
-_NAMES_STEP = re.compile(r"\b(?:answer|ans|step|result|output|sub-?goal|goal|question|q)\s*[_#-]?\s*(\d{1,2})\b"
-                         r"|#\s*(\d{1,2})\b", re.IGNORECASE)
-_BARE_NUMBER = re.compile(r"\s*#?\s*(\d{1,2})\s*")  # [2] or [#2]; in square brackets only
-_HASH = re.compile(r"(?<![\w#&])#(\d{1,2})\b")
-
-
-def _step_named(match: re.Match) -> int | None:
-    """The step number a bracketed placeholder names, or None ([Season 2], [1990], <b>, {x})."""
-    square, inner = match.group(1) is not None, next(g for g in match.groups() if g)
-    if square and (bare := _BARE_NUMBER.fullmatch(inner)):
-        return int(bare.group(1))
-    m = _NAMES_STEP.search(inner)
-    return int(next(g for g in m.groups() if g)) if m else None
-
-
-def step_refs(text: str, index: int) -> list[tuple[re.Match, int]]:
-    """The placeholders of the sub-goal numbered `index` (1-based), each with the step it names: every
-    bracketed form that names a step, and `#N` for an earlier step N (other `#N` are left as text)."""
-    refs = [(m, n) for m in _BRACKETED.finditer(text) if (n := _step_named(m))]
-    refs += [(m, n) for m in _HASH.finditer(text) if 1 <= (n := int(m.group(1))) < index
-             and not any(b.start() <= m.start() < b.end() for b, _ in refs)]
-    return sorted(refs, key=lambda r: r[0].start())
-
-
-def dependencies(plan: list[str]) -> list[list[int]]:
-    """Per sub-goal, the earlier sub-goals its placeholders name (a sub-goal waits for them)."""
-    return [sorted({n for _, n in step_refs(text, i) if n < i}) for i, text in enumerate(plan, start=1)]
-
-
-def fill_placeholders(text: str, index: int, answers: dict[int, str]) -> tuple[str, int, list[str]]:
-    """`text` (sub-goal number `index`) with each placeholder naming an earlier answered step replaced by that
-    answer (`answers[n]`); other placeholders stay as written. Returns the text, how many were resolved, and a
-    warning for each one that was not."""
-    warnings: list[str] = []
-    resolved = 0
-    out, last = [], 0
-    for m, n in step_refs(text, index):
-        out.append(text[last:m.start()])
-        last = m.end()
-        if n < index and answers.get(n):
-            out.append(answers[n])
-            resolved += 1
-            continue
-        out.append(m.group(0))
-        why = "has no answer" if n < index else "is not an earlier step"
-        warnings.append(f"placeholder {m.group(0)}: step {n} {why}; left as written")
-    filled = " ".join(("".join(out) + text[last:]).split())
-    return re.sub(r" ([?.,;:!])", r"\1", filled), resolved, warnings
-
-
-# -- parsing the agents' replies ---------------------------------------------------------
-_PLAN_KEYS = ("subgoals", "sub_goals", "sub-goals", "subquestions", "sub_questions", "questions", "steps", "plan")
-_ITEM_KEYS = ("subgoal", "sub_goal", "question", "subquestion", "query", "goal", "text")
-
-
-def check_plan(value: Any) -> list[str]:
-    """The sub-goals of a Plan agent reply ({"subgoals": [...]} or a bare list); ValueError if there are none."""
-    if isinstance(value, dict):
-        lowered = {str(k).lower(): v for k, v in value.items()}
-        key = next((k for k in _PLAN_KEYS if k in lowered), None)
-        if key is None:
-            raise ValueError(f'expected a "subgoals" list, got the keys {sorted(lowered)}')
-        value = lowered[key]
-    if not isinstance(value, list):
-        raise ValueError('"subgoals" must be a list of strings')
-    subgoals = []
-    for item in value:
-        if isinstance(item, dict):
-            item = next((item[k] for k in _ITEM_KEYS if isinstance(item.get(k), str)), None)
-        if isinstance(item, str) and item.strip():
-            subgoals.append(" ".join(item.split()))
-    if not subgoals:
-        raise ValueError("the plan has no sub-goals")
-    return subgoals
-
-
-def _shape(text: str, index: int) -> str:
-    """A sub-goal's wording with its placeholders masked."""
-    for m, _ in reversed(step_refs(text, index)):
-        text = text[:m.start()] + "[#]" + text[m.end():]
-    return text.lower()
-
-
-def cut_runaway(subgoals: list[str], repeats: int = 2) -> list[str]:
-    """The plan up to a runaway: the first sub-goal worded like `repeats` earlier ones, placeholders aside, ends
-    it (a small model chaining "Who is the father of [AnswerN]?" until it runs out of tokens)."""
-    shapes = [_shape(text, i) for i, text in enumerate(subgoals, start=1)]
-    for i, shape in enumerate(shapes):
-        if shapes[:i].count(shape) >= repeats:
-            return subgoals[:i]
-    return subgoals
-
-
-def check_runaway_plan(value: Any) -> list[str]:
-    """The sub-goals of a plan reply that ran out of tokens, when they repeat themselves (see `cut_runaway`);
-    any other cut-off plan is a ValueError, as it may have lost its last hops."""
-    subgoals = check_plan(value)
-    if cut_runaway(subgoals) == subgoals:
-        raise ValueError("the plan was cut off")
-    return subgoals
-
-
-def _truthy(flag: Any) -> bool:
-    if isinstance(flag, str):
-        return flag.strip().lower() in ("true", "yes", "y", "1", "sufficient")
-    return bool(flag)
-
-
-def check_analysis(value: Any, passages: list[str] | None = None) -> dict[str, Any]:
-    """{"reasoning", "sufficient", "answer", "flag"} from an Analysis-Answer reply; also takes the
-    {"status": "yes"|"no", "analysis": ...} form. Not sufficient: a missing flag, a refusal or "not found"
-    answer (then ""), or a short answer that none of `passages` contains; `flag` says which, or is None."""
-    if not isinstance(value, dict):
-        raise ValueError("expected a JSON object")
-    v = {str(k).lower(): x for k, x in value.items()}
-    if not any(k in v for k in ("sufficient", "status", "answer")):
-        raise ValueError(f'expected the keys "sufficient" and "answer", got {sorted(v)}')
-    answer = clean_answer(str(v.get("answer") or ""))
-    stated = v.get("sufficient", v.get("status"))
-    sufficient, flag = stated is not None and _truthy(stated), None
-    if is_no_answer(answer):
-        answer, flag = "", "no answer" if answer else None
-    elif passages is not None and not grounded(answer, passages):
-        flag = "not in any passage"
-    elif stated is None:
-        flag = "no sufficiency given"
-    sufficient = sufficient and bool(answer) and flag is None
-    return {"reasoning": str(v.get("reasoning") or v.get("analysis") or ""), "sufficient": sufficient,
-            "answer": answer, "flag": flag}
-
-
-_QUERY_FIELD = re.compile(r'"query"\s*:\s*"([^"]*)', re.IGNORECASE)
-
-
-def parse_rewrite(text: str) -> str:
-    """The query of a Rewrite agent reply: JSON {"query": ...} (even cut off) or the first line of plain text."""
-    value = extract_json(text, dict)
-    if value is not None:
-        query = next((v for k, v in value.items() if str(k).lower() == "query"), "")
-        return " ".join(str(query).split())
-    text = strip_think(text)
-    if match := _QUERY_FIELD.search(text):
-        return " ".join(match.group(1).split())
-    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    line = re.sub(r"^(new |rewritten |search )?query\s*:\s*", "", line, flags=re.IGNORECASE)
-    return line.strip(" \"'`*")
-
-
-def parse_final(text: str) -> str:
-    value = extract_json(text, dict)
-    if value is not None and value.get("answer") is not None:
-        return clean_answer(str(value["answer"]))
-    return clean_answer(final_answer(text))
 
 
 # -- retrieval ---------------------------------------------------------------------------
@@ -393,28 +237,31 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                              "answer": "", "error": None, "halted": False, "placeholders": {},
                              "steps": Overwrite([])}
     if not (ctx.corpus or ctx.graph):
-        return fresh | {"halted": True, "notes": Overwrite([f"InvalidInput: {P.NO_SOURCE}"])}
+        return fresh | {"halted": True, "notes": Overwrite([f"InvalidInput: {P.NO_SOURCE}"]), "guards": Overwrite([])}
     hint = P.PLAN_HINT.format(entities=", ".join(entities)) if entities else ""
     messages = [SystemMessage(P.PLAN_SYSTEM), HumanMessage(P.PLAN_USER.format(question=question, hint=hint))]
+    runaway = check_runaway_plan if is_on(ctx, "plan_runaway_cut") else None
     try:
-        parsed = ask_json(get_llm(ctx, "plan"), messages, check_plan, ctx.parse_retries,
-                          cut_off=check_runaway_plan)
+        parsed = ask_json(get_llm(ctx, "plan", reply=P.plan_format(ctx.max_rounds)), messages, check_plan,
+                          ctx.parse_retries, cut_off=runaway)
     except ModelError as exc:
-        return fresh | {"halted": True, "notes": Overwrite([f"ModelError: plan: {exc}"])}
-    notes = []
+        return fresh | {"halted": True, "notes": Overwrite([f"ModelError: plan: {exc}"]), "guards": Overwrite([])}
+    notes: list[str] = []
+    firings: list[dict] = []
     if parsed.value is None:
         subgoals = [question]
         notes.append(f"{parsed.error} (plan; planned the question as one sub-goal)")
     elif parsed.cut_off:  # a runaway cut off by the token limit (check_runaway_plan)
-        subgoals = cut_runaway(parsed.value)
-        notes.append(f"warning: the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats")
+        subgoals = apply(ctx, "plan_runaway_cut", parsed.value, lambda: cut_runaway(parsed.value), firings)
+        if len(subgoals) < len(parsed.value):
+            notes.append(f"warning: the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats")
     else:
         subgoals = parsed.value
     if len(subgoals) > ctx.max_rounds:
         notes.append(f"warning: plan has {len(subgoals)} sub-goals; kept the first {ctx.max_rounds}")
         subgoals = subgoals[:ctx.max_rounds]
     return fresh | {"plan": subgoals, "depends_on": dependencies(subgoals), "plan_raw": parsed.raw,
-                    "notes": Overwrite(notes)}
+                    "notes": Overwrite(notes), "guards": Overwrite(firings)}
 
 
 def schedule(state: State) -> Command[Literal["retrieve", "synthesize"]]:
@@ -470,22 +317,25 @@ def analyze(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Litera
     messages = [SystemMessage(P.ANALYSIS_SYSTEM),
                 HumanMessage(P.ANALYSIS_USER.format(question=task["question"], findings=task["findings"],
                                                     subgoal=task["subgoal"], passages=passages, format=fmt))]
+    firings: list[dict] = []
     try:
-        parsed = ask_json(get_llm(ctx, "analysis"), messages, lambda v: check_analysis(v, texts),
-                          ctx.parse_retries, want=dict)
+        parsed = ask_json(get_llm(ctx, "analysis", reply=P.analysis_format(ctx.think)), messages,
+                          lambda v: check_analysis(v, texts, ctx, firings), ctx.parse_retries, want=dict)
     except ModelError as exc:
         return _end_step(task, {}, f"ModelError: analysis: {exc}")
     attempt = {"i": i, "analysis_raw": parsed.raw, "analysis": parsed.value, "error": parsed.error}
     notes = [f"{parsed.error} (analysis of sub-goal {n}, attempt {i + 1})"] if parsed.error else []
+    firings = [dict(f, at=f"sub-goal {n}, attempt {i + 1}") for f in firings]
     best = (parsed.value or {}).get("answer") or task["best"]
     if parsed.value and parsed.value["sufficient"]:
         step = {"answer": parsed.value["answer"], "sufficient": True, "done": True}
     elif i >= ctx.max_rewrites:
         step = {"answer": best, "done": True}
     else:
-        return Command(update={"steps": [{"n": n, "attempt": attempt}], "notes": notes},
+        return Command(update={"steps": [{"n": n, "attempt": attempt}], "notes": notes, "guards": firings},
                        goto=Send("rewrite", {**task, "best": best, "reason": _reason(parsed.value)}))
-    return Command(update={"steps": [{"n": n, **step, "attempt": attempt}], "notes": notes}, goto="schedule")
+    return Command(update={"steps": [{"n": n, **step, "attempt": attempt}], "notes": notes, "guards": firings},
+                   goto="schedule")
 
 
 def _reason(analysis: dict | None) -> str:
@@ -505,7 +355,7 @@ def rewrite(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Litera
                 HumanMessage(P.REWRITE_USER.format(question=task["question"], subgoal=task["subgoal"],
                                                    tried=tried, reason=task["reason"], titles=titles))]
     try:
-        text = ask(get_llm(ctx, "rewrite"), messages)
+        text = ask(get_llm(ctx, "rewrite", reply=P.REWRITE_FORMAT), messages)
     except ModelError as exc:
         return _end_step(task, {}, f"ModelError: rewrite: {exc}")
     query = parse_rewrite(text)
@@ -517,9 +367,10 @@ def rewrite(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Litera
 
 
 def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
-    """The final answer from the sub-goal answers: the option a date comparison picks (`compare_dates`), else
-    the model's synthesis (mapped to an option by `as_option`), else the last sub-goal answer (no reply, or
-    the run was halted). Sets `error` (the first typed failure in the notes) and the placeholder counts."""
+    """The final answer from the sub-goal answers: the model's synthesis, else the last sub-goal answer (no
+    reply, or the run was halted). Guards may then replace it with the option a date comparison picks
+    (`date_comparison`) or the option a step about it found (`option_answer`). Sets `error` (the first typed
+    failure in the notes) and the placeholder counts."""
     ctx = context_as(OperaContext, runtime)
     steps = state.get("steps") or []
     written, resolved = sum(s["placeholders"] for s in steps), sum(s["resolved"] for s in steps)
@@ -527,17 +378,17 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                                                "fill_rate": round(resolved / written, 4) if written else None}}
     answer = next((s["answer"] for s in reversed(steps) if s["answer"]), "")
     new: list[str] = []
-    compared_steps = _compared_steps(steps)
-    if compared := compare_dates(state["question"], compared_steps):
-        answer, dates = compared
-        new.append(f"{DATE_NOTE}: settled in code ({dates})")
-    elif not _halted(state) and steps:
-        options = comparison(state["question"])
-        asked = state["question"] + (P.ANSWER_OPTIONS.format(a=options[0], b=options[1]) if options else "")
+    firings: list[dict] = []
+    question, compared_steps = state["question"], _compared_steps(steps)
+    if not _halted(state) and steps:
+        options = comparison(question)
+        with_options = question + (P.ANSWER_OPTIONS.format(a=options[0], b=options[1]) if options else "")
+        asked = with_options if options and check(ctx, "options_line", lambda: True, question, with_options,
+                                                  firings) else question
         messages = [SystemMessage(P.ANSWER_SYSTEM), HumanMessage(P.ANSWER_USER.format(question=asked,
                                                                                       findings=_findings(steps)))]
         try:
-            text = ask(get_llm(ctx, "answer"), messages)
+            text = ask(get_llm(ctx, "answer", reply=P.ANSWER_FORMAT), messages)
         except ModelError as exc:
             new.append(f"ModelError: answer: {exc}")
         else:
@@ -546,12 +397,18 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                 answer = final
             else:
                 new.append("MalformedOutput: empty final answer")
-            if mapped := as_option(state["question"], answer, compared_steps):
-                new.append(f"{OPTION_NOTE}: {mapped[1]}")
-                answer = mapped[0]
+    compared = compare_dates(question, compared_steps) if is_on(ctx, "date_comparison") else None
+    guarded = apply(ctx, "date_comparison", answer, lambda: compared[0] if compared else None, firings)
+    if compared and guarded != answer:
+        new.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the synthesis said {answer!r}")
+    elif not compared:
+        mapped = as_option(question, answer, compared_steps) if is_on(ctx, "option_answer") else None
+        guarded = apply(ctx, "option_answer", answer, lambda: mapped[0] if mapped else None, firings)
+        if mapped and guarded != answer:
+            new.append(f"{OPTION_NOTE}: {mapped[1]}")
     error = next((n for n in [*(state.get("notes") or []), *new]
                   if not n.startswith(("warning", DATE_NOTE, OPTION_NOTE))), None)
-    return update | {"answer": answer, "error": error, "notes": new}
+    return update | {"answer": guarded, "error": error, "notes": new, "guards": firings}
 
 
 def build(checkpointer: Any = None) -> CompiledStateGraph:

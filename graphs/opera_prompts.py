@@ -1,6 +1,8 @@
 """Prompts of OPERA's agents: Plan (Goal Planning Module), Analysis-Answer and Rewrite (Reason-Execute
 Module), and the final synthesis. Written for small instruction-tuned models: one task each, JSON out."""
 
+from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, json_reply, line_reply, obj, text
+
 PLAN_SYSTEM = """You are the Plan agent of a question answering system that searches a knowledge source.
 Break the question into the fewest simple sub-goals that answer it, in the order they must be solved.
 Rules:
@@ -74,3 +76,18 @@ Final answer:"""
 
 # after the question, when it compares two options and code could not settle it (graphs/compare.py)
 ANSWER_OPTIONS = "\nAnswer with one of the two it names: {a} or {b}."
+
+
+# -- reply formats (mhqa_graph.replies): what a constrained backend lets each role write ----------
+def plan_format(max_subgoals: int) -> ReplyFormat:
+    return json_reply("plan", obj({"subgoals": {"type": "array", "items": text(), "minItems": 1,
+                                                "maxItems": max_subgoals}}))
+
+
+def analysis_format(think: bool) -> ReplyFormat:
+    fields = {"reasoning": text(400, 0)} if think else {}
+    return json_reply("analysis", obj({**fields, "sufficient": {"type": "boolean"}, "answer": text(ANSWER_CHARS, 0)}))
+
+
+REWRITE_FORMAT = json_reply("rewrite", obj({"query": text()}))
+ANSWER_FORMAT = line_reply("answer")

@@ -293,6 +293,11 @@ def eval_cmd(
     graph: Annotated[str | None, typer.Option("--graph", help="Use this graph of the store (no ingest).")] = None,
     force_new: Annotated[bool, typer.Option("--force-new", help="Start the run folder afresh (drops its "
                                                                  "records).")] = False,
+    decoding: Annotated[str | None, typer.Option("--decoding", help="auto | constrained | prompt: constrain "
+                                                                    "replies to their format (default auto).")] = None,
+    guards: Annotated[str | None, typer.Option("--guards", help="auto | none | comma-separated guard names "
+                                                                "(graphs/guards.py).")] = None,
+    guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
 ) -> None:
     """Evaluate an agent on a benchmark file. The store (which must exist) gets the file's corpus/graph
     first, unless --corpus/--graph name ones it has. Ctrl-C stops; rerunning the command resumes."""
@@ -307,7 +312,9 @@ def eval_cmd(
     check_store_exists(store)
     try:
         run_eval(agent, dataset, file, llm, store, out_dir, limit=limit, concurrency=concurrency, progress=True,
-                 start=start, force_new=force_new, context_overrides={"corpus": corpus, "graph": graph})
+                 start=start, force_new=force_new,
+                 context_overrides={"corpus": corpus, "graph": graph, "decoding": decoding, "guards": guards,
+                                    "guard_mode": guard_mode})
     except EvalInterrupted as e:
         err.print(Text(str(e)))
         sys.stderr.flush()

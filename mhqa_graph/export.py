@@ -20,6 +20,12 @@ Formats:
   rewrites) is left out; its count is 0.
 - grpo: one prompt per question with gold answers, topic entities and the corpus/graph to search.
 - mygo: sft chats of trajectories whose reward >= the threshold, deduplicated.
+
+Guards (graphs/guards.py): a trajectory whose final answer an enforced guard replaced (a date comparison
+settled in code, an answer mapped to an option, a worker's answer put in for "no answer") is no sft or mygo
+target: its reward is the code's, not the model's. mygo also leaves out every trajectory an enforced guard
+changed (a dropped sub-question, a send-back), since it selects by reward. Both stay in roles and grpo, whose
+rows carry no guarded completion as a target.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MhqaError
+from .eval.health import guard_health
 from .eval.scoring import normalize_answer
 from .graphs.common import is_retry
 from .graphs.omne_prompts import FORCE_ANSWER
@@ -203,11 +210,19 @@ def _selected(records: list[dict], reward: str, min_reward: float | None) -> Ite
             yield record
 
 
+def guarded(trace: Trace, any_change: bool = False) -> bool:
+    """Whether an enforced guard replaced the trajectory's answer (or, with `any_change`, changed it at all)."""
+    found = guard_health(trace.design.get("guards"))
+    return found["guard_changed"] if any_change else found["answer_guard"]
+
+
 def sft_rows(records: list[dict], reward: str = "f1", min_reward: float | None = None,
-             think_weight: float = THINK_WEIGHT) -> list[dict[str, Any]]:
+             think_weight: float = THINK_WEIGHT, any_guard: bool = False) -> list[dict[str, Any]]:
+    """Chats of the records' trajectories (reward >= `min_reward` if given), but those whose answer a guard
+    replaced (or, with `any_guard`, that a guard changed at all)."""
     rows = []
     for record in _selected(records, reward, min_reward):
-        if (trace := record_trace(record)) is not None:
+        if (trace := record_trace(record)) is not None and not guarded(trace, any_guard):
             rows += chat_rows(record, trace, reward, think_weight)
     return rows
 
@@ -218,7 +233,7 @@ def mygo_rows(records: list[dict], reward: str = "f1", min_reward: float | None 
     (question id, normalised prediction, message contents)."""
     threshold = MYGO_THRESHOLD if min_reward is None else min_reward
     rows, seen = [], set()
-    for row in sft_rows(records, reward, threshold, think_weight):
+    for row in sft_rows(records, reward, threshold, think_weight, any_guard=True):
         content = json.dumps([[m["role"], m["content"]] for m in row["messages"]], ensure_ascii=False)
         key = (row["id"], normalize_answer(row["prediction"]), hashlib.sha256(content.encode()).hexdigest())
         if key not in seen:

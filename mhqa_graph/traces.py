@@ -57,6 +57,7 @@ class LLMCall(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     truncated_tokens: int = 0  # prompt tokens the model cut to fit its context window
+    decoding: str = "prompt"  # grammar | json_schema (the reply was constrained to its format) | prompt
     start: float = 0.0  # seconds since the run started
     latency: float = 0.0  # seconds
 
@@ -273,13 +274,16 @@ class TraceRecorder(BaseCallbackHandler):
                    metadata: dict[str, Any] | None) -> None:
         now = time.monotonic()
         call = LLMCall(role=_role(tags, metadata), node=(metadata or {}).get("langgraph_node"), messages=messages,
-                       start=round(now - self.t0, 6))
+                       decoding=str((metadata or {}).get("mhqa_decoding") or "prompt"), start=round(now - self.t0, 6))
         with self._lock:
             self._pending[run_id] = (call, now)
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
         output, n_in, n_out, cut = _usage(response)
-        self._finish(run_id, output=output, input_tokens=n_in, output_tokens=n_out, truncated_tokens=cut)
+        gen = response.generations[0][0] if response.generations and response.generations[0] else None
+        decoded = getattr(getattr(gen, "message", None), "response_metadata", {}).get("decoding")
+        extra = {"decoding": decoded} if decoded else {}  # what the backend did (a rejected grammar: prompt)
+        self._finish(run_id, output=output, input_tokens=n_in, output_tokens=n_out, truncated_tokens=cut, **extra)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._finish(run_id, error=f"{type(error).__name__}: {error}")

@@ -7,7 +7,7 @@ import pytest
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def data_dir() -> Path:
     if not DATA.is_dir():
         pytest.skip(f"benchmark data not found at {DATA}")

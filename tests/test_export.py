@@ -339,3 +339,22 @@ def test_omne_replies_cut_after_their_last_call_still_chain(store):  # noqa: F81
     [(_, turns)] = conversations(trace)
     replies = [text for who, text in turns if who == "assistant"]
     assert replies[0] == OMNE_SCRIPT[0] and len(replies) == 4
+
+
+def test_trajectories_a_guard_changed_are_no_targets(store, tmp_path):  # noqa: F811
+    """A guard-replaced answer is the code's, not the model's: no sft or mygo row. A send-back (the guard changed
+    the run, the model answered) stays an sft row but is no mygo row, which selects by reward."""
+    from mhqa_graph.graphs.guards import firing
+    from test_traces import OMNE_SCRIPT, run_omne
+
+    from mhqa_graph.export import mygo_rows, sft_rows
+
+    out, trace, _ = run_omne(store, script=[*OMNE_SCRIPT[:3], "<answer>Paris</answer>", OMNE_SCRIPT[3]])
+    sent_back = record("wk2", trace.question, ["London"], out, trace)
+    assert [f["guard"] for f in trace.design["guards"]] == ["send_back_ungrounded"]
+    replaced = json.loads(json.dumps(sent_back))
+    replaced["trace"]["design"]["guards"].append(firing("option_answer", "Christopher Nolan", "London", True))
+    logged = json.loads(json.dumps(sent_back))
+    logged["trace"]["design"]["guards"] = [firing("option_answer", "Christopher Nolan", "London", False)]
+    assert [len(sft_rows([r])) for r in (sent_back, replaced, logged)] == [1, 0, 1]
+    assert [len(mygo_rows([r])) for r in (sent_back, replaced, logged)] == [0, 0, 1]

@@ -11,7 +11,7 @@ import time
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
-from mhqa_graph.graphs import mujica
+from mhqa_graph.graphs import mujica, mujica_chat
 from mhqa_graph.graphs.common import is_retry
 from mhqa_graph.graphs.mujica import MujicaContext, merge_results, read_plan, repair_plan
 from mhqa_graph.graphs.refusals import is_sentence
@@ -285,7 +285,7 @@ def test_the_conversation_keeps_what_the_planner_did_not_a_refused_reply(store):
     second = plan.calls[2]  # round 2, after the refused answer and the question asked for the planner
     assert [m.type for m in second] == ["system", "human", "ai", "human"]
     thought, done = second[2].text.split("</think>\n")
-    assert len(thought) <= mujica.THOUGHT_CHARS + len("<think>") and '"No"' not in second[2].text
+    assert len(thought) <= mujica_chat.THOUGHT_CHARS + len("<think>") and '"No"' not in second[2].text
     assert json.loads(done) == {"subquestions": [subq("q1", "What is the capital of France?")]}
 
 

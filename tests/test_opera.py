@@ -13,19 +13,9 @@ import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
 from mhqa_graph.graphs.common import AgentContext
-from mhqa_graph.graphs.opera import (
-    RECURSION_LIMIT,
-    OperaContext,
-    build,
-    check_analysis,
-    check_plan,
-    cut_runaway,
-    dependencies,
-    fill_placeholders,
-    merge_steps,
-    parse_rewrite,
-    topk_for,
-)
+from mhqa_graph.graphs.opera import RECURSION_LIMIT, OperaContext, build, merge_steps, topk_for
+from mhqa_graph.graphs.opera_analysis import check_analysis, parse_rewrite
+from mhqa_graph.graphs.opera_plan import check_plan, cut_runaway, dependencies, fill_placeholders
 from mhqa_graph.graphs.refusals import grounded, is_no_answer
 
 from mhqa_graph import Passage, open_store
@@ -468,14 +458,36 @@ def _released(messages) -> str:
 
 @pytest.mark.parametrize("word, winner", [("first", "Inception"), ("later", "Interstellar")])
 def test_a_date_comparison_is_settled_in_code(store, word, winner):
-    """The real model found both dates and then named the wrong film: with one date per option, code picks."""
+    """The real model found both dates and then named the wrong film: with one date per option, the
+    date_comparison guard picks, and the synthesis it replaced stays in the firing."""
     roles = models(plan=[json.dumps({"subgoals": ["When was Inception released?", "When was Interstellar released?",
                                                   "Which film came out first?"]})],
                    answer=["Interstellar is newer"])
     roles["analysis"] = FakeChatModel(respond=_released)
     out = run(store, roles, question=f"Which film came out {word}, Inception or Interstellar?")
-    assert out["answer"] == winner and out["error"] is None and not roles["answer"].calls
-    assert "DateComparison: settled in code (Inception: 2010-0-0; Interstellar: 2014-0-0)" in out["notes"]
+    assert out["answer"] == winner and out["error"] is None and len(roles["answer"].calls) == 1
+    assert ("DateComparison: settled in code (Inception: 2010-0-0; Interstellar: 2014-0-0); the synthesis said "
+            "'Interstellar is newer'") in out["notes"]
+    fired = next(f for f in out["guards"] if f["guard"] == "date_comparison")
+    assert fired == {"guard": "date_comparison", "stage": "conclusion", "before": "Interstellar is newer",
+                     "after": winner, "enforced": True}
+
+
+@pytest.mark.parametrize("settings", [{"guards": "none"}, {"guards": "options_line,option_answer"},
+                                      {"guard_mode": "log"}])
+def test_the_date_comparison_guard_can_be_switched_off_or_logged(store, settings):
+    roles = models(plan=[json.dumps({"subgoals": ["When was Inception released?", "When was Interstellar released?",
+                                                  "Which film came out first?"]})],
+                   answer=["Interstellar"])
+    roles["analysis"] = FakeChatModel(respond=_released)
+    out = run(store, roles, question="Which film came out first, Inception or Interstellar?", **settings)
+    assert out["answer"] == "Interstellar" and not any(n.startswith("DateComparison") for n in out["notes"])
+    logged = [f for f in out["guards"] if f["guard"] == "date_comparison"]
+    if settings.get("guard_mode") == "log":
+        assert logged == [{"guard": "date_comparison", "stage": "conclusion", "before": "Interstellar",
+                           "after": "Inception", "enforced": False}]
+    else:
+        assert not logged
 
 
 def test_an_unconfirmed_date_is_not_compared(store):

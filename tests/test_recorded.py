@@ -20,8 +20,8 @@ from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs.common import REPAIR_PREFIX, clean_answer
 from mhqa_graph.graphs.compare import NOTE as DATE_NOTE
 from mhqa_graph.graphs.compare import comparison
-from mhqa_graph.graphs.omne import parse_reply
 from mhqa_graph.graphs.omne_prompts import is_send_back
+from mhqa_graph.graphs.omne_protocol import parse_reply
 
 from mhqa_graph.eval.scoring import score
 from mhqa_graph.parsing import extract_tag

@@ -56,7 +56,8 @@ from langchain_core.outputs import ChatResult
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs import opera_prompts as P
 from mhqa_graph.graphs.common import REPAIR_PREFIX
-from mhqa_graph.graphs.opera import parse_rewrite, retrieve_contexts
+from mhqa_graph.graphs.opera import retrieve_contexts
+from mhqa_graph.graphs.opera_analysis import parse_rewrite
 from trl import GRPOConfig, GRPOTrainer
 
 from mhqa_graph.errors import InvalidInput

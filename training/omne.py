@@ -38,7 +38,7 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs import omne_prompts as P
-from mhqa_graph.graphs.omne import canonical_reply
+from mhqa_graph.graphs.omne_protocol import canonical_reply
 from pydantic import PrivateAttr
 
 from mhqa_graph.errors import InvalidInput, MhqaError, ModelError

@@ -9,6 +9,9 @@ Per question:
 - `repairs`: model calls that answered a repair, nudge or send-back message (a reply could not be used).
 - `forced`: model calls that had to answer because a cap was reached.
 - `bad_answer`: the answer is empty or longer than 10 words.
+- `guards`: firings per guard (graphs/guards.py), enforced or logged; `guard_changed`: an enforced firing
+  changed the run; `answer_guard`: an enforced guard replaced the model's final answer.
+- `constrained`: model calls whose reply the backend constrained to its format (a grammar or a JSON schema).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..graphs.common import is_retry
+from ..graphs.guards import GUARDS
 from ..graphs.mujica_prompts import NO_MORE
 from ..graphs.omne_prompts import FORCE_ANSWER
 from ..traces import Trace
@@ -54,7 +58,20 @@ def health(record: dict, trace: Trace) -> dict[str, Any]:
         "repairs": sum(is_retry(_last_user(c)) for c in trace.llm_calls),
         "forced": sum(any(m in _last_user(c) for m in FORCE_MARKERS) for c in trace.llm_calls),
         "bad_answer": not answer or len(answer) > MAX_ANSWER_WORDS,
+        **guard_health(trace.design.get("guards")),
+        "constrained": sum(c.decoding != "prompt" for c in trace.llm_calls),
     }
+
+
+def guard_health(firings: Any) -> dict[str, Any]:
+    """Firings per guard, whether an enforced one changed the run, and whether one replaced the answer."""
+    firings = [f for f in firings or [] if isinstance(f, dict) and f.get("guard") in GUARDS]
+    counts: dict[str, int] = {}
+    for f in firings:
+        counts[f["guard"]] = counts.get(f["guard"], 0) + 1
+    enforced = [f for f in firings if f.get("enforced")]
+    return {"guards": counts, "guard_changed": bool(enforced),
+            "answer_guard": any(GUARDS[f["guard"]].replaces_answer for f in enforced)}
 
 
 def health_summary(rows: Iterable[dict]) -> dict[str, Any]:
@@ -71,4 +88,17 @@ def health_summary(rows: Iterable[dict]) -> dict[str, Any]:
         "repairs": sum(r.get("repairs", 0) for r in rows),
         "forced": sum(r.get("forced", 0) for r in rows),
         "bad_answers": sum(bool(r.get("bad_answer")) for r in rows),
+        "guard_changed": sum(bool(r.get("guard_changed")) for r in rows),
+        "answer_guard": sum(bool(r.get("answer_guard")) for r in rows),
+        "guards": _per_guard(rows),
+        "constrained": sum(r.get("constrained", 0) for r in rows),
     }
+
+
+def _per_guard(rows: list[dict]) -> dict[str, int]:
+    """Per guard, the questions it fired in."""
+    out: dict[str, int] = {}
+    for r in rows:
+        for name in r.get("guards") or {}:
+            out[name] = out.get(name, 0) + 1
+    return dict(sorted(out.items()))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
@@ -20,6 +20,7 @@ from pydantic import PrivateAttr
 from ..errors import ModelError, ModelNotInstalled
 from .chat import CUT_MARKER, chat_dicts, fit_chat
 
+MAX_GRAMMARS = 64  # checked grammars kept per model (Mujica's differ by their ids and context numbers)
 DEFAULT_CTX = 8192  # tokens; the KV cache of a model's full training context can take gigabytes
 
 
@@ -47,6 +48,9 @@ class LlamaCppChatModel(BaseChatModel):
     _template: Any = PrivateAttr(default=None)  # renders a chat with the generation prompt
     _head_template: Any = PrivateAttr(default=None)  # renders the system message alone
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _grammars: dict[str, Any] = PrivateAttr(default_factory=dict)  # GBNF text -> LlamaGrammar, or the parse error
+
+    accepts_grammar: ClassVar[bool] = True  # `grammar=<GBNF text>` constrains a call (mhqa_graph.replies)
 
     @property
     def _llm_type(self) -> str:
@@ -110,19 +114,46 @@ class LlamaCppChatModel(BaseChatModel):
                         lambda: self._tokens(self._head_template, chat[:1]),
                         lambda: self._llm.tokenize(CUT_MARKER.encode("utf-8"), add_bos=False, special=False))
 
+    def _grammar(self, text: str) -> Any:
+        """The LlamaGrammar of GBNF `text`, checked once: llama.cpp's parser must accept it (a grammar it
+        rejects would crash the sampler), else ValueError with the reason."""
+        from llama_cpp import llama_cpp as api
+        from llama_cpp.llama_grammar import LlamaGrammar
+
+        if text not in self._grammars:
+            if len(self._grammars) >= MAX_GRAMMARS:
+                del self._grammars[next(iter(self._grammars))]
+            sampler = api.llama_sampler_init_grammar(self._llm._model.vocab, text.encode("utf-8"), b"root")
+            if sampler:
+                api.llama_sampler_free(sampler)
+                self._grammars[text] = LlamaGrammar.from_string(text, verbose=False)
+            else:
+                self._grammars[text] = ValueError("llama.cpp rejected the grammar")
+        found = self._grammars[text]
+        if isinstance(found, ValueError):
+            raise found
+        return found
+
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         stops = [s for s in (stop or self.stop or []) if s]
         max_new = int(kwargs.get("max_new_tokens", self.max_new_tokens))
         temperature = float(kwargs.get("temperature", self.temperature))
         chat = chat_dicts(messages)
+        decoding: dict[str, Any] = {"decoding": "prompt"}
         with self._lock:
             if self._llm is None:
                 self._load()
             ids, cut = self._prompt_ids(chat, max_new)
+            grammar = None
+            if kwargs.get("grammar"):
+                try:
+                    grammar, decoding = self._grammar(kwargs["grammar"]), {"decoding": "grammar"}
+                except ValueError as exc:  # fall back to the prompt, and say so
+                    decoding["decoding_error"] = str(exc)
             try:
                 out = self._llm.create_completion(prompt=ids, max_tokens=max_new, temperature=temperature,
-                                                  stop=stops or None)
+                                                  stop=stops or None, grammar=grammar)
             except (ValueError, RuntimeError) as exc:
                 raise ModelError(f"{self._name}: llama.cpp failed: {exc}") from exc
         choice, usage = out["choices"][0], out["usage"]
@@ -131,6 +162,6 @@ class LlamaCppChatModel(BaseChatModel):
             content=choice["text"],
             usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out},
             response_metadata={"model_name": self._name, "finish_reason": choice["finish_reason"] or "stop",
-                               "truncated_tokens": cut},
+                               "truncated_tokens": cut, **decoding},
         )
         return ChatResult(generations=[ChatGeneration(message=message)])

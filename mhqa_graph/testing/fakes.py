@@ -25,7 +25,9 @@ class FakeChatModel(BaseChatModel):
     respond: Callable[[list[BaseMessage]], str] | None = None
     cycle: bool = True
     latency: float = 0.0  # seconds slept per call
+    accepts_grammar: bool = False  # play a llama.cpp model: take `grammar=` and keep it in `grammars`
     calls: list[list[BaseMessage]] = Field(default_factory=list)
+    grammars: list[str | None] = Field(default_factory=list)  # per call, the grammar it was given
 
     _index: int = PrivateAttr(default=0)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
@@ -45,9 +47,10 @@ class FakeChatModel(BaseChatModel):
         self._index += 1
         return text
 
-    def _reply(self, messages: list[BaseMessage]) -> ChatResult:
+    def _reply(self, messages: list[BaseMessage], grammar: str | None = None) -> ChatResult:
         with self._lock:
             self.calls.append(list(messages))
+            self.grammars.append(grammar)
             text = self._next_scripted() if self.responses is not None else None
         if text is None:
             text = self.respond(messages) if self.respond else (messages[-1].text if messages else "")
@@ -62,13 +65,13 @@ class FakeChatModel(BaseChatModel):
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         if self.latency:
             time.sleep(self.latency)
-        return self._reply(messages)
+        return self._reply(messages, kwargs.get("grammar"))
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         if self.latency:
             await asyncio.sleep(self.latency)
-        return self._reply(messages)
+        return self._reply(messages, kwargs.get("grammar"))
 
 
 class FakeToolCallingModel(FakeChatModel):
@@ -86,9 +89,10 @@ class FakeToolCallingModel(FakeChatModel):
         self.tools = list(tools)
         return self
 
-    def _reply(self, messages: list[BaseMessage]) -> ChatResult:
+    def _reply(self, messages: list[BaseMessage], grammar: str | None = None) -> ChatResult:
         with self._lock:
             self.calls.append(list(messages))
+            self.grammars.append(grammar)
             if self._index >= len(self.messages):
                 raise ModelError(f"FakeToolCallingModel: scripted replies exhausted after {self._index} calls")
             reply = self.messages[self._index]

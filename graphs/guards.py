@@ -1,0 +1,149 @@
+"""Guards: rules that exist for a small model's sake, kept apart from the papers' mechanisms.
+
+Each guard has a name, the stage it acts at and the agents that have it. Two settings pick them:
+`guards` ("auto": the default set `AUTO`; "none"; or a comma-separated list of names) and `guard_mode`
+("enforce": a firing changes the run; "log": it is only recorded). Every firing goes to the run's `guards`
+list (stage, guard, before, after, enforced), which traces, `mhqa eval` summaries and `bench/agents.py`
+read. A guard that raises is recorded with its error and skipped: the run goes on as if it had not fired.
+
+Structural validation is not a guard and is always on: reply schemas, ids, dependency cycles, caps,
+repeated calls, stop sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from mhqa_graph.errors import InvalidInput
+
+T = TypeVar("T")
+MAX_SHOWN = 300  # characters of a before/after value kept in a firing
+
+
+@dataclass(frozen=True)
+class Guard:
+    name: str
+    stage: str  # plan | analysis | worker answer | conclusion | tool answer
+    agents: tuple[str, ...]
+    does: str  # one line: what it changes when it fires
+    replaces_answer: bool = False  # it rewrites the model's final answer (a training target it touched is dropped)
+
+
+GUARDS: dict[str, Guard] = {g.name: g for g in (
+    Guard("plan_runaway_cut", "plan", ("opera",),
+          "a plan cut off by the token limit that repeats one sub-goal is cut before the repeats"),
+    Guard("analysis_refusal", "analysis", ("opera",),
+          "an analysis answer that says there is none ('unknown', 'the passages do not mention') is no answer"),
+    Guard("analysis_grounded", "analysis", ("opera",),
+          "a short analysis answer that no shown passage contains is marked insufficient (a rewrite follows)"),
+    Guard("options_line", "conclusion", ("opera",),
+          "the synthesis of an 'X or Y?' question is told to answer with one of the two"),
+    Guard("unecho", "plan", ("mujica",),
+          "what the planner copied from the progress lines ('q1: ', '(after q1)', '-> answer') is cut"),
+    Guard("plan_off_topic", "plan", ("mujica",),
+          "a sub-question sharing no word stem with the question or an answer so far is dropped"),
+    Guard("plan_made_up_entity", "plan", ("mujica",),
+          "with topic entities, a root sub-question naming none of them and no answer so far is dropped"),
+    Guard("plan_example_copy", "plan", ("mujica",),
+          "a sub-question copying the prompt's examples or naming an entity of them is dropped"),
+    Guard("worker_refusal", "worker answer", ("mujica",),
+          "a worker answer that says there is none in other words than 'unknown' counts as unknown"),
+    Guard("no_answer_fallback", "conclusion", ("mujica",),
+          "a conclusion that says there is no answer becomes a worker's answer to the question itself",
+          replaces_answer=True),
+    Guard("short_answer_reask", "conclusion", ("mujica",),
+          "a conclusion that reads as a sentence and is no worker's answer is asked for again, short"),
+    Guard("date_comparison", "conclusion", ("opera", "mujica"),
+          "an 'X or Y, which came first?' answer is replaced by the option the found dates pick",
+          replaces_answer=True),
+    Guard("option_answer", "conclusion", ("opera", "mujica"),
+          "an answer naming what a step found about one option (its director) becomes that option",
+          replaces_answer=True),
+    Guard("send_back_ungrounded", "tool answer", ("omne",),
+          "an answer no fact of the run contains is sent back once, with the start entity's facts"),
+    Guard("send_back_one_hop", "tool answer", ("omne",),
+          "an answer one hop short (an entity with relations the question asks about) is sent back once"),
+)}
+AUTO = tuple(GUARDS)  # the default set; bench/agents.py --guards measures each against none
+MODES = ("enforce", "log")
+
+
+def agent_guards(agent: str) -> list[str]:
+    return [g.name for g in GUARDS.values() if agent in g.agents]
+
+
+def selected(spec: Any) -> frozenset[str]:
+    """The guard names a `guards` setting turns on; InvalidInput for an unknown name."""
+    if spec in (None, "", "auto"):
+        return frozenset(AUTO)
+    if spec == "none":
+        return frozenset()
+    names = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if str(n).strip()]
+    unknown = [n for n in names if n not in GUARDS]
+    if unknown:
+        raise InvalidInput(f"unknown guard(s) {', '.join(map(repr, unknown))}; known: {', '.join(GUARDS)}")
+    return frozenset(names)
+
+
+def check_settings(guards: Any, mode: Any) -> None:
+    if not (guards is None or isinstance(guards, (str, list, tuple))):
+        raise InvalidInput(f"guards must be 'auto', 'none' or a list of guard names, got {guards!r}")
+    selected(guards)
+    if mode not in MODES:
+        raise InvalidInput(f"guard_mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, str):
+        return value[:MAX_SHOWN]
+    if isinstance(value, (bool, int, float)) or value is None:
+        return value
+    return str(value)[:MAX_SHOWN]
+
+
+def firing(name: str, before: Any, after: Any, enforced: bool, error: str | None = None) -> dict[str, Any]:
+    record = {"guard": name, "stage": GUARDS[name].stage, "before": _shown(before), "after": _shown(after),
+              "enforced": enforced}
+    return record | ({"error": error} if error else {})
+
+
+def is_on(ctx: Any, name: str) -> bool:
+    """Whether guard `name` runs in this context (in either mode)."""
+    return name in selected(getattr(ctx, "guards", "auto"))
+
+
+def apply(ctx: Any, name: str, before: T, rule: Callable[[], T | None], log: list[dict]) -> T:
+    """Guard `name` on `before`: `rule()` gives the guarded value, or None (or `before`) when it does not fire.
+    A firing is appended to `log`; its value is returned when the mode is enforce, else `before`. A guard
+    that is off, does not fire, or raises returns `before` (a raise is logged with its error)."""
+    if not is_on(ctx, name):
+        return before
+    try:
+        after = rule()
+    except Exception as exc:  # a guard must never stop the run
+        log.append(firing(name, before, None, False, f"{type(exc).__name__}: {exc}"))
+        return before
+    if after is None or after == before:
+        return before
+    enforced = getattr(ctx, "guard_mode", "enforce") == "enforce"
+    log.append(firing(name, before, after, enforced))
+    return after if enforced else before
+
+
+def check(ctx: Any, name: str, fires: Callable[[], bool], before: Any, after: Any, log: list[dict]) -> bool:
+    """Guard `name` as a test: whether it fires and acts (`fires()` true and the mode enforce). A firing is
+    logged with `before` / `after` saying what it does; an off guard, or one that raises, does not act."""
+    if not is_on(ctx, name):
+        return False
+    try:
+        fired = bool(fires())
+    except Exception as exc:  # a guard must never stop the run
+        log.append(firing(name, before, None, False, f"{type(exc).__name__}: {exc}"))
+        return False
+    if not fired:
+        return False
+    enforced = getattr(ctx, "guard_mode", "enforce") == "enforce"
+    log.append(firing(name, before, after, enforced))
+    return enforced

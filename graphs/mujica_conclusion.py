@@ -1,0 +1,98 @@
+"""How a Mujica conclusion passes the conclusion guards (graphs/guards.py): a worker's answer to the question
+itself for "no answer" (`no_answer_fallback`), a short answer asked for afresh for a sentence
+(`short_answer_reask`), the option the dates pick (`date_comparison`) or a step found about it
+(`option_answer`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from langchain_core.messages import HumanMessage, SystemMessage
+from langchain_core.runnables import Runnable
+
+from mhqa_graph.errors import ModelError
+
+from . import mujica_prompts as P
+from .common import ask_json, get_llm
+from .compare import NOTE as DATE_NOTE
+from .compare import OPTION_NOTE, Step, as_option, asks_yes_or_no, compare_dates
+from .guards import apply, check, is_on
+from .mujica_chat import progress
+from .mujica_plan import ANSWERED, stated, text_key
+from .refusals import is_no_answer, is_sentence
+
+if TYPE_CHECKING:
+    from .mujica import MujicaContext, State
+
+
+def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: list[str], firings: list[dict]) -> str:
+    """The planner's conclusion through the conclusion guards: a worker's answer to the question itself for a
+    conclusion that there is none (`no_answer_fallback`), a short answer asked for afresh for a sentence
+    (`short_answer_reask`), the option the dates pick (`date_comparison`) or that a step found about it
+    (`option_answer`). Notes and the re-ask's raw reply go to `notes` and `log`."""
+    results = state["results"]
+    if is_no_answer(value):
+        own = answer_to_the_question(state)
+        if apply(ctx, "no_answer_fallback", value, lambda: own or None, firings) != value:
+            notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
+            value = own
+    elif check(ctx, "short_answer_reask", lambda: is_sentence(value) and text_key(value) not in {
+            text_key(r["answer"]) for r in results.values()}, value, "(asked again)", firings):
+        fmt = P.SHORT_FORMAT
+        value, note, raw = _shorten(get_llm(ctx, "planner", reply=fmt), state, value)
+        firings[-1]["after"] = value
+        notes.append(note)
+        log["raw"] = log["raw"] + raw
+    steps = compared_steps(state)
+    compared = compare_dates(state["question"], steps) if is_on(ctx, "date_comparison") else None
+    if compared:
+        if apply(ctx, "date_comparison", value, lambda: compared[0], firings) != value:
+            notes.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the planner concluded {value!r}")
+            value = compared[0]
+        return value
+    mapped = as_option(state["question"], value, steps) if is_on(ctx, "option_answer") else None
+    if mapped and apply(ctx, "option_answer", value, lambda: mapped[0], firings) != value:
+        notes.append(f"{OPTION_NOTE}: {mapped[1]}")
+        value = mapped[0]
+    return value
+
+
+def _short(value: Any, question: str) -> str:
+    """The answer of a reply asked to be short; ValueError if it is missing, a sentence, no answer, or yes or
+    no to a question that is not a yes-no question."""
+    answer = stated(value.get("answer")) if isinstance(value, dict) else ""
+    if not answer or is_sentence(answer) or is_no_answer(answer):
+        raise ValueError("expected a short answer")
+    if answer.lower().strip(" .!") in ("yes", "no") and not asks_yes_or_no(question):
+        raise ValueError("the question is not a yes-no question")
+    return answer
+
+
+def _shorten(llm: Runnable, state: State, answer: str) -> tuple[str, str, list[str]]:
+    """One more call when the planner concluded with a sentence that is no worker's answer: the question and
+    the plan's answers, asked afresh for the short answer (in its conversation, a small model repeats its
+    sentence), or the sentence if none comes. Returns the answer, a note and the raw reply."""
+    prompt = P.SHORT_USER.format(question=state["question"], progress=progress(state["dag"], state["results"]))
+    try:
+        again = ask_json(llm, [SystemMessage(P.PLANNER_SYSTEM), HumanMessage(prompt)],
+                         lambda v: _short(v, state["question"]), retries=0)
+    except ModelError as exc:
+        return answer, f"LongAnswer: the planner concluded {answer!r}; asking again failed: {exc}", []
+    if again.error:
+        return answer, f"LongAnswer: the planner concluded {answer!r} and gave no short answer when asked", again.raw
+    return again.value, f"LongAnswer: the planner concluded {answer!r}; asked, it answered {again.value!r}", again.raw
+
+
+def answer_to_the_question(state: State) -> str:
+    """A worker's answer to a sub-question that is the question itself, or ""."""
+    asked = text_key(state["question"])
+    return next((r["answer"] for r in state["results"].values()
+                 if r["status"] == ANSWERED and text_key(r["query"]) == asked), "")
+
+
+def compared_steps(state: State) -> list[Step]:
+    """The answered sub-questions, as `compare_dates` reads them (text as asked, answer, sub-questions cited)."""
+    asked = [(q, state["results"][q["id"]]) for q in state["dag"] if q["id"] in state["results"]]
+    number = {q["id"]: i for i, (q, _) in enumerate(asked, start=1)}
+    return [Step(r["query"], r["answer"] if r["status"] == ANSWERED else "",
+                 [number[d] for d in q["depends_on"] if d in number]) for q, r in asked]

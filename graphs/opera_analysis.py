@@ -1,0 +1,71 @@
+"""Reading OPERA's Analysis-Answer, Rewrite and synthesis replies; the analysis guards (`analysis_refusal`,
+`analysis_grounded`; graphs/guards.py) judge the answer before its sufficiency counts."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from mhqa_graph.parsing import extract_json, final_answer, strip_think
+
+from .common import clean_answer
+from .guards import check
+from .refusals import grounded, is_no_answer
+
+
+def _truthy(flag: Any) -> bool:
+    if isinstance(flag, str):
+        return flag.strip().lower() in ("true", "yes", "y", "1", "sufficient")
+    return bool(flag)
+
+
+def check_analysis(value: Any, passages: list[str] | None = None, ctx: Any = None,
+                   log: list[dict] | None = None) -> dict[str, Any]:
+    """{"reasoning", "sufficient", "answer", "flag"} from an Analysis-Answer reply; also takes the
+    {"status": "yes"|"no", "analysis": ...} form. Not sufficient: a missing flag, and with their guards on
+    (`ctx.guards`, firings appended to `log`), a refusal or "not found" answer (then "", `analysis_refusal`)
+    or a short answer that none of `passages` contains (`analysis_grounded`); `flag` says which, or is None."""
+    log = [] if log is None else log
+    if not isinstance(value, dict):
+        raise ValueError("expected a JSON object")
+    v = {str(k).lower(): x for k, x in value.items()}
+    if not any(k in v for k in ("sufficient", "status", "answer")):
+        raise ValueError(f'expected the keys "sufficient" and "answer", got {sorted(v)}')
+    answer = clean_answer(str(v.get("answer") or ""))
+    stated = v.get("sufficient", v.get("status"))
+    sufficient, flag = stated is not None and _truthy(stated), None
+    if not answer:
+        pass
+    elif check(ctx, "analysis_refusal", lambda: is_no_answer(answer), answer, "", log):
+        answer, flag = "", "no answer"
+    elif passages is not None and check(ctx, "analysis_grounded", lambda: not grounded(answer, passages),
+                                        f"{answer} (sufficient: {sufficient})", f"{answer} (sufficient: False)", log):
+        flag = "not in any passage"
+    elif stated is None:
+        flag = "no sufficiency given"
+    sufficient = sufficient and bool(answer) and flag is None
+    return {"reasoning": str(v.get("reasoning") or v.get("analysis") or ""), "sufficient": sufficient,
+            "answer": answer, "flag": flag}
+
+_QUERY_FIELD = re.compile(r'"query"\s*:\s*"([^"]*)', re.IGNORECASE)
+
+
+def parse_rewrite(text: str) -> str:
+    """The query of a Rewrite agent reply: JSON {"query": ...} (even cut off) or the first line of plain text."""
+    value = extract_json(text, dict)
+    if value is not None:
+        query = next((v for k, v in value.items() if str(k).lower() == "query"), "")
+        return " ".join(str(query).split())
+    text = strip_think(text)
+    if match := _QUERY_FIELD.search(text):
+        return " ".join(match.group(1).split())
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    line = re.sub(r"^(new |rewritten |search )?query\s*:\s*", "", line, flags=re.IGNORECASE)
+    return line.strip(" \"'`*")
+
+
+def parse_final(text: str) -> str:
+    value = extract_json(text, dict)
+    if value is not None and value.get("answer") is not None:
+        return clean_answer(str(value["answer"]))
+    return clean_answer(final_answer(text))

@@ -1,0 +1,127 @@
+"""Reply formats: the shape of each role's reply, declared once and enforced by the backend where it can.
+
+A `ReplyFormat` is one of three turns, each optionally opened by a bounded `<think>…</think>` block:
+- `json`: a JSON value matching `schema` (OPERA's plan, analysis and rewrite; Mujica's planner and worker);
+- `answer`: `<answer>…</answer>`, a short answer (the baselines, Omne's forced answer);
+- `line`: one line of plain text, a short answer (OPERA's synthesis);
+- `tool_calls`: one or more `<tool_call>{json}</tool_call>` blocks matching `schema`, or an `<answer>` (Omne).
+
+`decoding_kwargs(model, fmt)` gives the keyword arguments that make a chat model decode the format:
+a GBNF grammar for llama.cpp (`llamacpp:` specs), `response_format` with a strict JSON schema for
+OpenAI-compatible servers (vLLM included; JSON turns without a think block only), nothing for the others
+(transformers, scripted fakes), which keep the prompt and the tolerant parser. The parsers run on every
+reply either way: a constrained reply is a well-formed one, not a right one.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from langchain_core.language_models import BaseChatModel
+
+THINK_CHARS = 1200  # of a think block: a small model that thinks on forever still gets to answer
+ANSWER_CHARS = 200  # of an <answer>: a short answer, not a paragraph
+TEXT_CHARS = 300  # of a free string inside a JSON reply (a sub-question, a query, an answer)
+Turn = Literal["json", "answer", "line", "tool_calls"]
+Decoding = Literal["grammar", "json_schema", "prompt"]
+DECODING_MODES = ("auto", "constrained", "prompt")
+
+
+@dataclass(frozen=True)
+class ReplyFormat:
+    """What a reply must look like. `schema` is the JSON schema of a `json` turn's value or of one tool
+    call; `think` lets a `<think>` block of at most `think_chars` characters come first."""
+
+    name: str
+    turn: Turn = "json"
+    schema: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    think: bool = False
+    think_chars: int = THINK_CHARS
+    answer_chars: int = ANSWER_CHARS
+    max_calls: int = 1
+
+    def gbnf(self) -> str:
+        """The format as a llama.cpp grammar (GBNF)."""
+        rules = [f"root ::= {'reply-think ' if self.think else ''}reply-body"]
+        if self.think:
+            rules += [f'reply-think ::= "<think>" [^<]{{0,{self.think_chars}}} "</think>" [ \\t\\n]{{0,2}}']
+        answer = f'"<answer>" [^<\\n]{{1,{self.answer_chars}}} "</answer>"'
+        if self.turn == "answer":
+            rules += [f"reply-body ::= {answer}"]
+        elif self.turn == "line":
+            rules += [f"reply-body ::= [^<\\n]{{1,{self.answer_chars}}}"]
+        elif self.turn == "json":
+            rules += ["reply-body ::= json-root", *_schema_rules(self.schema)]
+        else:
+            extra = f' ("\\n" reply-call){{0,{self.max_calls - 1}}}' if self.max_calls > 1 else ""
+            rules += [f"reply-body ::= reply-call{extra} | {answer}",
+                      'reply-call ::= "<tool_call>\\n" json-root "\\n</tool_call>"', *_schema_rules(self.schema)]
+        return "\n".join(rules) + "\n"
+
+    def response_format(self) -> dict[str, Any] | None:
+        """OpenAI's `response_format` for a JSON turn without a think block; None for any other turn."""
+        if self.turn != "json" or self.think:
+            return None
+        return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema, "strict": True}}
+
+
+def _schema_rules(schema: dict[str, Any]) -> list[str]:
+    """The GBNF rules of a JSON schema (llama.cpp's own converter), with its root renamed `json-root`."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    text = json_schema_to_gbnf(json.dumps(schema))
+    return [re.sub(r"^root ::=", "json-root ::=", line) for line in text.splitlines() if line.strip()]
+
+
+# -- schemas ---------------------------------------------------------------------------------
+def text(max_chars: int = TEXT_CHARS, min_chars: int = 1) -> dict[str, Any]:
+    return {"type": "string", "minLength": min_chars, "maxLength": max_chars}
+
+
+def obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    """A JSON object with exactly these properties (all required unless `required` says otherwise)."""
+    return {"type": "object", "properties": properties,
+            "required": list(properties) if required is None else required, "additionalProperties": False}
+
+
+def json_reply(name: str, schema: dict[str, Any], think: bool = False) -> ReplyFormat:
+    return ReplyFormat(name=name, turn="json", schema=schema, think=think)
+
+
+def answer_reply(name: str, think: bool = False) -> ReplyFormat:
+    return ReplyFormat(name=name, turn="answer", think=think)
+
+
+def line_reply(name: str, think: bool = False) -> ReplyFormat:
+    return ReplyFormat(name=name, turn="line", think=think)
+
+
+def tool_reply(name: str, call_schemas: list[dict[str, Any]], think: bool = False, max_calls: int = 1) -> ReplyFormat:
+    return ReplyFormat(name=name, turn="tool_calls", schema={"anyOf": call_schemas}, think=think,
+                       max_calls=max(1, max_calls))
+
+
+# -- backends --------------------------------------------------------------------------------
+def decoding_kwargs(model: BaseChatModel, fmt: ReplyFormat) -> tuple[dict[str, Any], Decoding]:
+    """(the invoke kwargs that constrain `model` to `fmt`, how): a `grammar` for llama.cpp, a
+    `response_format` for OpenAI-compatible servers, else ({}, "prompt")."""
+    inner = getattr(model, "inner", None)  # RecordingChatModel passes kwargs through to the model it records
+    if isinstance(inner, BaseChatModel):
+        return decoding_kwargs(inner, fmt)
+    if getattr(model, "accepts_grammar", False):  # LlamaCppChatModel, and fakes that play one
+        return {"grammar": fmt.gbnf()}, "grammar"
+    if type(model).__module__.startswith("langchain_openai") and (response_format := fmt.response_format()):
+        return {"response_format": response_format}, "json_schema"
+    return {}, "prompt"
+
+
+def can_constrain(spec: Any) -> bool:
+    """Whether a model spec (or chat model object) names a backend that `decoding_kwargs` can constrain."""
+    if isinstance(spec, BaseChatModel):
+        inner = getattr(spec, "inner", None)
+        return can_constrain(inner) if isinstance(inner, BaseChatModel) else (
+            bool(getattr(spec, "accepts_grammar", False)) or type(spec).__module__.startswith("langchain_openai"))
+    return isinstance(spec, str) and spec.startswith(("llamacpp:", "openai:"))

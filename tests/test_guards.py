@@ -1,0 +1,131 @@
+"""Guards as a layer: named, switchable (`guards`), loggable (`guard_mode`), recorded in every design's
+output and trace, summarised by eval health, and never able to stop a run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from mhqa_graph.graphs import build_graph, make_context, opera_analysis
+from mhqa_graph.graphs import guards as G
+from mhqa_graph.graphs.mujica import repair_plan
+
+from mhqa_graph.errors import InvalidInput
+from mhqa_graph.eval.health import guard_health, health_summary
+from mhqa_graph.store import open_store
+from mhqa_graph.testing.fakes import FakeChatModel
+from mhqa_graph.traces import TraceRecorder
+
+Q = "Who is the father of the director of Inception?"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    s = open_store(f"embedded://{tmp_path_factory.mktemp('guards')}/s?embedder=hash")
+    s.add_triples("films", [("Inception", "directed by", "Christopher Nolan"),
+                            ("Christopher Nolan", "father", "Brendan Nolan")])
+    yield s
+    s.close()
+
+
+def call(name: str, **args) -> str:
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
+
+
+def omne(store, **settings):
+    """Omne answering one hop short, then (if sent back) the right answer."""
+    model = FakeChatModel(responses=[call("node_info", entity="Inception"), "<answer>Christopher Nolan</answer>",
+                                     call("node_info", entity="Christopher Nolan"), "<answer>Brendan Nolan</answer>"],
+                          cycle=False)
+    context = make_context("omne", llm=model, store=store, graph="films", **settings)
+    recorder = TraceRecorder("omne", context)
+    out = build_graph("omne").invoke({"question": Q}, context=context, config={"callbacks": [recorder]})
+    return out, model, recorder.trace(out)
+
+
+def test_every_guard_is_named_with_its_stage_and_agents():
+    assert set(G.AUTO) == set(G.GUARDS) and len(G.GUARDS) == 15
+    assert {g.stage for g in G.GUARDS.values()} == {"plan", "analysis", "worker answer", "conclusion", "tool answer"}
+    assert G.agent_guards("omne") == ["send_back_ungrounded", "send_back_one_hop"]
+    assert {n for n, g in G.GUARDS.items() if g.replaces_answer} == {"no_answer_fallback", "date_comparison",
+                                                                     "option_answer"}
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"guards": "unecho,send_back_oops"}, "unknown guard\\(s\\) 'send_back_oops'"),
+    ({"guard_mode": "dry-run"}, "guard_mode must be one of enforce, log"),
+    ({"guards": 3}, "guards must be 'auto', 'none' or a list"),
+])
+def test_guard_settings_are_checked(settings, message):
+    with pytest.raises(InvalidInput, match=message):
+        make_context("omne", llm="fake", **settings)
+
+
+def test_an_enforced_send_back_is_recorded(store):
+    out, model, trace = omne(store)
+    assert out["answer"] == "Brendan Nolan" and len(model.calls) == 4
+    assert out["guards"] == [{"guard": "send_back_one_hop", "stage": "tool answer", "before": "Christopher Nolan",
+                              "after": "sent back with the facts of Christopher Nolan", "enforced": True}]
+    assert trace.design["guards"] == out["guards"]
+
+
+def test_a_logged_send_back_changes_nothing(store):
+    out, model, _ = omne(store, guard_mode="log")
+    assert out["answer"] == "Christopher Nolan" and len(model.calls) == 2
+    assert [(f["guard"], f["enforced"]) for f in out["guards"]] == [("send_back_one_hop", False)]
+
+
+@pytest.mark.parametrize("guards", ["none", "send_back_ungrounded"])
+def test_a_guard_switched_off_neither_acts_nor_records(store, guards):
+    out, model, _ = omne(store, guards=guards)
+    assert out["answer"] == "Christopher Nolan" and len(model.calls) == 2 and out["guards"] == []
+
+
+def test_a_guard_that_raises_is_recorded_and_skipped(monkeypatch, tmp_path):
+    """OPERA's grounding check broken: the run goes on as if the guard had not fired, and says why."""
+    def broken(answer, passages):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(opera_analysis, "grounded", broken)
+    s = open_store(f"embedded://{tmp_path}/s?embedder=hash")
+    s.add_triples("films", [("Inception", "directed by", "Christopher Nolan")])
+    roles = {"plan": FakeChatModel(responses=['{"subgoals": ["Who directed Inception?"]}']),
+             "analysis": FakeChatModel(responses=['{"sufficient": true, "answer": "Christopher Nolan"}']),
+             "rewrite": FakeChatModel(responses=['{"query": "x"}']),
+             "answer": FakeChatModel(responses=["Christopher Nolan"])}
+    out = build_graph("opera").invoke({"question": "Who directed Inception?"},
+                                      context=make_context("opera", role_llms=roles, store=s, graph="films"))
+    assert out["answer"] == "Christopher Nolan" and out["steps"][0]["sufficient"]
+    assert out["guards"] == [{"guard": "analysis_grounded", "stage": "analysis",
+                              "before": "Christopher Nolan (sufficient: True)", "after": None,
+                              "enforced": False, "error": "RuntimeError: boom", "at": "sub-goal 1, attempt 1"}]
+    s.close()
+
+
+def test_plan_guards_switch_off_one_at_a_time():
+    question = 'The band who released the debut album "Tinted Windows" had their first performance in what city?'
+    items = [{"id": "q1", "question": "Who directed Inception?", "depends_on": []},
+             {"id": "q2", "question": "Which band released the album Tinted Windows?", "depends_on": []}]
+    log: list[dict] = []
+    kept, _ = repair_plan(items, [], 12, 1, about=question, ctx=make_context("mujica", llm="fake"), log=log)
+    assert [q["id"] for q in kept] == ["q2"] and [f["guard"] for f in log] == ["plan_off_topic"]
+    off = make_context("mujica", llm="fake", guards="plan_made_up_entity,plan_example_copy")
+    log = []
+    kept, _ = repair_plan(items, [], 12, 1, about=question, ctx=off, log=log)
+    # with the topic guard off, the example guard catches the copy: the layers are independent
+    assert [q["id"] for q in kept] == ["q2"] and [f["guard"] for f in log] == ["plan_example_copy"]
+    log = []
+    kept, _ = repair_plan(items, [], 12, 1, about=question, ctx=make_context("mujica", llm="fake", guards="none"),
+                          log=log)
+    assert [q["id"] for q in kept] == ["q1", "q2"] and log == []
+
+
+def test_health_counts_guards_and_answer_replacements():
+    firings = [G.firing("date_comparison", "Heat", "Spione", True), G.firing("unecho", "q1: x", "x", False)]
+    assert guard_health(firings) == {"guards": {"date_comparison": 1, "unecho": 1}, "guard_changed": True,
+                                     "answer_guard": True}
+    assert guard_health([G.firing("unecho", "a", "b", False)])["guard_changed"] is False
+    rows = [{**guard_health(firings), "constrained": 3}, {**guard_health([]), "constrained": 2}]
+    summary = health_summary(rows)
+    assert (summary["guard_changed"], summary["answer_guard"], summary["constrained"]) == (1, 1, 5)
+    assert summary["guards"] == {"date_comparison": 1, "unecho": 1}

@@ -1,0 +1,132 @@
+"""Constrained replies: each role's format reaches the backend as a grammar, and a real llama.cpp model
+decoding under it writes replies that the role's own parser reads."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+from mhqa_graph.graphs import build_graph, make_context
+from mhqa_graph.graphs import mujica_prompts as M
+from mhqa_graph.graphs import omne_prompts as W
+from mhqa_graph.graphs import opera_prompts as O
+from mhqa_graph.graphs.common import check_question
+from mhqa_graph.graphs.mujica import read_plan, read_worker
+from mhqa_graph.graphs.omne_protocol import parse_reply
+from mhqa_graph.graphs.opera_analysis import check_analysis, parse_final, parse_rewrite
+from mhqa_graph.graphs.opera_plan import check_plan
+
+from mhqa_graph.errors import InvalidInput
+from mhqa_graph.models.packs import pack_installed
+from mhqa_graph.parsing import extract_json, final_answer
+from mhqa_graph.replies import answer_reply, can_constrain, decoding_kwargs
+from mhqa_graph.testing.fakes import FakeChatModel
+from mhqa_graph.testing.replay import RecordingChatModel
+from mhqa_graph.traces import TraceRecorder
+
+HAS_SMOLLM = importlib.util.find_spec("llama_cpp") is not None and pack_installed("smollm2-135m")
+
+# role -> (format, parse: reply text -> value, raising or None when unusable)
+FORMATS = {
+    "opera plan": (O.plan_format(4), lambda t: check_plan(extract_json(t))),
+    "opera analysis": (O.analysis_format(False), lambda t: check_analysis(extract_json(t, dict))),
+    "opera rewrite": (O.REWRITE_FORMAT, lambda t: parse_rewrite(t) or None),
+    "opera answer": (O.ANSWER_FORMAT, lambda t: parse_final(t) or None),
+    "mujica planner": (M.planner_format(False, True, False, 6),
+                       lambda t: read_plan(extract_json(t), final=False, pending=False)),
+    "mujica worker": (M.worker_format(3, False), lambda t: read_worker(extract_json(t, dict), 3)),
+    "omne tool-agent": (W.tool_format(["kg"], False, 1), lambda t: (r := parse_reply(t)).calls or r.answer),
+    "rag answer": (answer_reply("answer"), lambda t: final_answer(t) if "<answer>" in t else None),
+}
+
+
+def test_formats_map_to_backends():
+    fmt = O.REWRITE_FORMAT
+    grammar_model = FakeChatModel(accepts_grammar=True)
+    assert decoding_kwargs(grammar_model, fmt) == ({"grammar": fmt.gbnf()}, "grammar")
+    assert decoding_kwargs(RecordingChatModel(inner=grammar_model), fmt)[1] == "grammar"
+    assert decoding_kwargs(FakeChatModel(), fmt) == ({}, "prompt")
+    assert fmt.response_format() == {"type": "json_schema", "json_schema": {
+        "name": "rewrite", "schema": fmt.schema, "strict": True}}
+    assert answer_reply("answer", think=True).response_format() is None  # no JSON schema for a think block
+    assert M.worker_format(2, True).response_format() is None
+    assert [can_constrain(s) for s in ("llamacpp:qwen2.5-coder-1.5b", "openai:http://x/v1#m", "qwen2.5-coder-1.5b",
+                                       "fake:[\"x\"]")] == [True, True, False, False]
+
+
+def test_schemas_carry_the_constraints():
+    worker = M.worker_format(3, True).schema["properties"]
+    assert worker["relevant"]["items"]["enum"] == [1, 2, 3] and worker["relevant"]["maxItems"] == 3
+    planner = M.planner_format(False, True, True, 4).schema["anyOf"][0]["properties"]["subquestions"]
+    assert planner["items"]["properties"]["id"]["enum"] == ["q1", "q2", "q3", "q4"] and planner["maxItems"] == 4
+    assert M.planner_format(True, True, True, 4).schema["required"] == ["answer"]  # a final turn only answers
+    assert "anyOf" not in M.planner_format(False, False, True, 4).schema  # before the workers: only ask
+    assert O.plan_format(7).schema["properties"]["subgoals"]["maxItems"] == 7
+    calls = W.tool_format(["a", "b"], True, 2).schema["anyOf"]
+    assert [c["properties"]["arguments"]["properties"]["graph_type"]["enum"] for c in calls] == [["a", "b"]] * 2
+    gbnf = W.tool_format(["a"], True, 2).gbnf()
+    assert gbnf.startswith("root ::= reply-think reply-body") and '"<think>" [^<]{0,1200} "</think>"' in gbnf
+
+
+@pytest.mark.parametrize("decoding, grammar", [("auto", True), ("prompt", False)])
+def test_rag_passes_its_format_unless_decoding_is_prompt(mhqa_store, decoding, grammar):
+    model = FakeChatModel(accepts_grammar=True, responses=["<think>The passage says so.</think><answer>Tulsa</answer>"])
+    context = make_context("rag", llm=model, store=mhqa_store, corpus="docs", decoding=decoding)
+    recorder = TraceRecorder("rag", context)
+    out = build_graph("rag").invoke({"question": "Where was it?"}, context=context, config={"callbacks": [recorder]})
+    assert out["answer"] == "Tulsa"
+    assert (model.grammars[0] == answer_reply("answer", think=True).gbnf()) is grammar
+    assert recorder.trace(out).llm_calls[0].decoding == ("grammar" if grammar else "prompt")
+
+
+def test_rag_repairs_a_reply_without_an_answer_once(mhqa_store):
+    model = FakeChatModel(responses=["<think>It must be Tulsa, in Oklahoma", "<answer>Tulsa</answer>"])
+    out = build_graph("rag").invoke({"question": "Where?"},
+                                    context=make_context("rag", llm=model, store=mhqa_store, corpus="docs"))
+    assert out["answer"] == "Tulsa" and out["error"] is None and len(model.calls) == 2
+    assert model.calls[1][-1].text.startswith("That reply could not be used (it has no <answer> tag)")
+    none_left = FakeChatModel(responses=["<think>Oklahoma, so its largest city <answer></answer>"])
+    out = build_graph("direct").invoke({"question": "Where?"}, context=make_context("direct", llm=none_left,
+                                                                                   parse_retries=0))
+    assert out["error"] == "MalformedOutput: the reply has no answer" and len(none_left.calls) == 1
+
+
+def test_decoding_settings_are_checked():
+    with pytest.raises(InvalidInput, match="decoding must be one of auto, constrained, prompt"):
+        make_context("rag", llm="fake", decoding="grammar")
+    with pytest.raises(InvalidInput, match="decoding=constrained: llm .* cannot be constrained"):
+        make_context("rag", llm="fake:[\"x\"]", decoding="constrained")
+    make_context("rag", llm=FakeChatModel(accepts_grammar=True), decoding="constrained")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM, reason="needs llama-cpp-python and the smollm2-135m pack")
+@pytest.mark.parametrize("role", list(FORMATS))
+def test_a_tiny_model_under_the_grammar_writes_what_the_parser_reads(role):
+    """SmolLM2-135M cannot follow the agents' formats from the prompt; under each role's grammar every reply
+    parses (the grammar makes replies well-formed, not right)."""
+    from mhqa_graph.models.factory import load_chat_model
+
+    fmt, parse = FORMATS[role]
+    model = load_chat_model("llamacpp:smollm2-135m?threads=1", max_new_tokens=160)
+    kwargs, how = decoding_kwargs(model, fmt)
+    prompt = [SystemMessage(f"Reply in the {fmt.name} format."),
+              HumanMessage(check_question("Who directed Inception, and where was he born?"))]
+    reply = model.invoke(prompt, **kwargs)
+    assert how == "grammar" and reply.response_metadata["decoding"] == "grammar"
+    assert parse(reply.text), f"{role}: {json.dumps(reply.text)}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM, reason="needs llama-cpp-python and the smollm2-135m pack")
+def test_a_grammar_llama_cpp_rejects_falls_back_to_the_prompt():
+    """A grammar llama.cpp cannot parse would crash its sampler: it is checked first, and the call runs
+    unconstrained, saying so in its metadata."""
+    from mhqa_graph.models.factory import load_chat_model
+
+    model = load_chat_model("llamacpp:smollm2-135m?threads=1", max_new_tokens=4)
+    reply = model.invoke([HumanMessage("Say hi.")], grammar="root ::= (")
+    assert reply.response_metadata["decoding"] == "prompt"
+    assert reply.response_metadata["decoding_error"] == "llama.cpp rejected the grammar"
