@@ -6,37 +6,31 @@ and the planner loops on their answers until it concludes.
           collect -> planner -> ... -> END
 
 A round is one planner call. A sub-question is ready when every sub-question it depends on has an answer;
-each goes to its own `worker` task, and LangGraph runs the tasks of a step concurrently under both `invoke`
-(thread pool) and `ainvoke`. A worker is a mini-RAG: retrieve contexts from the corpus or the knowledge
-graph, then one model call selects the relevant ones and answers, or says "unknown". When a wave of
-workers all answered and the plan already holds sub-questions that are now ready, they go straight to the
-workers; otherwise the planner is asked. A sub-question answered "unknown", with an empty answer or with no
-usable reply has no answer: the sub-questions that depend on it stay blocked, and the planner sees it as
-such and may re-ask it (the same id, rephrased), ask something else, or conclude.
+each goes to its own `worker` task, and LangGraph runs the tasks of a step concurrently. A worker is a
+mini-RAG: retrieve contexts from the corpus or the knowledge graph, then one model call selects the relevant
+ones and answers, or says "unknown". A sub-question with no answer blocks the ones that depend on it; the
+planner sees it as such and may re-ask it (the same id, rephrased), ask something else, or conclude. The
+planner keeps one conversation across rounds (`mujica_chat`), as the paper's planner and worker are each
+other's user and assistant.
 
-The planner keeps one conversation across rounds, as the paper's planner and worker are each other's user
-and assistant: each round adds the workers' answers (with the contexts they selected) and the state of the
-plan. Its own turns are kept as what it did: its reasoning (cut to `THOUGHT_CHARS`) and the sub-questions
-that ran, after repairs, or its answer; a refused early answer or a copied progress line is not shown back
-to it as its own words. When the conversation outgrows `planner_budget` characters, older rounds lose their
-contexts, then the oldest rounds after the first are left out. The planner may conclude only after
-`min_worker_rounds` waves of workers; an answer before that is repaired, and if it stands, the question
-itself goes to a worker. If the planner then concludes "unknown" although a worker answered the question
-itself, that answer stands. A conclusion that reads as a sentence ("X's son is the parent of Y.") and is no
-worker's answer is asked for once more, afresh, as a short answer; the sentence stands if none comes. A date
-comparison the workers' dates decide is settled in code, and an answer to "which ..., X or Y?" that is what
-a worker found about one option (its director) becomes that option (`graphs/compare.py`).
+Departures from the paper:
+- When a wave of workers all answered and the plan already holds sub-questions that are now ready, they go
+  straight to the workers without a planner call.
+- Bad plans (cycles, self-dependencies, unknown or duplicate ids, repeats, more than `max_subquestions`) are
+  repaired and noted (`mujica_plan`); after a malformed reply or a round that can run nothing, and in round
+  `max_rounds`, the planner must give the final answer. It may conclude only after `min_worker_rounds` waves;
+  before that, a round that asks nothing sends the question itself to a worker.
+- Guards (graphs/guards.py, each switchable and recorded in `guards`): on the plan `unecho`,
+  `plan_off_topic`, `plan_made_up_entity`, `plan_example_copy` (`mujica_plan`); on worker answers
+  `worker_refusal`; on the conclusion `no_answer_fallback`, `short_answer_reask`, `date_comparison`,
+  `option_answer` (`mujica_conclusion`).
+- On graph facts the worker's prompt names relation synonyms (released: publication date).
 
-Bad plans (cycles, self-dependencies, unknown ids, duplicate ids, empty sub-questions, more than
-`max_subquestions`) are repaired and noted. What a planner copies from the plan's progress lines into a
-sub-question ("q1: ", "(after q1)", "-> answer") is cut. After a malformed reply or a round that can run
-nothing, and in round `max_rounds`, the planner call must give the final answer.
-
-Replies each role is expected to give (what `fake_llms` scripts):
+Replies each role is expected to give (what `fake_llms` scripts; `mujica_prompts` holds their formats):
 - planner: `{"subquestions": [{"id": "q1", "question": "Who directed Inception?", "depends_on": []},
   {"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]}]}` to ask, or `{"answer": "London"}`
-  to conclude (a `"answer": null` or `""` beside sub-questions is ignored; a sentence is asked again). `#q1`
-  or `[q1]` in a sub-question stands for q1's answer. A `<think>` block may come first.
+  to conclude (a `"answer": null` or `""` beside sub-questions is ignored). `#q1` or `[q1]` in a
+  sub-question stands for q1's answer. A `<think>` block may come first.
 - worker: `{"relevant": [1, 3], "answer": "Christopher Nolan"}`, or `"answer": "unknown"` when the contexts
   do not hold it. A `<think>` block may come first.
 """

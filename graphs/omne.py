@@ -25,11 +25,12 @@ Reply format (text mode), e.g. for `fake_llms(**{"tool-agent": [...]})`:
     </tool_call>
 and finally `<think>...</think><answer>Brendan Nolan</answer>`.
 
-An answer is sent back once (the model's only nudge) when no fact the run was sent contains it (copied
-from the prompt's example, made up, or picked from entity_matcher's list of names), or when it is one
-hop short: an entity the run never looked into, with relations that the question asks about and the
-walk has not covered (the father, for "where was X's father buried?"). Both are common misses of small
-models on 2Wiki and PathQuestion.
+Departures from the paper, as guards (graphs/guards.py; switchable, recorded in `guards`): an answer is
+sent back once (the model's only nudge) when no fact the run was sent contains it (`send_back_ungrounded`:
+copied from the prompt's example, made up, or picked from entity_matcher's list of names), or when it is
+one hop short (`send_back_one_hop`: an entity the run never looked into, with relations that the question
+asks about and the walk has not covered, such as the father for "where was X's father buried?"). Both
+checks are in `omne_send_back`; the text protocol's parsing is in `omne_protocol`.
 
 Typed errors in `error` (the answer, if any, still stands): `NoToolCall` (answered without one successful
 tool call), `RoundCap` (no answer within `max_rounds`), `MalformedOutput` (no <answer> in the forced

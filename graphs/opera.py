@@ -1,35 +1,28 @@
 """OPERA (arXiv 2508.16438): an orchestrated planner-executor for multi-hop retrieval.
 
 The Plan agent splits the question into ordered sub-goals; a later sub-goal names the answer of an earlier
-one with a placeholder. Each sub-goal is executed: fill its placeholders, retrieve, and let the
-Analysis-Answer agent judge sufficiency and extract the answer; when the passages are not enough, the
+one with a placeholder (`opera_plan`). Each sub-goal is executed: fill its placeholders, retrieve, and let
+the Analysis-Answer agent judge sufficiency and extract the answer; when the passages are not enough, the
 Rewrite agent reformulates the query and retrieval runs again with a larger top-k (its passages join the
-earlier ones), at most `max_rewrites` times. Sub-goals that wait on no unfinished sub-goal run in parallel
-(one LangGraph `Send` task chain each). A final synthesis turns the sub-goal answers into the answer; a
-question that compares two options by date ("Which film came out first, X or Y?") is settled in code when
-the sub-goals found one date for each option (`graphs/compare.py`); otherwise the synthesis is told to
-answer with one of the two, and a synthesis that names what a sub-goal about one option found (its
-director) gives that option.
+earlier ones), at most `max_rewrites` times. A final synthesis turns the sub-goal answers into the answer.
 
     plan -> schedule -(Send per ready sub-goal)-> retrieve -> analyze -> (rewrite -> retrieve -> analyze ...)
          -> schedule -> ... -> synthesize
 
-Retrieval searches `corpus`; with only `graph` set, it reads the facts of the best-matching entities.
+Departures from the paper:
+- Sub-goals that wait on no unfinished sub-goal run in parallel (one LangGraph `Send` task chain each); the
+  paper runs them in order.
+- Retrieval searches `corpus`; with only `graph` set, it reads the facts of the best-matching entities.
+- A placeholder whose step has no answer is left as written and the sub-goal is searched together with the
+  question; another step's answer is never put in its place.
+- Guards (graphs/guards.py, each switchable and recorded in `guards`): `plan_runaway_cut`,
+  `analysis_refusal` and `analysis_grounded` (`opera_analysis`), and at the synthesis `options_line`,
+  `date_comparison` and `option_answer` (graphs/compare.py), which may replace the synthesis's answer.
 
-Placeholders: `[Answer2]`, `[entity from step 2]` (any bracketed text naming "answer", "step", "result",
-"sub-goal" or "question" with the step number, or just `[2]`), `{Answer2}`, `<Answer2>`, and `#2` for an
-earlier step. Brackets naming no step (`[Season 2]`) stay as they are. A placeholder whose step has no
-answer, or names no earlier step, is left as written and the sub-goal is searched together with the
-question; another step's answer is never put in its place. `placeholders` in the output counts the
-placeholders written in executed sub-goals and those resolved, and their ratio `fill_rate`.
-
-Replies each role is expected to give (what `fake_llms` scripts):
+Replies each role is expected to give (what `fake_llms` scripts; `opera_prompts` holds their formats):
 - plan: `{"subgoals": ["Who directed Inception?", "Where was [Answer1] born?"]}` (a bare JSON list works too).
-  A plan cut off by the token limit is asked again, unless it repeats one sub-goal (`cut_runaway`).
 - analysis: `{"reasoning": "...", "sufficient": true, "answer": "Christopher Nolan"}` (no "reasoning" when
-  `think` is off; `"status": "yes"|"no"` stands for "sufficient"). A missing "sufficient" means no; so do an
-  answer that refuses ("unknown", "The passages do not mention ...") and a short answer that no shown
-  passage contains.
+  `think` is off; `"status": "yes"|"no"` stands for "sufficient"; a missing "sufficient" means no).
 - rewrite: `{"query": "new search query"}`, or one plain line.
 - answer: the final answer as plain text (`{"answer": ...}`, `<answer>...</answer>` or "Answer: ..." work too).
 """

@@ -18,8 +18,10 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
 fi
 echo "set-up: installing mhqa-graph[$extras] into .venv (first run only; pip shows its progress)"
 python -m pip install -q --upgrade pip
-# The CPU build of torch first, so nothing later pulls a CUDA build.
-python -m pip install --progress-bar on torch==2.13.0
+# torch first. A CPU build is taken where pip finds one (a local wheel in PIP_FIND_LINKS, or
+# MHQA_TORCH_INDEX=https://download.pytorch.org/whl/cpu); else PyPI's Linux wheel, a CUDA build that pulls
+# ~2.7 GB of nvidia packages and runs on the CPU as well.
+python -m pip install --progress-bar on ${MHQA_TORCH_INDEX:+--index-url "$MHQA_TORCH_INDEX"} torch==2.13.0
 # llama-cpp-python (the llamacpp extra, and a dependency of the SmolLM2 pack's wheel) is built from source
 # once (several minutes); its default build crashes on CPUs with AMX units.
 export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF}"

@@ -210,11 +210,11 @@ def call_budget(agent: str, ctx) -> int:
     tries = ctx.parse_retries + 1
     if agent == "opera":  # plan, then per sub-goal: analyses with rewrites in between, then synthesis
         return tries + ctx.max_rounds * ((ctx.max_rewrites + 1) * tries + ctx.max_rewrites) + 1
-    if agent == "mujica":  # planner rounds + one worker per sub-question
-        return (ctx.max_rounds + ctx.max_subquestions) * tries
+    if agent == "mujica":  # planner rounds (and one short-answer re-ask) + one worker per sub-question
+        return (ctx.max_rounds + ctx.max_subquestions) * tries + 1
     if agent == "omne":  # agent turns + the forced final answer
         return ctx.max_rounds + 1
-    return 1
+    return tries  # rag, direct: one answer, repaired at most parse_retries times
 
 
 @pytest.fixture(scope="module")
