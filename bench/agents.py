@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import subprocess
 import sys
@@ -101,6 +102,15 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def paired_interval(diffs: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    """The 95% paired-bootstrap interval of the mean of per-question differences, in F1 points."""
+    if len(diffs) < 2:
+        return None
+    rng = random.Random(seed)
+    means = sorted(_mean(rng.choices(diffs, k=len(diffs))) for _ in range(resamples))
+    return 100 * means[int(0.025 * resamples)], 100 * means[int(0.975 * resamples) - 1]
+
+
 def asked_ids(args: argparse.Namespace, env: str) -> set[str]:
     """The ids of questions `args.start` .. `args.start + args.limit - 1` of the environment's file."""
     spec = DEV_ENVIRONMENTS[env]
@@ -127,6 +137,8 @@ def env_rows(args: argparse.Namespace, env: str, agents: list[str]) -> tuple[int
         rows.append({
             "agent": agent, "n": len(recs), "em": 100 * _mean([r["em"] for r in recs]), "f1": 100 * f1,
             "df1": None if rag_f1 is None else 100 * (f1 - rag_f1),
+            "df1_ci": None if "rag" not in records else paired_interval(
+                [by_id[i]["f1"] - records["rag"][i]["f1"] for i in sorted(shared)]),
             "sec": _mean([r["latency"] for r in recs]), "calls": _mean([r["llm_calls"] for r in recs]),
             "tokens": _mean([r["tokens"]["total"] for r in recs]),
             "acted": f"{health['acted']}/{health['acted_of']}" if health["acted_of"] else "-",
@@ -152,13 +164,15 @@ def _fill(records: list[dict]) -> str:
 def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
     spec = DEV_ENVIRONMENTS[env]
     head = (f"### {env}: {spec.dataset} `{Path(spec.file).name}` ({spec.kind}), {n} questions, `{llm}`\n\n"
-            "| agent | EM | F1 | ΔF1 vs rag | s/q | LLM calls/q | tokens/q | acted | invented | malformed | "
+            "| agent | EM | F1 | ΔF1 vs rag [95% CI] | s/q | LLM calls/q | tokens/q | acted | invented | malformed | "
             "repairs | forced | empty/long | guarded (answer) | evidence seen | "
             "misses (retrieval/reasoning/format/error) | placeholders filled |\n"
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
         df1 = "-" if r["df1"] is None or r["agent"] == "rag" else f"{r['df1']:+.1f}"
+        if r["df1_ci"] and r["agent"] != "rag":
+            df1 += f" [{r['df1_ci'][0]:+.1f}, {r['df1_ci'][1]:+.1f}]"
         recall = "-" if r["recall"] is None else f"{100 * r['recall']:.0f}%"
         misses = "/".join(str(r["failures"][k]) for k in FAILURE_CLASSES[:4])
         lines.append(f"| {r['agent']} | {r['em']:.1f} | {r['f1']:.1f} | {df1} | {r['sec']:.1f} | {r['calls']:.1f} | "

@@ -1,7 +1,14 @@
-"""Embedded-store benchmark on a synthetic knowledge graph (default 200k entities, 1M edges).
+"""Store benchmark on a synthetic knowledge graph (default 200k entities, 1M edges).
 
     python bench/store.py                                  # full size, MiniLM embedder
     python bench/store.py --entities 20000 --edges 100000 --embedder hash:256   # quick check
+    python bench/store.py --store neo4j://127.0.0.1:7687   # both backends side by side, see below
+
+With a Neo4j URI as --store, the same graph and a synthetic corpus (default 100k passages) go into an
+embedded store (bench/out/backends) and into the server (namespace `bench`, dropped afterwards), and one
+table compares ingest throughput, query latency (node_info, match_entities, search in each mode) and how
+often both return the same top hit. Its embedder defaults to hash:384 (MiniLM's dimension, no model time);
+`--scale 0.1` runs a tenth of the size. Use a scratch database: one database holds one embedder dimension.
 
 Reports ingest time, then compares against baselines measured on the same database in the
 same run:
@@ -24,9 +31,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from mhqa_graph.store import open_store
+from mhqa_graph.store import NEO4J_SCHEMES, open_store
 from mhqa_graph.store.embedded import NEIGHBOURS, EmbeddedStore, entity_key
 from mhqa_graph.store.fusion import candidate_depth, reciprocal_rank_fusion
+from mhqa_graph.types import Passage
 
 GRAPH = "synthetic"
 K = 10
@@ -287,20 +295,173 @@ def bench_match(store: EmbeddedStore, names: list[str], n: int, rng: random.Rand
     print(f"{'PASS' if p50 <= MATCH_P50_TARGET_MS else 'FAIL'} match_entities p50 <= {MATCH_P50_TARGET_MS:.0f} ms "
           f"({p50:.2f} ms; embedding {pct(embed, 50):.2f} ms, rest {pct(rest, 50):.2f} ms)")
 
+# -- both backends side by side (--store neo4j://...) -------------------------------------------------
+CORPUS = "synthetic-text"
+
+
+def make_passages(names: list[str], triples: list[tuple[str, str, str]], n: int) -> list[Passage]:
+    """`n` passages, one per entity (cycling with a part number past the last), stating up to 6 of its facts."""
+    facts: dict[str, list[str]] = {}
+    for s, r, o in triples:
+        if len(facts.setdefault(s, [])) < 6:
+            facts[s].append(f"its {r} is {o}")
+    passages = []
+    for i in range(n):
+        name = names[i % len(names)]
+        part = f" (part {i // len(names) + 1})" if i >= len(names) else ""
+        said = "; ".join(facts.get(name, [])) or "nothing else is recorded about it"
+        passages.append(Passage(f"s{i}", name + part, f"{name} is an entry of the synthetic knowledge graph: {said}."))
+    return passages
+
+
+def _wrap_embedder(store) -> TimedEmbedder:
+    """Time the store's embedder (both backends keep it in `_embedder`; `embedded.embedder` is read-only)."""
+    timed = TimedEmbedder(store._embedder, progress_every=0)
+    store._embedder = timed
+    return timed
+
+
+def _timed(fn, items: list, batch: int, label: str, backend: str) -> float:
+    start = time.perf_counter()
+    for i in range(0, len(items), batch):
+        fn(items[i:i + batch])
+        print(f"  {backend}: {min(i + batch, len(items))}/{len(items)} {label}, {time.perf_counter() - start:.0f} s",
+              flush=True)
+    return time.perf_counter() - start
+
+
+def _latency(fn, queries: list) -> tuple[list, list[float]]:
+    for q in queries[:20]:  # warm up caches and query plans
+        fn(q)
+    out, times = [], []
+    for q in queries:
+        t = time.perf_counter()
+        out.append(fn(q))
+        times.append(time.perf_counter() - t)
+    return out, times
+
+
+def _measure(backend: str, store, rows: dict, args: argparse.Namespace, names: list[str], triples: list,
+             passages: list[Passage], queries: tuple[list[str], list[str], list[str]]) -> dict[str, list]:
+    """Ingest into `store`, time the queries; adds its column to `rows`, returns the answers by row label."""
+    node_sample, entity_queries, text_queries = queries
+    timed = _wrap_embedder(store)
+    took = _timed(lambda b: store.add_triples(GRAPH, b), triples, args.batch, "triples", backend)
+    embed_s, timed.calls = sum(timed.calls), []
+    rows.setdefault(f"ingest {len(triples):,} edges ({len(names):,} entities)", {})[backend] = (
+        f"{took:.0f} s, {len(triples) / took:,.0f} edges/s ({embed_s:.0f} s embedding)")
+    took = _timed(lambda b: store.add_passages(CORPUS, b), passages, args.passage_batch, "passages", backend)
+    embed_s = sum(timed.calls)
+    rows.setdefault(f"ingest {len(passages):,} passages", {})[backend] = (
+        f"{took:.0f} s, {len(passages) / took:,.0f} passages/s ({embed_s:.0f} s embedding)")
+    stats = store.stats()
+    assert stats.graphs[GRAPH]["triples"] == len(triples), stats
+    assert stats.corpora[CORPUS]["passages"] == len(passages), stats
+    measured = {
+        f"node_info ({len(node_sample)} entities)": _latency(lambda n: store.node_info(GRAPH, n), node_sample),
+        f"match_entities k={K} ({len(entity_queries)} queries)": _latency(
+            lambda q: store.match_entities(GRAPH, q, k=K), entity_queries)}
+    for mode in ("bm25", "dense", "hybrid"):
+        measured[f"search {mode} k={K} ({len(text_queries)} queries)"] = _latency(
+            lambda q, m=mode: store.search(CORPUS, q, k=K, mode=m), text_queries)
+    for label, (_, times) in measured.items():
+        rows.setdefault(f"{label}: p50 / p90 ms", {})[backend] = f"{pct(times, 50):.2f} / {pct(times, 90):.2f}"
+    return {label: out for label, (out, _) in measured.items()}
+
+
+def compare_backends(args: argparse.Namespace) -> int:
+    scale = args.scale
+    rng = random.Random(args.seed)
+    t = time.perf_counter()
+    names = make_names(int(args.entities * scale), rng)
+    triples = make_edges(names, int(args.edges * scale), args.seed)
+    passages = make_passages(names, triples, int(args.passages * scale))
+    print(f"synthetic data: {len(names)} entities, {len(triples)} edges, {len(passages)} passages "
+          f"({time.perf_counter() - t:.1f} s to generate); embedder {args.embedder}")
+
+    root = Path(args.embedded_dir)
+    if root.exists():
+        if any(root.iterdir()) and not (root / "store.sqlite").exists():
+            sys.exit(f"{root} exists and is not a store; refusing to delete it")
+        shutil.rmtree(root)
+    embedded = open_store(f"embedded://{root.resolve()}", embedder=args.embedder)
+    neo4j = open_store(args.store, embedder=args.embedder)
+    neo4j.namespace = args.namespace
+    neo4j.drop_namespace()  # a namespace an interrupted run left
+    stores = {"embedded": embedded, "neo4j": neo4j}
+    rows: dict[str, dict[str, str]] = {}
+    results: dict[str, dict[str, list]] = {}
+    qrng = random.Random(args.seed + 1)
+    node_sample = qrng.sample(names, min(args.node_queries, len(names)))
+    entity_queries = [free_text(qrng) if qrng.random() < 0.2 else perturb(qrng.choice(names), qrng)
+                      for _ in range(args.match_queries)]
+    text_queries = [free_text(qrng) if qrng.random() < 0.5 else perturb(qrng.choice(names), qrng)
+                    for _ in range(args.search_queries)]
+    try:
+        for backend, store in stores.items():
+            results[backend] = _measure(backend, store, rows, args, names, triples, passages,
+                                        (node_sample, entity_queries, text_queries))
+            print(f"  {backend}: done", flush=True)
+    finally:
+        if not args.keep:
+            neo4j.drop_namespace()
+        neo4j.close()
+        embedded.close()
+
+    print(f"\n| {len(names):,} entities, {len(triples):,} edges, {len(passages):,} passages | embedded | neo4j |")
+    print("|---|---|---|")
+    for label, by_backend in rows.items():
+        print(f"| {label} | {by_backend.get('embedded', '')} | {by_backend.get('neo4j', '')} |")
+    print("\nsame answers (embedded vs neo4j):")
+    for label, ours in results["embedded"].items():
+        theirs = results["neo4j"][label]
+        if label.startswith("node_info"):
+            same = sum(a == b for a, b in zip(ours, theirs))
+            capped = sum(a != b and len(b.facts) < len(a.facts) for a, b in zip(ours, theirs))
+            print(f"- {label}: the same facts for {same} of {len(ours)}; {capped} of the others are hubs with more "
+                  "facts than node_info returns on Neo4j (1000 each way)")
+        else:
+            def key(hit):
+                return getattr(hit, "name", None) or hit.id
+            top1 = sum([key(h) for h in a[:1]] == [key(h) for h in b[:1]] for a, b in zip(ours, theirs))
+            overlap = statistics.fmean(len({key(h) for h in a} & {key(h) for h in b}) / max(1, len(a))
+                                       for a, b in zip(ours, theirs))
+            print(f"- {label}: the same top hit for {top1} of {len(ours)}; top-{K} overlap {overlap:.2f}")
+    return 0
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--entities", type=int, default=200_000)
     parser.add_argument("--edges", type=int, default=1_000_000)
     parser.add_argument("--embedder", default="all-minilm-l6-v2", help="e.g. all-minilm-l6-v2 or hash:256")
-    parser.add_argument("--store", default="bench/out/kg_store", help="store directory (replaced unless --reuse)")
+    parser.add_argument("--store", default="bench/out/kg_store",
+                        help="store directory (replaced unless --reuse), or a Neo4j URI to compare both backends")
     parser.add_argument("--reuse", action="store_true", help="keep an existing store of the same size, skip ingest")
     parser.add_argument("--batch", type=int, default=50_000, help="triples per add_triples call")
     parser.add_argument("--node-queries", type=int, default=2000)
     parser.add_argument("--match-queries", type=int, default=500)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--torch-threads", type=int, help="torch.set_num_threads (1 is faster on a busy machine)")
+    both = parser.add_argument_group("with a Neo4j URI as --store")
+    both.add_argument("--passages", type=int, default=100_000)
+    both.add_argument("--scale", type=float, default=1.0, help="multiplies --entities, --edges and --passages")
+    both.add_argument("--search-queries", type=int, default=300, help="per search mode")
+    both.add_argument("--passage-batch", type=int, default=10_000, help="passages per add_passages call")
+    both.add_argument("--embedded-dir", default="bench/out/backends", help="the embedded store (replaced)")
+    both.add_argument("--namespace", default="bench", help="the Neo4j namespace (dropped before and after)")
+    both.add_argument("--keep", action="store_true", help="keep the Neo4j namespace afterwards")
     args = parser.parse_args()
+    if args.store.split(":", 1)[0] in NEO4J_SCHEMES:
+        if "--embedder" not in sys.argv:
+            args.embedder = "hash:384"
+        if "--node-queries" not in sys.argv:
+            args.node_queries = 1000
+        if args.torch_threads:
+            import torch
+
+            torch.set_num_threads(args.torch_threads)
+        return compare_backends(args)
     if args.torch_threads:
         import torch
 
@@ -321,7 +482,7 @@ def main() -> int:
     store = open_store(f"embedded://{root.resolve()}", embedder=args.embedder)
     assert isinstance(store, EmbeddedStore)
     timed = TimedEmbedder(store.embedder)
-    store.embedder = timed
+    store._embedder = timed  # `embedder` is a read-only property
     print(f"store {root}, embedder {timed.spec}")
 
     stats = store.stats().graphs.get(GRAPH, {})

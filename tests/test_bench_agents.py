@@ -60,6 +60,22 @@ def test_report_only_writes_the_table_and_the_plot(folders, monkeypatch, capsys)
                                      "--data", str(folders.data)])
     bench.main()
     table = (folders.out / "agents.md").read_text(encoding="utf-8")
-    assert "4 questions" in table and "| opera | 100.0 | 100.0 | +50.0 |" in table
+    assert "4 questions" in table and "| opera | 100.0 | 100.0 | +50.0 [+0.0, +100.0] |" in table
     assert capsys.readouterr().out.strip() == table.strip()
     assert (folders.out / "agents.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_variants_and_intervals():
+    assert bench.parse_variant("omne:guards=none;guard_mode=log") == ("omne", {"guards": "none", "guard_mode": "log"})
+    assert bench.parse_variant("rag") == ("rag", {})
+    for bad in ("omne:tools=x", "gpt", "rag:decoding"):
+        with pytest.raises(ValueError, match="bad agent"):
+            bench.parse_variant(bad)
+    assert bench.run_dir(Path("o"), LLM, "pq2h", "omne:guards=none").name == "omne_guards=none"
+    args = argparse.Namespace(data=Path("d"), llm="llamacpp:x", store="embedded:///s", limit=4, start=100,
+                              out=Path("o"))
+    cmd = bench.eval_command(args, "pq2h", "omne:guards=none;decoding=prompt")
+    assert cmd[cmd.index("--guards") + 1] == "none" and cmd[cmd.index("--decoding") + 1] == "prompt"
+    assert bench.paired_interval([0.0, 0.0, 0.0]) == (0.0, 0.0) and bench.paired_interval([1.0]) is None
+    low, high = bench.paired_interval([1.0, 0.0] * 20)
+    assert 30 < low < 50 < high < 70
