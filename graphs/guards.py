@@ -1,7 +1,8 @@
 """Guards: rules that exist for a small model's sake, kept apart from the papers' mechanisms.
 
 Each guard has a name, the stage it acts at and the agents that have it. Two settings pick them:
-`guards` ("auto": the default set `AUTO`; "none"; or a comma-separated list of names) and `guard_mode`
+`guards` ("auto": the default set `AUTO`; "none"; a comma-separated list of names; or "-name,..." for the
+default set without those) and `guard_mode`
 ("enforce": a firing changes the run; "log": it is only recorded). Every firing goes to the run's `guards`
 list (stage, guard, before, after, enforced), which traces, `mhqa eval` summaries and `bench/agents.py`
 read. A guard that raises is recorded with its error and skipped: the run goes on as if it had not fired.
@@ -75,16 +76,20 @@ def agent_guards(agent: str) -> list[str]:
 
 
 def selected(spec: Any) -> frozenset[str]:
-    """The guard names a `guards` setting turns on; InvalidInput for an unknown name."""
+    """The guard names a `guards` setting turns on: "auto", "none", names ("unecho,option_answer"), or names to
+    leave out of the default set ("-date_comparison,-option_answer"); InvalidInput for an unknown name."""
     if spec in (None, "", "auto"):
         return frozenset(AUTO)
     if spec == "none":
         return frozenset()
-    names = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if str(n).strip()]
-    unknown = [n for n in names if n not in GUARDS]
+    names = [str(n).strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if str(n).strip()]
+    unknown = [n for n in names if n.lstrip("-") not in GUARDS]
     if unknown:
         raise InvalidInput(f"unknown guard(s) {', '.join(map(repr, unknown))}; known: {', '.join(GUARDS)}")
-    return frozenset(names)
+    left_out = {n[1:] for n in names if n.startswith("-")}
+    if left_out and len(left_out) < len(names):
+        raise InvalidInput("guards: list names to turn on, or -names to leave out of the default set, not both")
+    return frozenset(AUTO) - left_out if left_out else frozenset(names)
 
 
 def check_settings(guards: Any, mode: Any) -> None:

@@ -55,10 +55,16 @@ def test_every_guard_is_named_with_its_stage_and_agents():
     ({"guards": "unecho,send_back_oops"}, "unknown guard\\(s\\) 'send_back_oops'"),
     ({"guard_mode": "dry-run"}, "guard_mode must be one of enforce, log"),
     ({"guards": 3}, "guards must be 'auto', 'none' or a list"),
+    ({"guards": "unecho,-option_answer"}, "not both"),
 ])
 def test_guard_settings_are_checked(settings, message):
     with pytest.raises(InvalidInput, match=message):
         make_context("omne", llm="fake", **settings)
+
+
+def test_a_guard_can_be_left_out_of_the_default_set():
+    assert G.selected("-date_comparison,-option_answer") == set(G.AUTO) - {"date_comparison", "option_answer"}
+    assert G.selected(["unecho"]) == {"unecho"} and G.selected("none") == set()
 
 
 def test_an_enforced_send_back_is_recorded(store):
