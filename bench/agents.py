@@ -70,7 +70,7 @@ def eval_command(args: argparse.Namespace, env: str, variant: str) -> list[str]:
     agent, settings = parse_variant(variant)
     llm = args.llm if "?" in args.llm or not args.llm.startswith("llamacpp:") else f"{args.llm}?threads=1"
     mhqa = str(Path(sys.executable).with_name("mhqa"))
-    flags = [x for key, value in settings.items() for x in (SETTINGS[key], value)]
+    flags = [f"{SETTINGS[key]}={value}" for key, value in settings.items()]  # "=": a value may start with "-"
     return [mhqa, "eval", str(args.data / spec.file), "--dataset", spec.dataset, "--agent", agent,
             "--llm", llm, "--store", args.store, "--limit", str(args.limit), "--start", str(args.start),
             "--concurrency", "1", *flags, "--out", str(run_dir(args.out, args.llm, env, variant))]

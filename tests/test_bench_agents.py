@@ -75,7 +75,7 @@ def test_variants_and_intervals():
     args = argparse.Namespace(data=Path("d"), llm="llamacpp:x", store="embedded:///s", limit=4, start=100,
                               out=Path("o"))
     cmd = bench.eval_command(args, "pq2h", "omne:guards=none;decoding=prompt")
-    assert cmd[cmd.index("--guards") + 1] == "none" and cmd[cmd.index("--decoding") + 1] == "prompt"
+    assert "--guards=none" in cmd and "--decoding=prompt" in cmd
     assert bench.paired_interval([0.0, 0.0, 0.0]) == (0.0, 0.0) and bench.paired_interval([1.0]) is None
     low, high = bench.paired_interval([1.0, 0.0] * 20)
     assert 30 < low < 50 < high < 70
