@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -52,7 +53,7 @@ def _print_json(value: Any) -> None:
 def _progress(label: str, total: int | None = None) -> Iterator[Callable[[int], None]]:
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     with Progress(*columns, console=err, transient=False, disable=not err.is_terminal) as bar:
-        task = bar.add_task(label, total=total)
+        task = bar.add_task(escape(label), total=total)  # the description is rich markup: names may hold [ ]
         yield lambda done: bar.update(task, completed=done)
 
 
@@ -61,7 +62,25 @@ def _report(report: Any) -> None:
     errors = fields.pop("errors", [])
     out.print(", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in fields.items()))
     for message in errors:
-        err.print(f"[yellow]skipped[/] {message}")
+        err.print(Text.assemble(("skipped ", "yellow"), message), highlight=False)
+
+
+def _check_ingested(report: Any, file: Path, what: str) -> None:
+    """InvalidInput when a file gave nothing to ingest (empty, or every row skipped as bad)."""
+    if report.passages_seen + report.triples_seen == 0:
+        skipped = f" ({report.skipped_bad} bad rows skipped)" if report.skipped_bad else ""
+        raise InvalidInput(f"{file} holds no {what}{skipped}; nothing was ingested")
+
+
+def _check_llm(spec: str | None) -> None:
+    """InvalidInput for a `fake:` spec that scripts no reply (`fake:[]`): its first call would fail."""
+    if spec and spec.strip().startswith("fake:"):
+        try:
+            replies = json.loads(spec.strip()[len("fake:"):])
+        except ValueError:
+            return  # the model factory names the problem
+        if replies == []:
+            raise InvalidInput("fake:[] scripts no reply; give at least one, e.g. 'fake:[\"an answer\"]', or 'fake'")
 
 
 # -- ingest --------------------------------------------------------------------------
@@ -69,17 +88,21 @@ def _report(report: Any) -> None:
 def ingest_dataset_cmd(
     dataset: Annotated[str, typer.Argument(help="hotpotqa | 2wiki | musique | pathquestion")],
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False)],
-    name: Annotated[str, typer.Option("--name", help="Name of the corpus and/or graph to build.")],
+    name: Annotated[str | None, typer.Option("--name", help="Name of the corpus and/or graph to build (default: "
+                                                        "the one `mhqa eval` uses, e.g. hotpotqa-dev_a).")] = None,
     store: StoreOpt = None,
     skip_bad: Annotated[bool, typer.Option("--skip-bad", help="Skip malformed rows and count them.")] = False,
 ) -> None:
     """Build a passage corpus and/or a KG from a benchmark file."""
-    from .ingest.datasets import DATASETS
+    from .eval.environments import environment_name
+    from .ingest.datasets import DATASETS, check_dataset_file
     from .ingest.runner import ingest_dataset
 
     if dataset not in DATASETS:
         raise MhqaError(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
-    with open_store(store) as st, _progress(f"ingest {file.name}") as tick:
+    check_dataset_file(dataset, file)
+    name = name or environment_name(dataset, file)
+    with open_store(store) as st, _progress(f"ingest {file.name} into {name}") as tick:
         report = ingest_dataset(st, dataset, file, name, skip_bad=skip_bad, progress=tick)
     _report(report)
 
@@ -94,7 +117,7 @@ def ingest_triples_cmd(
     """Add triples from a file to a graph."""
     from .ingest.files import read_triples_file
 
-    _ingest_file(store, file, skip_bad, graph=graph, triples=read_triples_file(file, yield_errors=True))
+    _ingest_file(store, file, skip_bad, "triples", graph=graph, triples=read_triples_file(file, yield_errors=True))
 
 
 @ingest_app.command("passages")
@@ -107,14 +130,16 @@ def ingest_passages_cmd(
     """Add passages from a JSONL file to a corpus."""
     from .ingest.files import read_passages_file
 
-    _ingest_file(store, file, skip_bad, corpus=corpus, passages=read_passages_file(file, yield_errors=True))
+    _ingest_file(store, file, skip_bad, "passages", corpus=corpus,
+                 passages=read_passages_file(file, yield_errors=True))
 
 
-def _ingest_file(store: str | None, file: Path, skip_bad: bool, **items: Any) -> None:
+def _ingest_file(store: str | None, file: Path, skip_bad: bool, what: str, **items: Any) -> None:
     from .ingest.runner import ingest
 
     with open_store(store) as st, _progress(f"ingest {file.name}") as tick:
         report = ingest(st, skip_bad=skip_bad, progress=tick, **items)
+    _check_ingested(report, file, what)
     _report(report)
 
 
@@ -130,6 +155,7 @@ def ingest_extract_cmd(
     from .ingest.extract import extract_graph
     from .models.factory import load_chat_model
 
+    _check_llm(llm)
     model = load_chat_model(llm)
     with open_store(store, create=False) as st, _progress(f"extract {corpus} -> {graph}", total=limit) as tick:
         report = extract_graph(st, corpus, graph, model, limit=limit, progress=tick)
@@ -167,7 +193,7 @@ def query_search(corpus: str, query: str, k: Annotated[int, typer.Option("-k")] 
     if as_json:
         return _print_json(hits)
     for hit in hits:
-        out.print(f"[bold]{hit.score:.4f}  {hit.title}[/] ({hit.id})")
+        out.print(Text.assemble((f"{hit.score:.4f}  {hit.title}", "bold"), f" ({hit.id})"), highlight=False)
         out.print(f"    {hit.text[:300]}", markup=False, highlight=False)
 
 
@@ -179,13 +205,13 @@ def stats_cmd(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
         uri = st.uri
     if as_json:
         return _print_json(dataclasses.asdict(stats) | {"uri": uri})
-    table = Table(title=f"{uri} ({stats.backend})")
+    table = Table(title=Text(f"{uri} ({stats.backend})"))
     for col in ("kind", "name", "entities", "triples", "passages"):
         table.add_column(col)
     for name, c in sorted(stats.graphs.items()):
-        table.add_row("graph", name, str(c["entities"]), str(c["triples"]), "")
+        table.add_row("graph", Text(name), str(c["entities"]), str(c["triples"]), "")
     for name, c in sorted(stats.corpora.items()):
-        table.add_row("corpus", name, "", "", str(c["passages"]))
+        table.add_row("corpus", Text(name), "", "", str(c["passages"]))
     out.print(table)
 
 
@@ -253,11 +279,14 @@ def ask_cmd(
 
     compiled = build_graph(agent)
     check_question(question)
+    _check_llm(llm)
     context = make_context(agent, llm=llm, store=store, corpus=corpus, graph=graph, top_k=top_k)
     if corpus or graph:
         check_sources(context)
-    elif agent != "direct":  # the others search the store
+    elif agent != "direct":  # the others search the store: it must say what to search
         check_store_exists(store)
+        raise InvalidInput(f"--agent {agent} searches the store: give --corpus NAME or --graph NAME "
+                           "(`mhqa stats` lists them), or use --agent direct")
     recorder = TraceRecorder(agent, context)
     state: dict[str, Any] = {}
     for mode, chunk in compiled.stream({"question": question}, context=context, stream_mode=["updates", "values"],
@@ -265,8 +294,8 @@ def ask_cmd(
         if mode == "values":
             state = chunk
         elif stream:
-            for node, update in chunk.items():
-                err.print(f"[cyan]{node}[/] {_brief(update)}", markup=True, highlight=False)
+            for node, update in chunk.items():  # untrusted text (passages, replies): never rich markup
+                err.print(Text.assemble((node, "cyan"), " ", _brief(update)), highlight=False)
     recorded = recorder.trace(state)
     if trace:
         trace.write_text(recorded.model_dump_json(indent=2), encoding="utf-8")
@@ -275,7 +304,7 @@ def ask_cmd(
                             "trace": recorded.model_dump(mode="json")})
     out.print(state.get("answer") or "", markup=False, highlight=False)
     if state.get("error"):
-        err.print(f"[yellow]note:[/] {state['error']}", highlight=False)
+        err.print(Text.assemble(("note: ", "yellow"), str(state["error"])), highlight=False)
 
 
 @app.command("eval")
@@ -303,13 +332,15 @@ def eval_cmd(
     first, unless --corpus/--graph name ones it has. Ctrl-C stops; rerunning the command resumes."""
     from .eval import run_eval
     from .eval.runner import EvalInterrupted
-    from .ingest.datasets import DATASETS
+    from .ingest.datasets import DATASETS, check_dataset_file
 
     if dataset not in DATASETS:
         raise InvalidInput(f"unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
     if (limit is not None and limit < 1) or start < 0:
         raise InvalidInput("--limit must be >= 1 and --start >= 0")
-    check_store_exists(store)
+    check_dataset_file(dataset, file)
+    _check_llm(llm)
+    _check_eval_store(store, given=bool(corpus or graph))
     try:
         run_eval(agent, dataset, file, llm, store, out_dir, limit=limit, concurrency=concurrency, progress=True,
                  start=start, force_new=force_new,
@@ -322,6 +353,20 @@ def eval_cmd(
         os._exit(130)  # at once: model calls still running in worker threads are dropped
 
 
+def _check_eval_store(store: str | None, given: bool) -> None:
+    """An eval that names --corpus/--graph needs a store holding them; one that builds its environment
+    may start from nothing (an empty or new folder), but not in a folder whose parent is missing (a typo)."""
+    from .store import _embedded_dir, default_store_uri
+
+    if given:
+        check_store_exists(store)
+        return
+    uri = store or default_store_uri()
+    root = _embedded_dir(uri)
+    if store and root is not None and not (root / "store.sqlite").is_file() and not root.parent.is_dir():
+        check_store_exists(store)  # StoreNotFound with its hint
+
+
 @app.command("report")
 def report_cmd(
     runs: Annotated[list[Path], typer.Argument(exists=True, file_okay=False, help="Run folders of `mhqa eval`.")],
@@ -329,11 +374,15 @@ def report_cmd(
 ) -> None:
     """Compare runs side by side on the questions they all answered; optionally plot F1."""
     from .eval import compare, compare_table, plot
+    from .eval.report import RESULTS
 
+    for run in runs:
+        if not (run / RESULTS).is_file():
+            raise InvalidInput(f"{run} holds no eval run (no {RESULTS}); pass folders written by `mhqa eval --out`")
     summaries = compare(runs)
     out.print(compare_table(summaries))
     if png:
-        out.print(f"plot: {plot(summaries, png)}")
+        out.print(f"plot: {plot(summaries, png)}", markup=False, highlight=False)
 
 
 @app.command("export")
@@ -374,7 +423,72 @@ def train_cmd(
             return {k: brief(v) for k, v in value.items() if k not in ("log", "plan_executions")}
         return [brief(v) for v in value] if isinstance(value, list) else value
 
+    check_train_config(method, config)  # a wrongly typed value fails before any model loads
     _print_json(brief(train(method, config, out_dir, teacher=teacher)))
+
+
+_SCALARS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
+            dict: "a mapping"}
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """What is wrong with `value` for a config field typed `hint` (None if it fits or cannot be checked)."""
+    import types
+    import typing
+
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(hint)
+        problems = [_type_problem(value, option) for option in options]
+        if all(problems):
+            return "must be " + " or ".join(p.removeprefix("must be ") for p in problems if p)
+        return None
+    if hint is type(None):
+        return None if value is None else "must be null"
+    base = origin or hint
+    if base not in _SCALARS:
+        return None
+    if base is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    elif base is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, base)
+    return None if ok else f"must be {_SCALARS[base]}"
+
+
+def check_train_config(method: str, config: Path) -> None:
+    """InvalidInput naming the first value of a trainer's YAML config whose type is wrong (`lora_r: sixteen`),
+    read as `train` reads it but without loading any model."""
+    import importlib
+    import typing
+
+    from .training import TRAINERS
+
+    if method not in TRAINERS:
+        return  # train() names the methods
+    name, config_cls, _ = TRAINERS[method]
+    try:
+        cls = getattr(importlib.import_module(f"mhqa_graph.training.{name}"), config_cls)
+        from .training.common import load_config
+    except ImportError:
+        return  # train() says which extra is missing
+    load_config(cls, config)  # unknown keys and unreadable YAML
+
+    import yaml
+
+    def walk(section: type, values: Any, where: str) -> None:
+        if not isinstance(values, dict):
+            return
+        hints = typing.get_type_hints(section)
+        for key, value in values.items():
+            hint = hints.get(key)
+            if dataclasses.is_dataclass(hint):
+                walk(hint, value, f"{where}.{key}" if where else key)
+            elif hint is not None and (problem := _type_problem(value, hint)):
+                raise InvalidInput(f"{config}: {where + '.' if where else ''}{key} {problem}, got {value!r}")
+
+    walk(cls, yaml.safe_load(config.read_text(encoding="utf-8")) or {}, "")
 
 
 @app.command("demo")
@@ -389,6 +503,7 @@ def demo_cmd(
     answer the first questions of the dev files with an offline model."""
     from .demo import run_demo
 
+    _check_llm(llm)
     run_demo(store, data, llm, questions, out)
 
 
@@ -415,6 +530,11 @@ def main() -> None:
         if _state["debug"]:
             raise
         _fail(f"{type(e).__name__}: {e}")
+    except ImportError as e:  # an optional dependency that is not installed
+        if _state["debug"]:
+            raise
+        _fail(f"{type(e).__name__}: {e}; install the pip extra that brings {e.name or 'it'} "
+              "(see pyproject.toml's optional-dependencies)")
     except (typer.Abort, KeyboardInterrupt):
         err.print(Text("interrupted", "red"))
         sys.exit(130)

@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from .errors import InvalidInput
 from .eval.environments import environment_name
@@ -44,7 +46,7 @@ SETTINGS = {"top_k": 3, "max_new_tokens": 192, "max_rewrites": 1}
 @contextmanager
 def _bar(console: Console, label: str, total: int | None, download: bool = False) -> Iterator[Callable[..., None]]:
     count = DownloadColumn() if download else MofNCompleteColumn()
-    with Progress(TextColumn(f"  [bold]{label}"), BarColumn(), count, TimeElapsedColumn(), console=console,
+    with Progress(TextColumn(f"  [bold]{escape(label)}"), BarColumn(), count, TimeElapsedColumn(), console=console,
                   disable=not console.is_terminal) as bar:
         task = bar.add_task(label, total=total)
         yield lambda done, total=None: bar.update(task, completed=done, **({"total": total} if total else {}))
@@ -55,13 +57,14 @@ def _ingest(store: KnowledgeStore, dataset: str, path: Path, console: Console) -
     name = environment_name(dataset, path)
     stats = store.stats()
     if name in stats.corpora or name in stats.graphs:
-        console.print(f"  {name}: in the store already")  # ingestion is idempotent; a rerun would only re-read
+        # ingestion is idempotent; a rerun would only re-read
+        console.print(f"  {name}: in the store already", markup=False, highlight=False)
         return name
     started = time.perf_counter()
     with _bar(console, f"ingest + embed {path.name}", None) as tick:
         report = ingest_dataset(store, dataset, path, name, progress=tick)
     console.print(f"  {name}: {report.passages_added} passages, {report.triples_added} triples "
-                  f"({time.perf_counter() - started:.1f} s)")
+                  f"({time.perf_counter() - started:.1f} s)", markup=False, highlight=False)
     return name
 
 
@@ -85,28 +88,28 @@ def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: in
     hotpot: list[QAItem] = list(itertools.islice(questions(HOTPOT[0], data / HOTPOT[1]), n_questions))
     paths: list[QAItem] = list(itertools.islice(questions(KG[0], data / KG[1]), n_questions))
     with open_store(store_uri or DEFAULT_STORE) as store:
-        console.rule(f"1. Ingest real benchmark data into {store.uri}")
+        console.rule(Text(f"1. Ingest real benchmark data into {store.uri}"))
         corpus = _ingest(store, HOTPOT[0], data / HOTPOT[1], console)
         kg = _ingest(store, KG[0], data / KG[1], console)
 
-        console.rule(f"2. Passage search on {corpus} (supporting titles marked *)")
+        console.rule(Text(f"2. Passage search on {corpus} (supporting titles marked *)"))
         for item in hotpot:
-            console.print(f"[bold]Q:[/] {item.question}", highlight=False)
+            console.print(Text.assemble(("Q:", "bold"), " ", item.question), highlight=False)
             for mode in ("bm25", "dense", "hybrid"):
                 hits = store.search(corpus, item.question, k=3, mode=mode)
                 titles = ", ".join(("*" if h.title in item.supporting_titles else "") + h.title for h in hits)
                 console.print(f"  {mode:>6}: {titles}", markup=False, highlight=False)
 
-        console.rule(f"3. Entity matching and node facts on the KG {kg}")
+        console.rule(Text(f"3. Entity matching and node facts on the KG {kg}"))
         for item in paths:
-            console.print(f"[bold]Q:[/] {item.question}", highlight=False)
+            console.print(Text.assemble(("Q:", "bold"), " ", item.question), highlight=False)
             hits = store.match_entities(kg, item.question, k=3)
             console.print("  match_entities: " + ", ".join(f"{h.name} ({h.score:.3f})" for h in hits),
                           markup=False, highlight=False)
             for hit in hits[:1]:
                 console.print(store.node_info(kg, hit.name).as_text(), markup=False, highlight=False)
 
-        console.rule(f"4. The five agents with {spec}")
+        console.rule(Text(f"4. The five agents with {spec}"))
         model = _load_model(spec, console)
         runs = [(agent, hotpot, {"corpus": corpus}) for agent in TEXT_AGENTS] + [("omne", paths, {"graph": kg})]
         correct = sum(_agent(agent, items, model, store, source, console) for agent, items, source in runs)
@@ -114,7 +117,7 @@ def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: in
     console.rule()
     console.print(f"[bold]{correct} of {len(runs)} agents answered correctly[/] (every answer F1 >= {CORRECT_F1}); "
                   f"total time {minutes} min {seconds} s", highlight=False)
-    console.print(f"Use this store with the CLI: export MHQA_STORE={store.uri}", highlight=False)
+    console.print(f"Use this store with the CLI: export MHQA_STORE={store.uri}", markup=False, highlight=False)
     return correct
 
 
@@ -130,7 +133,7 @@ def _load_model(spec: str, console: Console) -> Any:
         with _bar(console, f"model {pack}: assemble and verify (first run only)", None, download=True) as tick:
             prepare(pack, progress=lambda stage, done, total: tick(done, total))
     started = time.perf_counter()
-    with console.status(f"loading {spec}"):
+    with console.status(Text(f"loading {spec}")):
         model = load_chat_model(spec, **({} if scheme == "fake" else {"max_new_tokens": SETTINGS["max_new_tokens"]}))
     console.print(f"  model: {spec} loaded ({time.perf_counter() - started:.1f} s)", highlight=False)
     return model
@@ -145,7 +148,7 @@ def _agent(agent: str, items: list[QAItem], model: Any, store: KnowledgeStore, s
     context = make_context(agent, llm=model, store=store, **SETTINGS, **source)
     all_correct = True
     for item in items:
-        console.print(f"[bold cyan]{agent}[/] Q: {item.question}", highlight=False)
+        console.print(Text.assemble((agent, "bold cyan"), " Q: ", item.question), highlight=False)
         started = time.perf_counter()
         state: dict = {}
         with console.status(f"{agent}: starting") as status:
@@ -153,16 +156,16 @@ def _agent(agent: str, items: list[QAItem], model: Any, store: KnowledgeStore, s
                 if mode == "values":
                     state = chunk
                 else:
-                    status.update(f"{agent}: {', '.join(chunk)} done ({time.perf_counter() - started:.0f} s)")
+                    status.update(Text(f"{agent}: {', '.join(chunk)} done ({time.perf_counter() - started:.0f} s)"))
         for line in steps(agent, state, item):
             console.print(f"    {line}", markup=False, highlight=False, style="dim")
         answer = state.get("answer") or ""
         em, f1 = score(answer, item.answers)
         all_correct &= f1 >= CORRECT_F1
-        mark = "[green]correct[/]" if f1 >= CORRECT_F1 else "[red]wrong[/]"
-        note = f"  [yellow]({state['error']})[/]" if state.get("error") else ""
-        console.print(f"    answer: {answer!r}   gold: {item.answers[0]!r}   EM {em:.0f} F1 {f1:.2f} {mark} "
-                      f"({time.perf_counter() - started:.1f} s){note}", highlight=False)
+        mark = ("correct", "green") if f1 >= CORRECT_F1 else ("wrong", "red")
+        note = (f"  ({state['error']})", "yellow") if state.get("error") else ""
+        console.print(Text.assemble(f"    answer: {answer!r}   gold: {item.answers[0]!r}   EM {em:.0f} F1 {f1:.2f} ",
+                                    mark, f" ({time.perf_counter() - started:.1f} s)", note), highlight=False)
     return all_correct
 
 

@@ -28,10 +28,12 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 
 from ..errors import IngestError, InvalidInput, MhqaError
-from ..ingest.datasets import QAItem, questions
+from ..ingest.datasets import QAItem, check_dataset_file, questions
 from ..store import open_store
 from ..traces import Trace, TraceRecorder
 from .diagnostics import chain_json, diagnose
@@ -136,6 +138,7 @@ def load_questions(dataset: str, path: str | Path, limit: int | None = None, sta
     """`limit` questions of the file (all if None) from the `start`-th unique id on; malformed rows skipped."""
     if start < 0:
         raise InvalidInput(f"start must be >= 0, got {start}")
+    check_dataset_file(dataset, path)
     items: dict[str, QAItem] = {}
     for item in questions(dataset, path, yield_errors=True):
         if isinstance(item, IngestError):
@@ -305,7 +308,7 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
         interrupted = False
         try:
             with _progress(progress) as bar:
-                task = bar.add_task(f"{agent} {Path(path).name}", total=len(items), completed=len(done),
+                task = bar.add_task(escape(f"{agent} {Path(path).name}"), total=len(items), completed=len(done),
                                     failed=0, em=0.0, f1=0.0)
                 # sync graph nodes run in the loop's executor: room for K questions and their parallel branches
                 _interruptible(_run_all(graph, agent, context, todo, done, writer, concurrency, bar, task),
@@ -340,7 +343,8 @@ class _IngestBar:
         return self
 
     def __call__(self, what: str, total: int) -> Any:
-        self.console.print(f"[bold]{what}[/] (once; later runs reuse it)", highlight=False, soft_wrap=True)
+        self.console.print(Text.assemble((what, "bold"), " (once; later runs reuse it)"), highlight=False,
+                           soft_wrap=True)
         if not self.enabled:
             return None
         self.bar = Progress(TextColumn("[bold]ingest"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

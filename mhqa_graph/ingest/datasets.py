@@ -463,3 +463,22 @@ def detect_dataset(path: StrPath) -> str | None:
     if "context" in row:
         return "hotpotqa"
     return None
+
+
+def check_dataset_file(dataset: str, path: StrPath) -> None:
+    """InvalidInput when the file is plainly of another dataset than `dataset` (e.g. `2wiki` on a HotpotQA
+    file, whose paragraphs would be joined the wrong way and its questions read without their evidence).
+    Only clear signs count: MuSiQue `paragraphs`, 2Wiki `evidences`/`entity_ids`, HotpotQA `level`,
+    PathQuestion tab-separated lines; a file with none of them passes."""
+    benchmark(dataset)
+    try:
+        found = detect_dataset(path)
+    except (IngestError, IndexError):
+        return  # unreadable or empty: the readers say so
+    if found is None or found == dataset:
+        return
+    if found == "hotpotqa":  # `context` alone: 2Wiki rows have it too; HotpotQA's own mark is `level`
+        row = next((x[1] for x in read_rows(path, yield_errors=True) if not isinstance(x, IngestError)), {})
+        if "level" not in row:
+            return
+    raise InvalidInput(f"{path} looks like a {found} file, not {dataset}; pass --dataset {found}")

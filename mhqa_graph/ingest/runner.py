@@ -10,7 +10,7 @@ from typing import TypeVar
 from ..errors import IngestError, InvalidInput
 from ..store.base import KnowledgeStore
 from ..types import Passage, Triple
-from .datasets import dataset_passages, dataset_triples
+from .datasets import check_dataset_file, dataset_passages, dataset_triples
 from .files import StrPath
 
 MAX_ERRORS = 20  # error messages kept in a report
@@ -127,8 +127,10 @@ def ingest_dataset(
 ) -> IngestReport:
     """Ingest what a dataset file offers: its pooled paragraphs into corpus `name` and its
     triples into graph `name` (see `datasets`). A corpus or graph is only created if the file
-    has rows for it."""
-    return ingest(
+    has rows for it. InvalidInput if the file is plainly of another dataset (`check_dataset_file`) or
+    offers no passage or triple at all (an empty file, or every row bad and skipped)."""
+    check_dataset_file(dataset, path)
+    report = ingest(
         store,
         graph=name,
         corpus=name,
@@ -138,3 +140,7 @@ def ingest_dataset(
         skip_bad=skip_bad,
         progress=progress,
     )
+    if report.passages_seen + report.triples_seen == 0:
+        skipped = f" ({report.skipped_bad} bad rows skipped)" if report.skipped_bad else ""
+        raise InvalidInput(f"{path} holds no {dataset} passages or triples{skipped}; nothing was ingested")
+    return report

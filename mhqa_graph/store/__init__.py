@@ -4,7 +4,8 @@
     neo4j://host:7687, neo4j+s://..., bolt://...   a Neo4j 5 server
 
 No URI: $MHQA_STORE, else an embedded store in the user data dir.
-Query parameters: `embedder=<spec>` (both backends), `database=<name>` (Neo4j).
+Query parameters: `embedder=<spec>` (both backends), `database=<name>` (Neo4j); any other is an
+InvalidStoreURI (a misspelt option is never ignored).
 
 Only writers create a store: `open_store(uri, create=False)` (what every read-only command, agent
 and eval uses) raises `StoreNotFound` for an embedded directory that holds no store.
@@ -13,13 +14,15 @@ and eval uses) raises `StoreNotFound` for an embedded directory that holds no st
 from __future__ import annotations
 
 import os
+from difflib import get_close_matches
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ..errors import InvalidStoreURI, StoreNotFound
+from ..errors import InvalidStoreURI, StoreError, StoreNotFound
 from .base import KnowledgeStore
 
 NEO4J_SCHEMES = ("neo4j", "neo4j+s", "neo4j+ssc", "bolt", "bolt+s", "bolt+ssc")
+URI_OPTIONS = {"embedded": ("embedder",), "neo4j": ("embedder", "database")}
 
 
 def default_store_uri() -> str:
@@ -46,11 +49,26 @@ def _embedded_dir(uri: str) -> Path | None:
     raise InvalidStoreURI(f"{uri!r}: scheme must be 'embedded' or one of {', '.join(NEO4J_SCHEMES)}{hint}")
 
 
+def uri_options(uri: str) -> dict[str, str]:
+    """The query parameters of a store URI (the last of a repeated one); InvalidStoreURI for one its
+    backend does not know, with the closest known name as a hint."""
+    parts = urlsplit(uri)
+    known = URI_OPTIONS["neo4j" if parts.scheme in NEO4J_SCHEMES else "embedded"]
+    params = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+    for key in params:
+        if key not in known:
+            close = get_close_matches(key, known, 1)
+            hint = f"; did you mean {close[0]}=?" if close else ""
+            raise InvalidStoreURI(f"{uri!r}: unknown option {key!r} (known: {', '.join(known)}){hint}")
+    return params
+
+
 def check_store_exists(uri: str | None = None) -> str:
     """The URI (default: `default_store_uri()`) if a store is there; StoreNotFound if an embedded
     directory holds none. A Neo4j URI passes: whether the server is up shows when it is opened."""
     uri = uri or default_store_uri()
     root = _embedded_dir(uri)
+    uri_options(uri)
     if root is not None and not (root / "store.sqlite").is_file():
         raise StoreNotFound(f"no store at {uri}; build one with `mhqa ingest ... --store {uri}`, "
                             "or check --store / MHQA_STORE")
@@ -63,17 +81,23 @@ def open_store(uri: str | None = None, *, embedder: str | None = None, read_only
     (then StoreNotFound). See the module docstring for URIs."""
     uri = uri or default_store_uri()
     root = _embedded_dir(uri)
-    params = {k: v[-1] for k, v in parse_qs(urlsplit(uri).query).items()}
-    embedder = embedder or params.get("embedder")
+    params = uri_options(uri)
+    embedder = embedder or params.get("embedder") or None
     if root is not None:
         if not create:
             check_store_exists(uri)
         from .embedded import EmbeddedStore
 
         return EmbeddedStore(root, embedder=embedder, read_only=read_only)
-    from .neo4j_backend import Neo4jStore
+    try:
+        from .neo4j_backend import Neo4jStore
+    except ImportError as exc:  # the neo4j extra is not installed
+        if (exc.name or "").partition(".")[0] not in ("neo4j", "langchain_neo4j"):
+            raise
+        raise StoreError(f"{uri}: a Neo4j store needs the neo4j extra ({exc.name} is missing); "
+                         "pip install 'mhqa-graph[neo4j]'") from None
 
     return Neo4jStore.from_uri(uri, embedder=embedder, database=params.get("database"), read_only=read_only)
 
 
-__all__ = ["KnowledgeStore", "check_store_exists", "default_store_uri", "open_store"]
+__all__ = ["KnowledgeStore", "check_store_exists", "default_store_uri", "open_store", "uri_options"]
