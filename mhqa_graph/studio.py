@@ -3,7 +3,8 @@
 Its middleware checks every request that starts a run or creates an assistant before the server
 accepts it, as `make_context` does in Python: the question, unknown context keys (the server would
 drop them silently), `role_llms` roles, model specs, value types, and that the store, corpus and
-graph exist. A failed check is HTTP 422 with our typed error, `{"error": "InvalidQuestion",
+graph exist. An assistant is checked on the settings it has: one without `llm` may leave the model to
+its runs. A failed check is HTTP 422 with our typed error, `{"error": "InvalidQuestion",
 "message": "question is empty"}`, instead of an accepted run that fails later with "An internal
 error occurred".
 """
@@ -45,6 +46,15 @@ def check_context_keys(agent: str, context: Any) -> None:
         raise InvalidInput(f"{agent} has no setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_known(agent)))}")
 
 
+def _check_store(context: Any) -> None:
+    """StoreNotFound for a store URI given in the settings where no store is (even with no corpus or graph
+    named yet: a run would need one)."""
+    from .store import check_store_exists
+
+    if isinstance(context.store, str) and context.store:
+        check_store_exists(context.store)
+
+
 def check_run(agent: str, run_input: Any, context: dict[str, Any]) -> None:
     """Raise our typed error if a run of `agent` on `run_input` with `context` (all of it: the assistant's,
     the configurable's and the request's settings) would fail on its question or settings."""
@@ -53,7 +63,26 @@ def check_run(agent: str, run_input: Any, context: dict[str, Any]) -> None:
 
     if isinstance(run_input, dict):  # None: resuming a thread
         check_question(run_input.get("question"))
-    check_sources(make_context(agent, **context))
+    made = make_context(agent, **context)
+    _check_store(made)
+    check_sources(made)
+
+
+def check_assistant(agent: str, context: dict[str, Any]) -> None:
+    """Raise our typed error if an assistant of `agent` with `context` would refuse every run: unknown
+    `role_llms` roles, model specs that cannot load, values of the wrong type, a store, corpus or graph
+    that does not exist. Without `llm` (and no offline pack installed) the model is left to its runs."""
+    from .graphs import check_sources, make_context
+    from .models.factory import best_installed_chat_pack
+
+    settings = dict(context)
+    if settings.get("llm") in (None, "", "auto") and best_installed_chat_pack() is None:
+        from .testing.fakes import FakeChatModel
+
+        settings["llm"] = FakeChatModel()  # a stand-in: no spec to check
+    made = make_context(agent, **settings)
+    _check_store(made)
+    check_sources(made)
 
 
 async def _assistant(assistant_id: str) -> tuple[str, dict[str, Any]]:
@@ -68,6 +97,13 @@ async def _assistant(assistant_id: str) -> tuple[str, dict[str, Any]]:
     return found["graph_id"], dict(found.get("context") or {})
 
 
+def _configurable(payload: dict) -> dict:
+    """`config.configurable` of a request body ({} when it is absent or not an object)."""
+    config = payload.get("config")
+    configurable = config.get("configurable") if isinstance(config, dict) else None
+    return configurable if isinstance(configurable, dict) else {}
+
+
 async def check_payload(path: str, payload: Any) -> None:
     """Check one request body (see the module docstring); unknown assistants are left to the server."""
     if not isinstance(payload, dict):
@@ -75,8 +111,12 @@ async def check_payload(path: str, payload: Any) -> None:
     if ASSISTANTS_PATH.match(path):
         from .graphs import AGENTS
 
-        if payload.get("graph_id") in AGENTS:
-            check_context_keys(payload["graph_id"], payload.get("context"))
+        agent = payload.get("graph_id")
+        if agent in AGENTS:
+            check_context_keys(agent, payload.get("context"))
+            known = _known(agent)
+            context = {k: v for k, v in _configurable(payload).items() if k in known} | (payload.get("context") or {})
+            await run_in_threadpool(check_assistant, agent, context)
         return
     assistant_id = payload.get("assistant_id")
     if not isinstance(assistant_id, str):
@@ -87,8 +127,7 @@ async def check_payload(path: str, payload: Any) -> None:
         return
     check_context_keys(agent, payload.get("context"))
     known = _known(agent)
-    configurable = ((payload.get("config") or {}).get("configurable") or {})
-    context |= {k: v for k, v in configurable.items() if k in known} | (payload.get("context") or {})
+    context |= {k: v for k, v in _configurable(payload).items() if k in known} | (payload.get("context") or {})
     await run_in_threadpool(check_run, agent, payload.get("input"), context)
 
 

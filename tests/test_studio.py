@@ -243,8 +243,48 @@ def test_assistants_and_their_runs_are_checked(client):
     body = rejected(client.runs.wait, None, assistant["assistant_id"], input={"question": "Capital?"},
                     context={"bogus": 1})
     assert body["message"].startswith("direct has no setting(s) bogus")
-    bad_default = client.assistants.create(graph_id="direct", context={"llm": "gpt4"})
-    body = rejected(client.runs.wait, None, bad_default["assistant_id"], input={"question": "Capital?"})
-    assert body["error"] == "ModelError"  # the assistant's own context counts
+    body = rejected(client.runs.wait, None, assistant["assistant_id"], input={"question": "Capital?"},
+                    context={"llm": "gpt4"})
+    assert body["error"] == "ModelError"  # the run's settings over the assistant's count
     out = client.runs.wait(None, assistant["assistant_id"], input={"question": "Capital of France?"})
     assert out["answer"] == "Paris"
+
+
+# what POST /assistants refuses: an assistant whose every run would be refused (the README's 422)
+BAD_ASSISTANTS = [
+    ("opera", {"role_llms": {"plann": fake("x")}}, "InvalidInput",
+     "role_llms has no role 'plann' (did you mean 'plan'?)"),
+    ("direct", {"llm": "gpt4"}, "ModelError", "llm: unknown chat model spec 'gpt4'"),
+    ("rag", {"llm": fake("x"), "store": "embedded:///no/such/store"}, "StoreNotFound",
+     "no store at embedded:///no/such/store"),
+    ("rag", {"llm": fake("x"), "corpus": "nope"}, "UnknownCorpus", "unknown corpus 'nope'"),
+    ("omne", {"llm": fake("x"), "top_k": "five"}, "InvalidInput", "top_k must be an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize(("agent", "context", "error", "message"), BAD_ASSISTANTS)
+def test_assistants_that_cannot_run_are_a_422(client, agent, context, error, message):
+    body = rejected(client.assistants.create, graph_id=agent, context=context)
+    assert body["error"] == error and body["message"].startswith(message), body
+    assert not [a for a in client.assistants.search(graph_id=agent, limit=50) if a.get("context") == context]
+
+
+def test_an_assistant_may_leave_its_model_to_its_runs(client):
+    assistant = client.assistants.create(graph_id="rag", context={"corpus": "wiki", "top_k": 1})
+    out = client.runs.wait(None, assistant["assistant_id"], input={"question": "Who directed Inception?"},
+                           context={"llm": fake("<answer>Christopher Nolan</answer>")})
+    assert out["answer"] == "Christopher Nolan"
+
+
+@pytest.mark.parametrize(("agent", "context", "error", "message"), BAD_ASSISTANTS[:3])
+def test_assistant_checks_without_a_server(agent, context, error, message):
+    """The middleware's check of a POST /assistants body, in this process."""
+    import asyncio
+
+    from mhqa_graph.errors import MhqaError
+    from mhqa_graph.studio import check_payload
+
+    with pytest.raises(MhqaError) as caught:
+        asyncio.run(check_payload("/assistants", {"graph_id": agent, "context": context}))
+    assert type(caught.value).__name__ == error and str(caught.value).startswith(message)
+    asyncio.run(check_payload("/assistants", {"graph_id": "direct", "context": {"llm": fake("x")}}))  # accepted
