@@ -271,6 +271,9 @@ def ask_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer and the run's trace as JSON.")] = False,
     trace: Annotated[Path | None, typer.Option("--trace", help="Write the run's trace (mhqa_graph.traces.Trace) "
                                                                 "as JSON to FILE.")] = None,
+    guards: Annotated[str | None, typer.Option("--guards", help="auto | none | comma-separated guard names "
+                                                                "(graphs/guards.py).")] = None,
+    guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
 ) -> None:
     """Answer QUESTION with an agent over the store."""
     from .graphs import build_graph, check_sources, make_context
@@ -280,7 +283,8 @@ def ask_cmd(
     compiled = build_graph(agent)
     check_question(question)
     _check_llm(llm)
-    context = make_context(agent, llm=llm, store=store, corpus=corpus, graph=graph, top_k=top_k)
+    context = make_context(agent, llm=llm, store=store, corpus=corpus, graph=graph, top_k=top_k, guards=guards,
+                           guard_mode=guard_mode)
     if corpus or graph:
         check_sources(context)
     elif agent != "direct":  # the others search the store: it must say what to search
@@ -387,7 +391,8 @@ def report_cmd(
 
 @app.command("export")
 def export_cmd(
-    run: Annotated[Path, typer.Argument(exists=True, help="A run folder (runs/NAME) or its results.jsonl.")],
+    run: Annotated[Path, typer.Argument(exists=True, help="A run folder (runs/NAME), its results.jsonl, or a "
+                                                          "trace JSON file (ask --trace, TraceRecorder).")],
     fmt: Annotated[str, typer.Option("--format", help="sft | roles | grpo | mygo")],
     out_dir: Annotated[Path, typer.Option("--out", help="Folder for the dataset (save_to_disk) and its JSONL.")],
     min_reward: Annotated[float | None, typer.Option("--min-reward", help="Keep trajectories with reward >= T "
@@ -395,7 +400,7 @@ def export_cmd(
     reward: Annotated[str, typer.Option("--reward", help="f1 | em")] = "f1",
     think_weight: Annotated[float, typer.Option("--think-weight", help="Loss weight of <think> text.")] = 0.001,
 ) -> None:
-    """Turn the traces of an eval run into a training dataset."""
+    """Turn the traces of an eval run (or a trace file, without rewards: sft and roles) into a training dataset."""
     from .export import export
 
     counts = export(run, fmt, out_dir, min_reward=min_reward, reward=reward, think_weight=think_weight)

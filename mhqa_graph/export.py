@@ -1,5 +1,8 @@
 """Training datasets from eval runs: `runs/NAME/results.jsonl` records (with their `trace`) become
-Hugging Face datasets, each saved with `save_to_disk(out)` plus a JSONL copy in `out`.
+Hugging Face datasets, each saved with `save_to_disk(out)` plus a JSONL copy in `out`. A trace JSON file
+(`mhqa ask --trace FILE`, `TraceRecorder(...).trace(output).model_dump_json()`, or a JSON list of such
+traces) is read as records too, without gold answers: it exports as sft or roles, with no reward
+(`--min-reward`, mygo and grpo need an eval run's gold answers).
 
 Formats:
 - sft: one chat per conversation of a trajectory. LLM calls whose input extends an earlier call's
@@ -66,13 +69,46 @@ def _datasets() -> Any:
 
 
 # -- reading runs --------------------------------------------------------------------------------
+def trace_record(trace: Trace, n: int = 1) -> dict[str, Any]:
+    """The record of a trace read from a trace file: its question, answer and trace; no gold answers, so
+    no reward (`em`/`f1` None)."""
+    return {"id": f"trace-{n}", "question": trace.question, "answers": [], "prediction": trace.answer,
+            "em": None, "f1": None, "error": trace.error, "topic_entities": list(trace.topic_entities),
+            "trace": trace.model_dump(mode="json"), "from_trace_file": True}
+
+
+def _trace_file_records(path: Path, text: str) -> list[dict[str, Any]] | None:
+    """Records of a trace file (one JSON trace, or a JSON list of them); None if `text` is not one."""
+    if not text.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return None  # JSONL: one record per line
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, dict) and "schema_version" in v and "llm_calls" in v for v in values):
+        return None
+    records = []
+    for n, item in enumerate(values, start=1):
+        try:
+            records.append(trace_record(load_trace(item), n))
+        except TraceError as exc:
+            raise TraceError(f"{path}: trace {n}: {exc}") from None
+    return records
+
+
 def read_records(run: str | Path) -> list[dict[str, Any]]:
-    """The records of a run folder (its results.jsonl) or of a JSONL file; a torn last line is ignored."""
+    """The records of a run folder (its results.jsonl), of a JSONL file, or of a trace JSON file (see the
+    module docstring); a torn last line is ignored."""
     path = Path(run)
     path = path / "results.jsonl" if path.is_dir() else path
     if not path.is_file():
         raise TraceError(f"no results file at {path}")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    text = path.read_text(encoding="utf-8")
+    traces = _trace_file_records(path, text)
+    if traces is not None:
+        return traces
+    lines = text.splitlines()
     records = []
     for n, line in enumerate(lines, start=1):
         if not line.strip():
@@ -91,6 +127,9 @@ def read_records(run: str | Path) -> list[dict[str, Any]]:
 
 def reward_of(record: Mapping[str, Any], reward: str) -> float:
     value = record.get(reward)
+    if record.get("from_trace_file"):
+        raise TraceError("a trace file has no gold answers, so no reward: --min-reward, mygo and grpo need the "
+                         "results of an eval run (mhqa eval --out DIR)")
     if not isinstance(value, (int, float)):
         raise TraceError(f"record {record.get('id')!r} has no numeric {reward!r}")
     return float(value)
@@ -194,7 +233,7 @@ def conversations(trace: Trace) -> list[tuple[list[str], list[tuple[str, str]]]]
 def _base(record: Mapping[str, Any], reward: str) -> dict[str, Any]:
     return {"id": str(record.get("id", "")), "question": str(record.get("question", "")),
             "answers": [str(a) for a in record.get("answers") or []], "prediction": str(record.get("prediction") or ""),
-            "reward": reward_of(record, reward)}
+            "reward": None if record.get("from_trace_file") else reward_of(record, reward)}
 
 
 def chat_rows(record: Mapping[str, Any], trace: Trace, reward: str, think_weight: float) -> list[dict[str, Any]]:
@@ -313,6 +352,8 @@ def grpo_rows(records: list[dict], reward: str = "f1", min_reward: float | None 
     corpus and graph, the record's own fields take precedence."""
     rows, seen = [], set()
     for record in _selected(records, reward, min_reward):
+        if record.get("from_trace_file"):
+            reward_of(record, reward)  # TraceError: no gold answers to reward against
         qid = str(record.get("id", ""))
         if qid in seen:
             continue

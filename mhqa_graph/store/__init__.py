@@ -92,9 +92,10 @@ def open_store(uri: str | None = None, *, embedder: str | None = None, read_only
     try:
         from .neo4j_backend import Neo4jStore
     except ImportError as exc:  # the neo4j extra is not installed
-        if (exc.name or "").partition(".")[0] not in ("neo4j", "langchain_neo4j"):
+        missing = (exc.name or "").partition(".")[0]
+        if missing not in ("neo4j", "langchain_neo4j"):
             raise
-        raise StoreError(f"{uri}: a Neo4j store needs the neo4j extra ({exc.name} is missing); "
+        raise StoreError(f"{uri}: a Neo4j store needs the neo4j extra ({missing} is missing); "
                          "pip install 'mhqa-graph[neo4j]'") from None
 
     return Neo4jStore.from_uri(uri, embedder=embedder, database=params.get("database"), read_only=read_only)
