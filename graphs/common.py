@@ -85,8 +85,8 @@ class AgentContext:
                                    "much jitter.")
     decoding: str = setting("auto", help="auto: constrain each reply to its role's format where the backend can "
                             "(llama.cpp grammar, OpenAI-compatible json_schema), else prompt and parse; "
-                            "constrained: the same, but a role whose model cannot be constrained is an error; "
-                            "prompt: never constrain.")
+                            "constrained: the same, but a role whose backend constrains nothing is an error "
+                            "(turns a backend cannot express still use the prompt); prompt: never constrain.")
     guards: str = setting("auto", help="Small-model guards to run (graphs/guards.py): auto (the default set), none, "
                           "or comma-separated names.")
     guard_mode: str = setting("enforce", help="enforce: a guard that fires changes the run; log: it is only "
@@ -260,8 +260,9 @@ def _constrained(model: Runnable, kwargs: dict[str, Any]) -> Runnable:
     again without it (llama.cpp falls back to the prompt by itself, see LlamaCppChatModel)."""
     bound = model.bind(**kwargs)
     openai = sys.modules.get("openai")
-    if "response_format" in kwargs and openai is not None:
-        return bound.with_fallbacks([model], exceptions_to_handle=(openai.BadRequestError,))
+    if "response_format" in kwargs and openai is not None:  # the trace marks a call the fallback answered
+        fallback = model.with_config(metadata={"mhqa_decoding_fallback": "the server refused the json_schema"})
+        return bound.with_fallbacks([fallback], exceptions_to_handle=(openai.BadRequestError,))
     return bound
 
 

@@ -8,7 +8,10 @@ list (stage, guard, before, after, enforced), which traces, `mhqa eval` summarie
 read. A guard that raises is recorded with its error and skipped: the run goes on as if it had not fired.
 
 Structural validation is not a guard and is always on: reply schemas, ids, dependency cycles, caps,
-repeated calls, stop sequences.
+repeated calls, stop sequences. Also outside the layer, being wording rather than rules that act on a reply:
+relation synonyms in the prompts (Mujica's graph worker, OPERA's analysis), the stem table that ranks a
+node's facts by the question's words (`tools.stems`), and the refusal words by which Mujica's planner's
+"answer" beside new sub-questions is ignored and a "no answer" conclusion is not re-asked as a sentence.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class Guard:
     agents: tuple[str, ...]
     does: str  # one line: what it changes when it fires
     replaces_answer: bool = False  # it rewrites the model's final answer (a training target it touched is dropped)
+    prompt_only: bool = False  # it only adds a hint to a prompt: the reply stays the model's own
 
 
 GUARDS: dict[str, Guard] = {g.name: g for g in (
@@ -40,7 +44,7 @@ GUARDS: dict[str, Guard] = {g.name: g for g in (
     Guard("analysis_grounded", "analysis", ("opera",),
           "a short analysis answer that no shown passage contains is marked insufficient (a rewrite follows)"),
     Guard("options_line", "conclusion", ("opera",),
-          "the synthesis of an 'X or Y?' question is told to answer with one of the two"),
+          "the synthesis of an 'X or Y?' question is told to answer with one of the two", prompt_only=True),
     Guard("unecho", "plan", ("mujica",),
           "what the planner copied from the progress lines ('q1: ', '(after q1)', '-> answer') is cut"),
     Guard("plan_off_topic", "plan", ("mujica",),
@@ -71,10 +75,6 @@ AUTO = tuple(GUARDS)  # the default set; bench/agents.py --guards measures each 
 MODES = ("enforce", "log")
 
 
-def agent_guards(agent: str) -> list[str]:
-    return [g.name for g in GUARDS.values() if agent in g.agents]
-
-
 def selected(spec: Any) -> frozenset[str]:
     """The guard names a `guards` setting turns on: "auto", "none", names ("unecho,option_answer"), or names to
     leave out of the default set ("-date_comparison,-option_answer"); InvalidInput for an unknown name."""
@@ -83,11 +83,11 @@ def selected(spec: Any) -> frozenset[str]:
     if spec == "none":
         return frozenset()
     names = [str(n).strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if str(n).strip()]
-    unknown = [n for n in names if n.lstrip("-") not in GUARDS]
+    unknown = [n for n in names if n.removeprefix("-") not in GUARDS]
     if unknown:
         raise InvalidInput(f"unknown guard(s) {', '.join(map(repr, unknown))}; known: {', '.join(GUARDS)}")
     left_out = {n[1:] for n in names if n.startswith("-")}
-    if left_out and len(left_out) < len(names):
+    if left_out and any(not n.startswith("-") for n in names):
         raise InvalidInput("guards: list names to turn on, or -names to leave out of the default set, not both")
     return frozenset(AUTO) - left_out if left_out else frozenset(names)
 
@@ -100,7 +100,8 @@ def check_settings(guards: Any, mode: Any) -> None:
         raise InvalidInput(f"guard_mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
-def _shown(value: Any) -> Any:
+def shown(value: Any) -> Any:
+    """A firing's before/after value: text cut to MAX_SHOWN characters, numbers as they are, else its text."""
     if isinstance(value, str):
         return value[:MAX_SHOWN]
     if isinstance(value, (bool, int, float)) or value is None:
@@ -109,7 +110,7 @@ def _shown(value: Any) -> Any:
 
 
 def firing(name: str, before: Any, after: Any, enforced: bool, error: str | None = None) -> dict[str, Any]:
-    record = {"guard": name, "stage": GUARDS[name].stage, "before": _shown(before), "after": _shown(after),
+    record = {"guard": name, "stage": GUARDS[name].stage, "before": shown(before), "after": shown(after),
               "enforced": enforced}
     return record | ({"error": error} if error else {})
 
@@ -117,6 +118,12 @@ def firing(name: str, before: Any, after: Any, enforced: bool, error: str | None
 def is_on(ctx: Any, name: str) -> bool:
     """Whether guard `name` runs in this context (in either mode)."""
     return name in selected(getattr(ctx, "guards", "auto"))
+
+
+def enforced(ctx: Any, name: str) -> bool:
+    """Whether guard `name` runs and acts (on, mode enforce): where a guard decides the path ahead of its
+    firing, log mode takes the path of a guard that is off."""
+    return is_on(ctx, name) and getattr(ctx, "guard_mode", "enforce") == "enforce"
 
 
 def apply(ctx: Any, name: str, before: T, rule: Callable[[], T | None], log: list[dict]) -> T:

@@ -236,6 +236,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     log.update(raw=parsed.raw, thought=thought_of(parsed.raw[-1]))
     new: list[SubQuestion] = []
     if parsed.error:
+        firings.clear()  # of a reply that was not used
         log.update(action="failed", error=parsed.error)
         notes.append(parsed.error)
         if final:

@@ -16,7 +16,7 @@ from . import mujica_prompts as P
 from .common import ask_json, get_llm
 from .compare import NOTE as DATE_NOTE
 from .compare import OPTION_NOTE, Step, as_option, asks_yes_or_no, compare_dates
-from .guards import apply, check, is_on
+from .guards import apply, check, is_on, shown
 from .mujica_chat import progress
 from .mujica_plan import ANSWERED, stated, text_key
 from .refusals import is_no_answer, is_sentence
@@ -40,7 +40,7 @@ def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: lis
             text_key(r["answer"]) for r in results.values()}, value, "(asked again)", firings):
         fmt = P.SHORT_FORMAT
         value, note, raw = _shorten(get_llm(ctx, "planner", reply=fmt), state, value)
-        firings[-1]["after"] = value
+        firings[-1]["after"] = shown(value)
         notes.append(note)
         log["raw"] = log["raw"] + raw
     steps = compared_steps(state)

@@ -165,20 +165,21 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
     for item in items:
         sid, text = item["id"], item["question"]
         cites = {m.group(1) or m.group(2) for m in REF.finditer(text)} | set(item["depends_on"])
-        named = f"{sid or 'a sub-question'}: {text}"
+        named, fired = f"{sid or 'a sub-question'}: {text}", len(log)  # a guard that fired ends the chain
         if about and check(ctx, "plan_off_topic",
                            lambda t=text, c=cites: not stems(REF.sub(" ", t)) & topic and not c - off,
                            named, "dropped", log):
             notes.append(f"InvalidPlan: {sid or 'a sub-question'} is off the question's topic; dropped {text!r}")
             off.add(sid)
             continue
-        if anchors and check(ctx, "plan_made_up_entity", lambda t=text, c=cites: not c and not stems(t) & anchors,
-                             named, "dropped", log):
+        if anchors and len(log) == fired and check(ctx, "plan_made_up_entity",
+                                                   lambda t=text, c=cites: not c and not stems(t) & anchors,
+                                                   named, "dropped", log):
             notes.append(f"InvalidPlan: {sid or 'a sub-question'} names no topic entity and no answer so far; "
                          f"dropped {text!r}")
             off.add(sid)
             continue
-        if about and check(ctx, "plan_example_copy",
+        if about and len(log) == fired and check(ctx, "plan_example_copy",
                            lambda t=text: text_key(t) in examples and not stems(REF.sub(" ", t)) & stems(about)
                            or _names_an_example(t, about), named, "dropped", log):
             notes.append(f"InvalidPlan: {sid or 'a sub-question'} copies the prompt's example; dropped {text!r}")

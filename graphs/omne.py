@@ -87,7 +87,7 @@ from .common import (
     setting,
     supports_tool_calling,
 )
-from .guards import apply, check
+from .guards import check
 from .omne_protocol import ai_message, call_key, call_order, check_args, parse_reply
 from .omne_send_back import grounded, one_hop_short, start_node
 
@@ -278,6 +278,7 @@ def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answ
     with the facts that it skipped: when no fact of the run contains it (the facts of the entity the question
     starts from, unless the run looked into it), or when it is one hop short (the facts of the answer entity)."""
     firings = list(state.get("guards") or [])
+    fired = len(firings)  # a guard that fired (enforced or logged) ends the chain, as in enforce mode
     if state["nudges"] == 0 and round_no < ctx.max_rounds:
         if check(ctx, "send_back_ungrounded", lambda: not grounded(answer, state), answer, "sent back", firings):
             text = P.UNGROUNDED.format(answer=answer)
@@ -285,12 +286,13 @@ def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answ
                 facts = render_node(start, state["question"], max_chars=ctx.result_chars)
                 text = P.UNGROUNDED_FACTS.format(answer=answer, entity=start.name, facts=facts)
             return {"rounds": round_no, "nudges": 1, "messages": [said, HumanMessage(text)], "guards": firings}
-        seen = len(firings)
-        left = apply(ctx, "send_back_one_hop", None, lambda: one_hop_short(ctx, state, answer), firings)
-        if len(firings) > seen and firings[-1]["after"] is not None:  # fired: say what it does, not the node
-            hop = one_hop_short(ctx, state, answer) if left is None else left
-            firings[-1].update(before=answer, after=f"sent back with the facts of {hop[0].name}" if hop else None)
-        if left is not None:
+        left: list = []  # what the check found: the answer's node and the relations the walk left open
+        acts = len(firings) == fired and check(
+            ctx, "send_back_one_hop", lambda: bool(left.extend(one_hop_short(ctx, state, answer) or ()) or left),
+            answer, "sent back", firings)
+        if left and len(firings) > fired:
+            firings[-1]["after"] = f"sent back with the facts of {left[0].name}"
+        if acts:
             node, relations = left
             text = P.ONE_HOP_SHORT.format(entity=node.name, relations=", ".join(relations),
                                           facts=render_node(node, state["question"], max_chars=ctx.result_chars))

@@ -59,9 +59,9 @@ from .common import (
 )
 from .compare import NOTE as DATE_NOTE
 from .compare import OPTION_NOTE, Step, as_option, compare_dates, comparison
-from .guards import apply, check, is_on
+from .guards import apply, check, enforced, firing, is_on
 from .opera_analysis import check_analysis, parse_final, parse_rewrite
-from .opera_plan import check_plan, check_runaway_plan, cut_runaway, dependencies, fill_placeholders
+from .opera_plan import check_plan, check_runaway_plan, cut_runaway, dependencies, fill_placeholders, runaway_reply
 
 RECURSION_LIMIT = 1000  # graph steps; a chain of n sub-goals takes 2 + n * (3 * max_rewrites + 3) + 1
 
@@ -233,18 +233,20 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
         return fresh | {"halted": True, "notes": Overwrite([f"InvalidInput: {P.NO_SOURCE}"]), "guards": Overwrite([])}
     hint = P.PLAN_HINT.format(entities=", ".join(entities)) if entities else ""
     messages = [SystemMessage(P.PLAN_SYSTEM), HumanMessage(P.PLAN_USER.format(question=question, hint=hint))]
-    runaway = check_runaway_plan if is_on(ctx, "plan_runaway_cut") else None
+    cuts = enforced(ctx, "plan_runaway_cut")  # a reply cut off by the token limit is read only to be cut
     try:
         parsed = ask_json(get_llm(ctx, "plan", reply=P.plan_format(ctx.max_rounds)), messages, check_plan,
-                          ctx.parse_retries, cut_off=runaway)
+                          ctx.parse_retries, cut_off=check_runaway_plan if cuts else None)
     except ModelError as exc:
         return fresh | {"halted": True, "notes": Overwrite([f"ModelError: plan: {exc}"]), "guards": Overwrite([])}
     notes: list[str] = []
     firings: list[dict] = []
+    if is_on(ctx, "plan_runaway_cut") and not cuts and (runaway := runaway_reply(parsed.raw[0])):
+        firings.append(firing("plan_runaway_cut", runaway, cut_runaway(runaway), False))  # what log mode saw
     if parsed.value is None:
         subgoals = [question]
         notes.append(f"{parsed.error} (plan; planned the question as one sub-goal)")
-    elif parsed.cut_off:  # a runaway cut off by the token limit (check_runaway_plan)
+    elif parsed.cut_off or len(parsed.value) >= ctx.max_rounds:  # cut off, or at the cap a grammar sets
         subgoals = apply(ctx, "plan_runaway_cut", parsed.value, lambda: cut_runaway(parsed.value), firings)
         if len(subgoals) < len(parsed.value):
             notes.append(f"warning: the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats")
@@ -372,7 +374,7 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     answer = next((s["answer"] for s in reversed(steps) if s["answer"]), "")
     new: list[str] = []
     firings: list[dict] = []
-    question, compared_steps = state["question"], _compared_steps(steps)
+    question, compared_steps, final = state["question"], _compared_steps(steps), ""
     if not _halted(state) and steps:
         options = comparison(question)
         with_options = question + (P.ANSWER_OPTIONS.format(a=options[0], b=options[1]) if options else "")
@@ -393,8 +395,9 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     compared = compare_dates(question, compared_steps) if is_on(ctx, "date_comparison") else None
     guarded = apply(ctx, "date_comparison", answer, lambda: compared[0] if compared else None, firings)
     if compared and guarded != answer:
+        new = [n for n in new if not n.startswith("MalformedOutput")]  # the guard gave the answer
         new.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the synthesis said {answer!r}")
-    elif not compared:
+    elif not compared and final:  # what the synthesis said, not the fallback of a halted run
         mapped = as_option(question, answer, compared_steps) if is_on(ctx, "option_answer") else None
         guarded = apply(ctx, "option_answer", answer, lambda: mapped[0] if mapped else None, firings)
         if mapped and guarded != answer:

@@ -34,12 +34,14 @@ def check_analysis(value: Any, passages: list[str] | None = None, ctx: Any = Non
     answer = clean_answer(str(v.get("answer") or ""))
     stated = v.get("sufficient", v.get("status"))
     sufficient, flag = stated is not None and _truthy(stated), None
+    fired = len(log)  # a guard that fired (enforced or logged) ends the chain, as in enforce mode
     if not answer:
         pass
     elif check(ctx, "analysis_refusal", lambda: is_no_answer(answer), answer, "", log):
         answer, flag = "", "no answer"
-    elif passages is not None and check(ctx, "analysis_grounded", lambda: not grounded(answer, passages),
-                                        f"{answer} (sufficient: {sufficient})", f"{answer} (sufficient: False)", log):
+    elif len(log) == fired and passages is not None and check(
+            ctx, "analysis_grounded", lambda: not grounded(answer, passages),
+            f"{answer} (sufficient: {sufficient})", f"{answer} (sufficient: False)", log):
         flag = "not in any passage"
     elif stated is None:
         flag = "no sufficiency given"

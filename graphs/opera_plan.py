@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from mhqa_graph.parsing import close_json, extract_json, strip_think
+
 # -- placeholders ----------------------------------------------------------------------
 _BRACKETED = re.compile(r"\[([^\[\]]{1,60})\]|\{([^{}]{1,60})\}|<([^<>]{1,60})>")
 
@@ -112,3 +114,15 @@ def check_runaway_plan(value: Any) -> list[str]:
     if cut_runaway(subgoals) == subgoals:
         raise ValueError("the plan was cut off")
     return subgoals
+
+
+def runaway_reply(text: str) -> list[str] | None:
+    """The sub-goals of a plan reply cut off by the token limit while repeating one sub-goal (what
+    `plan_runaway_cut` cuts), else None."""
+    if extract_json(text) is not None:  # a whole reply: not cut off
+        return None
+    value = extract_json(close_json(strip_think(text), finished=True))
+    try:
+        return check_runaway_plan(value)
+    except (ValueError, TypeError):
+        return None

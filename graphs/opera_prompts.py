@@ -74,7 +74,7 @@ Findings:
 {findings}
 Final answer:"""
 
-# after the question, when it compares two options and code could not settle it (graphs/compare.py)
+# after the question, when it names two options (graphs/compare.py; the `options_line` guard)
 ANSWER_OPTIONS = "\nAnswer with one of the two it names: {a} or {b}."
 
 

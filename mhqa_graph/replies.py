@@ -1,6 +1,6 @@
 """Reply formats: the shape of each role's reply, declared once and enforced by the backend where it can.
 
-A `ReplyFormat` is one of three turns, each optionally opened by a bounded `<think>…</think>` block:
+A `ReplyFormat` is one of four turns, each optionally opened by a bounded `<think>…</think>` block:
 - `json`: a JSON value matching `schema` (OPERA's plan, analysis and rewrite; Mujica's planner and worker);
 - `answer`: `<answer>…</answer>`, a short answer (the baselines, Omne's forced answer);
 - `line`: one line of plain text, a short answer (OPERA's synthesis);
@@ -62,8 +62,9 @@ class ReplyFormat:
         return "\n".join(rules) + "\n"
 
     def response_format(self) -> dict[str, Any] | None:
-        """OpenAI's `response_format` for a JSON turn without a think block; None for any other turn."""
-        if self.turn != "json" or self.think:
+        """OpenAI's `response_format` for a JSON turn without a think block whose root is an object (strict
+        schemas must be); None for any other turn."""
+        if self.turn != "json" or self.think or self.schema.get("type") != "object":
             return None
         return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema, "strict": True}}
 
@@ -73,7 +74,11 @@ def _schema_rules(schema: dict[str, Any]) -> list[str]:
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
     text = json_schema_to_gbnf(json.dumps(schema))
-    return [re.sub(r"^root ::=", "json-root ::=", line) for line in text.splitlines() if line.strip()]
+    rules = [re.sub(r"^root ::=", "json-root ::=", line) for line in text.splitlines() if line.strip()]
+    clash = [r for r in rules if re.match(r"(reply-[\w-]*|json-root) ::=", r) and not r.startswith("json-root ::=")]
+    if clash or sum(r.startswith("json-root ::=") for r in rules) != 1:
+        raise ValueError(f"the schema's grammar rules clash with the reply's own: {clash[:2]}")
+    return rules
 
 
 # -- schemas ---------------------------------------------------------------------------------

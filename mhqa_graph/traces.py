@@ -58,6 +58,7 @@ class LLMCall(BaseModel):
     output_tokens: int = 0
     truncated_tokens: int = 0  # prompt tokens the model cut to fit its context window
     decoding: str = "prompt"  # grammar | json_schema (the reply was constrained to its format) | prompt
+    decoding_error: str | None = None  # why a constraint was dropped (a grammar llama.cpp rejected, a 400)
     start: float = 0.0  # seconds since the run started
     latency: float = 0.0  # seconds
 
@@ -273,16 +274,21 @@ class TraceRecorder(BaseCallbackHandler):
     def _start_llm(self, run_id: UUID, messages: list[ChatMessage], tags: list[str] | None,
                    metadata: dict[str, Any] | None) -> None:
         now = time.monotonic()
-        call = LLMCall(role=_role(tags, metadata), node=(metadata or {}).get("langgraph_node"), messages=messages,
-                       decoding=str((metadata or {}).get("mhqa_decoding") or "prompt"), start=round(now - self.t0, 6))
+        meta = metadata or {}
+        fallback = meta.get("mhqa_decoding_fallback")
+        call = LLMCall(role=_role(tags, metadata), node=meta.get("langgraph_node"), messages=messages,
+                       decoding="prompt" if fallback else str(meta.get("mhqa_decoding") or "prompt"),
+                       decoding_error=fallback, start=round(now - self.t0, 6))
         with self._lock:
             self._pending[run_id] = (call, now)
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
         output, n_in, n_out, cut = _usage(response)
         gen = response.generations[0][0] if response.generations and response.generations[0] else None
-        decoded = getattr(getattr(gen, "message", None), "response_metadata", {}).get("decoding")
-        extra = {"decoding": decoded} if decoded else {}  # what the backend did (a rejected grammar: prompt)
+        said = getattr(getattr(gen, "message", None), "response_metadata", {})
+        extra = {"decoding": said["decoding"]} if said.get("decoding") else {}  # what the backend did
+        if said.get("decoding_error"):  # a grammar it rejected
+            extra["decoding_error"] = str(said["decoding_error"])
         self._finish(run_id, output=output, input_tokens=n_in, output_tokens=n_out, truncated_tokens=cut, **extra)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
@@ -357,7 +363,8 @@ def _inputs(question: str, topic_entities: list[str] | None) -> dict[str, Any]:
 
 def run_with_trace(graph: Any, agent: str, question: str, context: Any, topic_entities: list[str] | None = None,
                    config: dict[str, Any] | None = None) -> tuple[dict[str, Any], Trace]:
-    """Run `graph` on one question; its output and its Trace. Exceptions propagate."""
+    """Run `graph` on one question; returns the tuple (output, trace): the graph's output dict and its Trace
+    (write it with `trace.model_dump_json()`; `mhqa export` reads such a file). Exceptions propagate."""
     recorder = TraceRecorder(agent, context)
     output = graph.invoke(_inputs(question, topic_entities), context=context, config=_config(recorder, config))
     return output, recorder.trace(output)

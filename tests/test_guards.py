@@ -46,7 +46,7 @@ def omne(store, **settings):
 def test_every_guard_is_named_with_its_stage_and_agents():
     assert set(G.AUTO) == set(G.GUARDS) and len(G.GUARDS) == 15
     assert {g.stage for g in G.GUARDS.values()} == {"plan", "analysis", "worker answer", "conclusion", "tool answer"}
-    assert G.agent_guards("omne") == ["send_back_ungrounded", "send_back_one_hop"]
+    assert [n for n, g in G.GUARDS.items() if "omne" in g.agents] == ["send_back_ungrounded", "send_back_one_hop"]
     assert {n for n, g in G.GUARDS.items() if g.replaces_answer} == {"no_answer_fallback", "date_comparison",
                                                                      "option_answer"}
 
@@ -56,6 +56,7 @@ def test_every_guard_is_named_with_its_stage_and_agents():
     ({"guard_mode": "dry-run"}, "guard_mode must be one of enforce, log"),
     ({"guards": 3}, "guards must be 'auto', 'none' or a list"),
     ({"guards": "unecho,-option_answer"}, "not both"),
+    ({"guards": "--unecho"}, "unknown guard"),
 ])
 def test_guard_settings_are_checked(settings, message):
     with pytest.raises(InvalidInput, match=message):
@@ -65,6 +66,7 @@ def test_guard_settings_are_checked(settings, message):
 def test_a_guard_can_be_left_out_of_the_default_set():
     assert G.selected("-date_comparison,-option_answer") == set(G.AUTO) - {"date_comparison", "option_answer"}
     assert G.selected(["unecho"]) == {"unecho"} and G.selected("none") == set()
+    assert G.selected("-unecho,-unecho") == set(G.AUTO) - {"unecho"}
 
 
 def test_an_enforced_send_back_is_recorded(store):
@@ -135,3 +137,29 @@ def test_health_counts_guards_and_answer_replacements():
     summary = health_summary(rows)
     assert (summary["guard_changed"], summary["answer_guard"], summary["constrained"]) == (1, 1, 5)
     assert summary["guards"] == {"date_comparison": 1, "unecho": 1}
+
+
+def test_log_mode_follows_the_path_of_a_guard_that_is_off():
+    """In log mode a chain of guards stops at the first that fires, as in enforce mode, and changes nothing."""
+    from mhqa_graph.graphs.opera_analysis import check_analysis
+
+    reply = {"sufficient": True, "answer": "unknown"}
+    for mode, firings, answer in (("enforce", ["analysis_refusal"], ""), ("log", ["analysis_refusal"], "unknown")):
+        log: list[dict] = []
+        out = check_analysis(reply, ["a passage about films"], make_context("opera", llm="fake", guard_mode=mode), log)
+        assert [f["guard"] for f in log] == firings and out["answer"] == answer
+    off = check_analysis(reply, ["a passage about films"], make_context("opera", llm="fake", guards="none"), [])
+    assert off == check_analysis(reply, ["a passage about films"], make_context("opera", llm="fake", guard_mode="log"),
+                                 [])
+
+
+def test_a_plan_at_the_grammar_cap_that_repeats_itself_is_cut(store):
+    """Under a grammar a runaway plan is not cut off by the token limit: it stops at max_rounds items."""
+    chain = ["Who directed Inception?"] + [f"Who is the father of [Answer{i}]?" for i in range(1, 4)]
+    roles = {"plan": FakeChatModel(responses=[json.dumps({"subgoals": chain})]),
+             "analysis": FakeChatModel(responses=['{"sufficient": true, "answer": "Christopher Nolan"}']),
+             "rewrite": FakeChatModel(responses=['{"query": "x"}']), "answer": FakeChatModel(responses=["x"])}
+    out = build_graph("opera").invoke({"question": Q}, context=make_context(
+        "opera", role_llms=roles, store=store, graph="films", max_rounds=4))
+    assert out["plan"] == chain[:3]
+    assert [(f["guard"], f["enforced"]) for f in out["guards"]] == [("plan_runaway_cut", True)]

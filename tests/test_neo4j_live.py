@@ -154,3 +154,59 @@ def test_an_index_of_another_shape_under_our_name_says_what_differs():
         store._write(lambda tx: tx.run(f"DROP INDEX {name} IF EXISTS").consume())
         store.close()
         _live_store().close()  # recreates it as this version needs
+
+
+@live
+def test_collections_above_the_exact_limit_use_the_vector_index_with_the_exact_answers(monkeypatch):
+    """Exact cosine in Cypher costs ~15 µs per vector (150-300 ms per query at 20,000 on 2 cores, measured with
+    bench/store.py), so past EXACT_MAX the shared HNSW index answers; its top 10 must still be the exact one."""
+    from mhqa_graph.store import cypher, neo4j_backend
+
+    sent: list[str] = []
+    real_run = neo4j_backend._run
+    monkeypatch.setattr(neo4j_backend, "_run", lambda tx, statement, params: sent.append(statement) or
+                        real_run(tx, statement, params))
+    store = _live_store()
+    try:
+        n = neo4j_backend.EXACT_MAX + 500
+        store.add_passages("docs", [Passage(f"p{i}", f"Title {i}", f"passage number {i} about topic {i % 97}")
+                                    for i in range(n)])
+        store.add_triples("kg", [(f"entity {i}", "next", f"entity {i + 1}") for i in range(n)])
+        recall = []  # by score: the hash embedder gives these texts many ties, which either side may break
+        for q in (f"passage number {i} about topic {i % 97}" for i in range(0, n, n // 20)):
+            sent.clear()
+            ann = store.search("docs", q, k=10, mode="dense")
+            assert cypher.PASSAGE_VECTOR in sent and cypher.PASSAGE_EXACT not in sent
+            exact = store._read(lambda tx, q=q: real_run(tx, cypher.PASSAGE_EXACT, {
+                "corpus": store._scope("docs"), "vector": store._vector(q), "k": 10}))[0]["hits"]
+            tenth = neo4j_backend._cosine(exact[-1]["score"])
+            recall.append(sum(h.score >= tenth - 1e-5 for h in ann) / 10)
+        assert sum(recall) / len(recall) >= 0.95, recall
+        sent.clear()
+        assert store.match_entities("kg", "entity 1234", k=3)[0].name == "entity 1234"
+        assert cypher.ENTITY_VECTOR in sent and cypher.ENTITY_EXACT not in sent
+    finally:
+        store.drop_namespace()
+        store.close()
+
+
+@live
+def test_vector_indexes_are_not_quantized_where_the_server_can_say_so():
+    """5.23+ quantizes vector indexes by default (scores up to 0.01 off the exact cosine, recall@10 near 0.97 at
+    any depth on HotpotQA dev_b): the store creates them without; 5.18-5.22 get the statement without the option."""
+    from mhqa_graph.store import neo4j_backend
+
+    store = _live_store()
+    try:
+        version = store._read(lambda tx: tx.run("CALL dbms.components() YIELD versions RETURN versions[0] AS v")
+                              .single()["v"])
+        rows = store._read(lambda tx: tx.run("SHOW VECTOR INDEXES YIELD name, options").data())
+        ours = {store._indexes["entity_vector"], store._indexes["passage_vector"]}
+        for row in rows:
+            if row["name"] in ours:
+                quantized = row["options"]["indexConfig"].get("vector.quantization.enabled")
+                assert quantized is not True or row["name"] in neo4j_backend._QUANTIZED_WARNED, (version, row)
+                if tuple(int(x) for x in version.split(".")[:2]) < (5, 23):
+                    assert quantized is None, (version, row)
+    finally:
+        store.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
@@ -130,3 +132,76 @@ def test_a_grammar_llama_cpp_rejects_falls_back_to_the_prompt():
     reply = model.invoke([HumanMessage("Say hi.")], grammar="root ::= (")
     assert reply.response_metadata["decoding"] == "prompt"
     assert reply.response_metadata["decoding_error"] == "llama.cpp rejected the grammar"
+
+
+class SchemaStub(BaseHTTPRequestHandler):
+    """An OpenAI-compatible /chat/completions that refuses response_format (HTTP 400) when `refuse` is set."""
+
+    refuse = False
+    requests: list = []
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        SchemaStub.requests.append(body)
+        if self.refuse and "response_format" in body:
+            reply, code = {"error": {"message": "response_format is not supported",
+                                     "type": "invalid_request_error"}}, 400
+        else:
+            reply, code = {"id": "x", "object": "chat.completion", "created": 0, "model": "stub", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": '{"query": "Inception director"}'},
+                 "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}, 200
+        data = json.dumps(reply).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.skipif(importlib.util.find_spec("langchain_openai") is None, reason="needs the openai extra")
+@pytest.mark.parametrize("refuse", [False, True])
+def test_openai_servers_get_the_json_schema_and_a_refusal_falls_back(refuse):
+    from mhqa_graph.graphs.common import AgentContext, ask, get_llm
+
+    SchemaStub.refuse, SchemaStub.requests = refuse, []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), SchemaStub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ctx = AgentContext(llm=f"openai:http://127.0.0.1:{server.server_address[1]}/v1#stub", model_retries=0)
+        recorder = TraceRecorder("opera")
+        text = ask(get_llm(ctx, "rewrite", reply=O.REWRITE_FORMAT).with_config(callbacks=[recorder]),
+                   [HumanMessage("Rewrite: who directed Inception?")])
+    finally:
+        server.shutdown()
+    assert parse_rewrite(text) == "Inception director"
+    assert SchemaStub.requests[0]["response_format"] == O.REWRITE_FORMAT.response_format()
+    calls = recorder.trace().llm_calls
+    if refuse:  # asked again without the schema; the trace says so
+        assert "response_format" not in SchemaStub.requests[1] and len(SchemaStub.requests) == 2
+        assert calls[-1].decoding == "prompt" and calls[-1].decoding_error == "the server refused the json_schema"
+    else:
+        assert len(SchemaStub.requests) == 1 and calls[-1].decoding == "json_schema"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM, reason="needs llama-cpp-python and the smollm2-135m pack")
+def test_every_role_format_compiles_in_llama_cpp():
+    """Think blocks, several calls, a root anyOf: llama.cpp's own parser accepts each format the agents send
+    (a grammar it rejected would silently fall back to the prompt)."""
+    from mhqa_graph.models.factory import load_chat_model
+
+    model = load_chat_model("llamacpp:smollm2-135m?threads=1")
+    model._load()
+    formats = [O.plan_format(7), O.analysis_format(True), O.analysis_format(False), O.REWRITE_FORMAT,
+               O.ANSWER_FORMAT, M.SHORT_FORMAT, answer_reply("answer", True), answer_reply("answer", False),
+               *(M.planner_format(final, may, think, 12) for final in (True, False) for may in (True, False)
+                 for think in (True, False)),
+               *(M.worker_format(n, think) for n in (0, 5) for think in (True, False)),
+               *(W.tool_format(graphs, think, calls) for graphs in ([], ["a", "b"]) for think in (True, False)
+                 for calls in (1, 5))]
+    for fmt in formats:
+        model._grammar(fmt.gbnf())  # raises ValueError if llama.cpp rejects it

@@ -10,7 +10,8 @@ Per question:
 - `forced`: model calls that had to answer because a cap was reached.
 - `bad_answer`: the answer is empty or longer than 10 words.
 - `guards`: firings per guard (graphs/guards.py), enforced or logged; `guard_changed`: an enforced firing
-  changed the run; `answer_guard`: an enforced guard replaced the model's final answer.
+  changed the run (a prompt hint such as `options_line` does not count); `answer_guard`: an enforced guard
+  replaced the model's final answer.
 - `constrained`: model calls whose reply the backend constrained to its format (a grammar or a JSON schema).
 """
 
@@ -69,7 +70,7 @@ def guard_health(firings: Any) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for f in firings:
         counts[f["guard"]] = counts.get(f["guard"], 0) + 1
-    enforced = [f for f in firings if f.get("enforced")]
+    enforced = [f for f in firings if f.get("enforced") and not GUARDS[f["guard"]].prompt_only]
     return {"guards": counts, "guard_changed": bool(enforced),
             "answer_guard": any(GUARDS[f["guard"]].replaces_answer for f in enforced)}
 

@@ -53,7 +53,9 @@ logging.getLogger("neo4j").addHandler(logging.NullHandler())
 
 BATCH = 1000  # rows per UNWIND statement
 MAX_FETCH = 10_000  # deepest vector index query when keeping one graph's/corpus's neighbours
-EXACT_MAX = 20_000  # collections up to this size get exact nearest neighbours, not the shared index
+EXACT_MAX = 2_000  # collections up to this size get exact nearest neighbours (~15 µs a vector), not the index
+MIN_FETCH = 100  # the shallowest vector index query: Lucene's HNSW searches only as wide as it fetches
+_QUANTIZED_WARNED: set[str] = set()  # quantized vector indexes already warned about, once per process
 MAX_NODE_FACTS = 1000  # node_info returns at most this many facts each way
 MIN_TOKENS = 16  # the shortest full-text query the too-many-clauses retry goes down to
 TIMEOUT_S = 5.0  # connect, pool acquisition and transaction retry budget
@@ -283,7 +285,15 @@ class Neo4jStore(KnowledgeStore):
         for item in missing:
             params = {"dimensions": self._embedder.dim} if item.type == "VECTOR" else {}
             try:
-                self._write(_run, item.create, params)
+                try:
+                    self._write(_run, item.create, params)
+                except StoreError as e:
+                    if not (item.fallback and isinstance(e.__cause__, Neo4jError)
+                            and e.__cause__.code != FORBIDDEN and "quantization" in str(e.__cause__.message)):
+                        raise
+                    log.info("%s refuses vector.quantization.enabled (before 5.23); creating %s without it",
+                             self.uri, item.name)
+                    self._write(_run, item.fallback, params)
             except StoreError as e:
                 if isinstance(e.__cause__, Neo4jError) and e.__cause__.code == FORBIDDEN:
                     raise StoreError(f"cannot create {item.name} on {self.uri}: this user has no schema rights; have "
@@ -349,6 +359,11 @@ class Neo4jStore(KnowledgeStore):
                     f"{dimensions}-dimension embedder it was built for (?embedder=...), or drop both vector indexes "
                     f"(DROP INDEX {self._indexes['entity_vector']}; DROP INDEX {self._indexes['passage_vector']}) "
                     "and open it again to recreate them, or use another database")
+            if config.get("vector.quantization.enabled") is True and row["name"] not in _QUANTIZED_WARNED:
+                _QUANTIZED_WARNED.add(row["name"])
+                log.warning("vector index %r of %s quantizes its vectors (the default of Neo4j 5.23+): searches over "
+                            "large collections lose some recall; DROP INDEX %s and open the store again to recreate "
+                            "it without", row["name"], self.uri, row["name"])
             if similarity is not None and str(similarity).lower() != "cosine":
                 raise StoreError(f"vector index {row['name']!r} of {self.uri} uses {similarity} similarity, not "
                                  f"cosine; drop it (DROP INDEX {row['name']}) and open the store again")
@@ -502,7 +517,7 @@ class Neo4jStore(KnowledgeStore):
         index, size = self._indexes[role], collection.get("size")
         if index in self.populating or (size is not None and size <= EXACT_MAX):
             return _run(tx, exact, {**params, "vector": vector, "k": k})[0]["hits"]
-        fetch = 2 * k
+        fetch = max(2 * k, MIN_FETCH)
         if size:
             wanted = math.ceil(2 * k * _run(tx, total_query, {})[0]["total"] / size)
             if wanted > MAX_FETCH:
