@@ -163,3 +163,13 @@ def test_a_plan_at_the_grammar_cap_that_repeats_itself_is_cut(store):
         "opera", role_llms=roles, store=store, graph="films", max_rounds=4))
     assert out["plan"] == chain[:3]
     assert [(f["guard"], f["enforced"]) for f in out["guards"]] == [("plan_runaway_cut", True)]
+
+
+def test_eval_summaries_show_the_guards():
+    from mhqa_graph.eval.report import summarize, summary_table
+
+    records = [{"id": str(i), "em": 1.0, "f1": 1.0, "latency": 1.0, "llm_calls": 2, "tokens": {"total": 10},
+                "health": {**guard_health(f), "constrained": 2}} for i, f in
+               enumerate([[G.firing("date_comparison", "Heat", "Spione", True)], []])]
+    caption = summary_table(summarize(records, agent="opera")).caption
+    assert "guards fired: date_comparison 1 (changed 1 runs, replaced 1 answers); 4 constrained model calls" in caption

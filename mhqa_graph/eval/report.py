@@ -139,8 +139,19 @@ def summary_table(summary: Summary, title: str | None = None) -> Table:
     table.caption = (f"failures {summary.failures}, with error {summary.with_error}, latency p50 "
                      f"{summary.latency_p50:.2f}s p90 {summary.latency_p90:.2f}s, "
                      f"{summary.tokens_per_question:.0f} tokens and {summary.llm_calls_per_question:.1f} "
-                     "LLM calls per question" + _diagnostics_caption(summary))
+                     "LLM calls per question" + _diagnostics_caption(summary) + _guards_caption(summary))
     return table
+
+
+def _guards_caption(summary: Summary) -> str:
+    """The guards that fired (questions each), how many runs they changed and answers they replaced, and
+    the model calls constrained to their format."""
+    h = summary.health or {}
+    fired = ", ".join(f"{name} {n}" for name, n in (h.get("guards") or {}).items())
+    if not fired and not h.get("constrained"):
+        return ""
+    return (f"\nguards fired: {fired or 'none'} (changed {h.get('guard_changed', 0)} runs, replaced "
+            f"{h.get('answer_guard', 0)} answers); {h.get('constrained', 0)} constrained model calls")
 
 
 def _diagnostics_caption(summary: Summary) -> str:
