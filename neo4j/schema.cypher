@@ -1,6 +1,7 @@
 // mhqa-graph schema for Neo4j 5. Neo4jStore.ensure_schema() runs the same statements on open,
 // with the vector dimensions of the store's embedder; this file fixes them at 384
-// (all-minilm-l6-v2). See neo4j/README.md for how to apply it.
+// (all-minilm-l6-v2) and turn quantization off (5.23+; on 5.18 to 5.22 delete that option).
+// See neo4j/README.md for how to apply it.
 
 CREATE CONSTRAINT collection_key IF NOT EXISTS FOR (c:Collection) REQUIRE c.key IS UNIQUE;
 CREATE CONSTRAINT entity_key IF NOT EXISTS FOR (e:Entity) REQUIRE e.key IS UNIQUE;
@@ -16,8 +17,10 @@ CREATE FULLTEXT INDEX passage_text_ft IF NOT EXISTS FOR (p:Passage) ON EACH [p.g
 
 CREATE VECTOR INDEX entity_embedding IF NOT EXISTS
 FOR (e:Entity) ON (e.embedding)
-OPTIONS {indexConfig: {`vector.dimensions`: 384, `vector.similarity_function`: 'cosine'}};
+OPTIONS {indexConfig: {`vector.dimensions`: 384, `vector.similarity_function`: 'cosine',
+                       `vector.quantization.enabled`: false}};
 
 CREATE VECTOR INDEX passage_embedding IF NOT EXISTS
 FOR (p:Passage) ON (p.embedding)
-OPTIONS {indexConfig: {`vector.dimensions`: 384, `vector.similarity_function`: 'cosine'}};
+OPTIONS {indexConfig: {`vector.dimensions`: 384, `vector.similarity_function`: 'cosine',
+                       `vector.quantization.enabled`: false}};

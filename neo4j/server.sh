@@ -95,6 +95,8 @@ server.http.enabled=false
 server.https.enabled=false
 dbms.security.auth_enabled=$([ -n "$PASSWORD" ] && echo true || echo false)
 dbms.usage_report.enabled=false
+# Keys an older or newer version does not know (5.18 has no dbms.usage_report.enabled) are warned about, not fatal.
+server.config.strict_validation.enabled=false
 server.memory.heap.initial_size=$HEAP
 server.memory.heap.max_size=$HEAP
 server.memory.pagecache.size=$PAGECACHE
