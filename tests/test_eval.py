@@ -249,8 +249,9 @@ def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
 def test_cli_eval_and_report(setup, tmp_path):
     data, store, _ = setup
     run_a, run_b = tmp_path / "runs" / "rag", tmp_path / "runs" / "direct"
-    assert cli("eval", str(data), "--dataset", "hotpotqa", "--agent", "rag", "--store", store,
-               "--out", str(run_a)).returncode == 2  # the CLI evaluates in an existing store only
+    typo = f"embedded://{tmp_path}/no/such/store?embedder=hash"  # a new store folder, but its parent is missing
+    assert cli("eval", str(data), "--dataset", "hotpotqa", "--agent", "rag", "--store", typo,
+               "--out", str(run_a)).returncode == 2
     assert cli("ingest", "dataset", "hotpotqa", str(data), "--name", "tiny", "--store", store).returncode == 0
     res = cli("eval", str(data), "--dataset", "hotpotqa", "--agent", "rag", "--llm", 'fake:["<answer>Tulsa</answer>"]',
               "--store", store, "--concurrency", "2", "--out", str(run_a))
