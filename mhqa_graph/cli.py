@@ -72,17 +72,6 @@ def _check_ingested(report: Any, file: Path, what: str) -> None:
         raise InvalidInput(f"{file} holds no {what}{skipped}; nothing was ingested")
 
 
-def _check_llm(spec: str | None) -> None:
-    """InvalidInput for a `fake:` spec that scripts no reply (`fake:[]`): its first call would fail."""
-    if spec and spec.strip().startswith("fake:"):
-        try:
-            replies = json.loads(spec.strip()[len("fake:"):])
-        except ValueError:
-            return  # the model factory names the problem
-        if replies == []:
-            raise InvalidInput("fake:[] scripts no reply; give at least one, e.g. 'fake:[\"an answer\"]', or 'fake'")
-
-
 # -- ingest --------------------------------------------------------------------------
 @ingest_app.command("dataset")
 def ingest_dataset_cmd(
@@ -155,7 +144,6 @@ def ingest_extract_cmd(
     from .ingest.extract import extract_graph
     from .models.factory import load_chat_model
 
-    _check_llm(llm)
     model = load_chat_model(llm)
     with open_store(store, create=False) as st, _progress(f"extract {corpus} -> {graph}", total=limit) as tick:
         report = extract_graph(st, corpus, graph, model, limit=limit, progress=tick)
@@ -282,7 +270,6 @@ def ask_cmd(
 
     compiled = build_graph(agent)
     check_question(question)
-    _check_llm(llm)
     context = make_context(agent, llm=llm, store=store, corpus=corpus, graph=graph, top_k=top_k, guards=guards,
                            guard_mode=guard_mode)
     if corpus or graph:
@@ -343,7 +330,6 @@ def eval_cmd(
     if (limit is not None and limit < 1) or start < 0:
         raise InvalidInput("--limit must be >= 1 and --start >= 0")
     check_dataset_file(dataset, file)
-    _check_llm(llm)
     _check_eval_store(store, given=bool(corpus or graph))
     try:
         run_eval(agent, dataset, file, llm, store, out_dir, limit=limit, concurrency=concurrency, progress=True,
@@ -508,7 +494,6 @@ def demo_cmd(
     answer the first questions of the dev files with an offline model."""
     from .demo import run_demo
 
-    _check_llm(llm)
     run_demo(store, data, llm, questions, out)
 
 

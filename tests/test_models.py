@@ -185,3 +185,11 @@ def test_embedding_pack_vectors():
     vectors = emb.embed_documents(["Paris is the capital of France.", "Berlin is in Germany."])
     assert len(vectors) == 2 and len(vectors[0]) == 384
     assert pack_path("all-minilm-l6-v2").name == "model"
+
+
+def test_an_empty_fake_script_is_refused_before_any_call():
+    from mhqa_graph.errors import ModelError
+    from mhqa_graph.models.factory import check_chat_spec
+
+    with pytest.raises(ModelError, match=r"fake:\[\] scripts no reply"):
+        check_chat_spec("fake:[]")

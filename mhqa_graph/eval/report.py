@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from .diagnostics import FAILURE_CLASSES, failure_summary
@@ -127,7 +128,7 @@ def _pct(x: float) -> str:
 
 def summary_table(summary: Summary, title: str | None = None) -> Table:
     """One run: overall and per type / hop count EM and F1 (in %), failures, latency, tokens."""
-    table = Table(title=title or f"{summary.agent} · {summary.dataset} · {Path(summary.file or '-').name}")
+    table = Table(title=escape(title or f"{summary.agent} · {summary.dataset} · {Path(summary.file or '-').name}"))
     for col in ("group", "n", "EM", "F1"):
         table.add_column(col, justify="left" if col == "group" else "right")
     table.add_row("all", str(summary.n), _pct(summary.em), _pct(summary.f1), style="bold")

@@ -85,6 +85,8 @@ def _fake_responses(rest: str) -> list[str] | None:
         raise ModelError(f"fake: expects a JSON list of strings, e.g. 'fake:[\"an answer\"]': {exc}") from None
     if not isinstance(responses, list) or not all(isinstance(r, str) for r in responses):
         raise ModelError("fake: expects a JSON list of strings, e.g. 'fake:[\"an answer\"]'")
+    if not responses:
+        raise ModelError("fake:[] scripts no reply; give at least one, e.g. 'fake:[\"an answer\"]'")
     return responses
 
 
