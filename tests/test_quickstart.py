@@ -1,10 +1,11 @@
-"""The quickstart a newcomer runs first: scripted `fake:` models and the hash embedder (no download, no
-model), ingest -> search -> ask -> eval -> report, in a fresh folder, in seconds."""
+"""The README's quickstart, as a newcomer runs it first: scripted `fake:` models and the hash embedder (no
+download, no model), ingest -> search -> ask -> eval -> report, in a fresh folder, in seconds."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,23 +14,15 @@ from pathlib import Path
 
 import pytest
 
-DOC = '{"id": "p1", "title": "Inception", "text": "Inception is a 2010 film directed by Christopher Nolan."}'
-QA = ('{"id": "q1", "question": "Who directed Inception?", "answer": "Christopher Nolan", "context": {"title": '
-      '["Inception"], "sentences": [["Inception is a 2010 film directed by Christopher Nolan."]]}}')
-QUICKSTART = [
-    'export MHQA_STORE="embedded://$PWD/quickstart-store?embedder=hash"   # hash embedder: no model to download',
-    f"echo '{DOC}' > docs.jsonl",
-    "mhqa ingest passages docs.jsonl --corpus docs",
-    'mhqa query search docs "Who directed Inception?" -k 1',
-    """mhqa ask "Who directed Inception?" --agent rag --corpus docs """
-    """--llm 'fake:["<answer>Christopher Nolan</answer>"]'""",
-    f"echo '{QA}' > qa.jsonl",
-    """mhqa eval qa.jsonl --dataset hotpotqa --agent rag --llm 'fake:["<answer>Christopher Nolan</answer>"]' """
-    "--out runs/rag",
-    """mhqa eval qa.jsonl --dataset hotpotqa --agent direct --llm 'fake:["<answer>Steven Spielberg</answer>"]' """
-    "--out runs/direct",
-    "mhqa report runs/rag runs/direct",
-]
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def quickstart() -> list[str]:
+    """The commands of the README's quickstart block, as a newcomer pastes them."""
+    text = README.read_text(encoding="utf-8").split("## Quickstart", 1)[1]
+    return re.search(r"^```bash\n(.*?)^```", text, re.DOTALL | re.MULTILINE).group(1).strip().splitlines()
+
+
 BIN = Path(sys.executable).parent
 
 
@@ -39,7 +32,7 @@ def test_quickstart_runs_in_under_a_minute(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MHQA_STORE"}
     env |= {"PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "COLUMNS": "200"}
     script = tmp_path / "quickstart.sh"
-    script.write_text("set -euo pipefail\n" + "\n".join(QUICKSTART) + "\n", encoding="utf-8")
+    script.write_text("set -euo pipefail\n" + "\n".join(quickstart()) + "\n", encoding="utf-8")
     started = time.monotonic()
     done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     elapsed = time.monotonic() - started
