@@ -85,15 +85,18 @@ def test_replay_reproduces_the_recorded_run(path: Path, i: int) -> None:
 
 
 def test_a_date_comparison_is_settled_in_code_with_the_real_model() -> None:
-    """On a recorded 2Wiki comparison, OPERA's sub-goals found a birth date for each director (one of them
-    wrong) and the model's own comparison sub-goal named a director: the code names a film, and the
-    synthesis is not asked."""
+    """On a recorded 2Wiki comparison, OPERA's sub-goals found a birth date for each director and the
+    synthesis named the other film: the date_comparison guard names the film the dates pick, and the
+    synthesis's own answer stays in its firing."""
     results = [replay(p, i) for p, i in CASES if p.stem == "opera-2wiki-kg"]
     settled = [(q, out, trace) for q, out, trace in results if any(n.startswith(DATE_NOTE) for n in out["notes"])]
     assert settled
     for q, out, trace in settled:
         assert out["answer"] in comparison(q["question"])[:2]
-        assert not [c for c in trace.llm_calls if c.role == "answer"]
+        [synthesis] = [c for c in trace.llm_calls if c.role == "answer"]
+        [fired] = [f for f in out["guards"] if f["guard"] == "date_comparison"]
+        assert fired["enforced"] and fired["after"] == out["answer"] != fired["before"]
+        assert clean_answer(synthesis.output) == fired["before"]
 
 
 def test_opera_fills_the_placeholders_the_real_model_wrote() -> None:
