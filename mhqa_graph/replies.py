@@ -4,8 +4,9 @@ A `ReplyFormat` is one of four turns, each optionally opened by a bounded `<thin
 - `json`: a JSON value matching `schema` (OPERA's plan, analysis and rewrite; Mujica's planner and worker);
 - `answer`: `<answer>…</answer>`, a short answer (the baselines, Omne's forced answer);
 - `line`: one line of plain text, a short answer (OPERA's synthesis);
-- `tool_calls`: one or more `<tool_call>{json}</tool_call>` blocks matching `schema`, or an `<answer>` (Omne);
-  after the calls only `<tool_response>` may follow, where the caller's stop sequence ends the turn.
+- `tool_calls`: one or more tool calls matching `schema`, in `<tool_call>` tags or bare as the protocol also
+  reads them (the real 1.5B model writes bare calls, and barred from them it answers instead), or an
+  `<answer>` (Omne); after the calls only `<tool_response>` may follow, where the stop sequence ends the turn.
 
 `decoding_kwargs(model, fmt)` gives the keyword arguments that make a chat model decode the format:
 a GBNF grammar for llama.cpp (`llamacpp:` specs), `response_format` with a strict JSON schema for
@@ -60,7 +61,8 @@ class ReplyFormat:
             extra = f' ("\\n" reply-call){{0,{self.max_calls - 1}}}' if self.max_calls > 1 else ""
             # after its calls the model may open the result it waits for: the stop sequence ends the turn there
             rules += [f'reply-body ::= reply-call{extra} ("\\n"? "<tool_response>")? | {answer}',
-                      'reply-call ::= "<tool_call>\\n" json-root "\\n</tool_call>"', *_schema_rules(self.schema)]
+                      'reply-call ::= "<tool_call>\\n" json-root "\\n</tool_call>" | json-root',
+                      *_schema_rules(self.schema)]
         return "\n".join(rules) + "\n"
 
     def response_format(self) -> dict[str, Any] | None:
