@@ -14,7 +14,7 @@ from typing import (
     NotRequired,  # pydantic needs these on 3.11 (Studio schemas)
 )
 
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
@@ -27,11 +27,11 @@ from mhqa_graph.tools import cap_text, format_passages, node_info_tool
 
 from . import baselines_prompts as P
 from .common import (
-    REPAIR_PREFIX,
     AgentContext,
+    Parsed,
     QAInput,
     QAOutput,
-    ask,
+    ask_repaired,
     check_question,
     clean_answer,
     context_as,
@@ -80,17 +80,19 @@ def _reply(ctx: BaselineContext, system: str, user: str) -> dict:
     raw replies, the answer and the error."""
     llm = get_llm(ctx, ROLE, reply=answer_reply(ROLE, think=ctx.think))
     messages = [SystemMessage(system.format(think=P.THINK_ON if ctx.think else P.THINK_OFF)), HumanMessage(user)]
-    raw: list[str] = []
-    for _ in range(ctx.parse_retries + 1):
-        try:
-            text = ask(llm, messages)
-        except ModelError as exc:
-            return {"raw": "\n\n".join(raw), "answer": "", "error": f"ModelError: {exc}"}
-        raw.append(text)
+
+    def read(text: str) -> str:
         if answer := clean_answer(final_answer(text)):
-            return {"raw": "\n\n".join(raw), "answer": answer, "error": None}
-        messages = [*messages, AIMessage(text), HumanMessage(P.REPAIR.format(prefix=REPAIR_PREFIX))]
-    return {"raw": "\n\n".join(raw), "answer": "", "error": "MalformedOutput: the reply has no answer"}
+            return answer
+        raise ValueError(P.NO_ANSWER_TAG)
+
+    parsed = Parsed()
+    try:
+        ask_repaired(llm, messages, read, ctx.parse_retries, again=P.ASK_AGAIN, parsed=parsed)
+    except ModelError as exc:
+        return {"raw": "\n\n".join(parsed.raw), "answer": "", "error": f"ModelError: {exc}"}
+    error = None if parsed.value else "MalformedOutput: the reply has no answer"
+    return {"raw": "\n\n".join(parsed.raw), "answer": parsed.value or "", "error": error}
 
 
 def start(state: DirectState) -> dict:

@@ -16,5 +16,6 @@ PASSAGES = "Retrieved passages:\n{context}\n\nQuestion: {question}"
 
 FACTS = "Facts from the knowledge graph:\n{context}\n\nQuestion: {question}"
 
-# after a reply with no answer in it (one repair, as the agents get)
-REPAIR = "{prefix} (it has no <answer> tag). Reply again: the final answer inside <answer></answer> tags."
+# after a reply with no answer in it (one repair, as the agents get): "<repair prefix> (NO_ANSWER_TAG). ASK_AGAIN"
+NO_ANSWER_TAG = "it has no <answer> tag"
+ASK_AGAIN = "Reply again: the final answer inside <answer></answer> tags."

@@ -326,6 +326,26 @@ class Parsed:
     cut_off: bool = False  # `value` was read from a reply cut off inside a list (ask_json's `cut_off`)
 
 
+def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str], Any], retries: int = 1,
+                 again: str = "Reply again with valid JSON only, in the format asked for.",
+                 parsed: Parsed | None = None) -> Parsed:
+    """Ask, and `read` the reply (its value, or ValueError/TypeError/KeyError saying what is wrong). On failure,
+    show the model its reply, the problem and `again`, `retries` times at most. Fills and returns `parsed`
+    (pass one to keep the raw replies of a call that then raised ModelError)."""
+    parsed = Parsed() if parsed is None else parsed
+    history = list(messages)
+    for _ in range(retries + 1):
+        text = ask(llm, history)
+        parsed.raw.append(text)
+        try:
+            parsed.value, parsed.error = read(text), None
+            return parsed
+        except (ValueError, TypeError, KeyError) as exc:
+            parsed.error = f"MalformedOutput: {exc}"
+            history += [AIMessage(text), HumanMessage(f"{REPAIR_PREFIX} ({exc}). {again}")]
+    return parsed
+
+
 def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any], Any],
              retries: int = 1, want: type | tuple[type, ...] = (dict, list),
              cut_off: Callable[[Any], Any] | None = None) -> Parsed:
@@ -334,23 +354,18 @@ def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any
     `cut_off`: a reply with no complete JSON is cut back to the items it finished (`close_json`, for a reply
     that ran out of tokens in a list) and checked with `cut_off` instead of `validate`."""
     parsed = Parsed()
-    history = list(messages)
-    for _ in range(retries + 1):
-        text = ask(llm, history)
-        parsed.raw.append(text)
+
+    def read(text: str) -> Any:
         value, check = extract_json(text, want), validate
         if value is None and cut_off is not None:
             value, check = extract_json(close_json(strip_think(text), finished=True), want), cut_off
-        try:
-            if value is None:
-                raise ValueError("no JSON object found in the reply")
-            parsed.value, parsed.error, parsed.cut_off = check(value), None, check is cut_off
-            return parsed
-        except (ValueError, TypeError, KeyError) as exc:
-            parsed.error = f"MalformedOutput: {exc}"
-            history += [AIMessage(text), HumanMessage(f"{REPAIR_PREFIX} ({exc}). "
-                                                      "Reply again with valid JSON only, in the format asked for.")]
-    return parsed
+        if value is None:
+            raise ValueError("no JSON object found in the reply")
+        value = check(value)
+        parsed.cut_off = check is cut_off
+        return value
+
+    return ask_repaired(llm, messages, read, retries, parsed=parsed)
 
 
 def clean_answer(text: str) -> str:

@@ -126,36 +126,28 @@ def enforced(ctx: Any, name: str) -> bool:
     return is_on(ctx, name) and getattr(ctx, "guard_mode", "enforce") == "enforce"
 
 
-def apply(ctx: Any, name: str, before: T, rule: Callable[[], T | None], log: list[dict]) -> T:
+def apply(ctx: Any, name: str, before: T, rule: Callable[[], T | None], log: list[dict],
+          shown_as: tuple[Any, Any] | None = None) -> T:
     """Guard `name` on `before`: `rule()` gives the guarded value, or None (or `before`) when it does not fire.
-    A firing is appended to `log`; its value is returned when the mode is enforce, else `before`. A guard
-    that is off, does not fire, or raises returns `before` (a raise is logged with its error)."""
+    A firing is appended to `log` (with `shown_as` as its before/after, if given); its value is returned when
+    the mode is enforce, else `before`. A guard that is off, does not fire, or raises returns `before` (a raise
+    is logged with its error)."""
     if not is_on(ctx, name):
         return before
+    told_before, told_after = shown_as or (before, None)
     try:
         after = rule()
     except Exception as exc:  # a guard must never stop the run
-        log.append(firing(name, before, None, False, f"{type(exc).__name__}: {exc}"))
+        log.append(firing(name, told_before, None, False, f"{type(exc).__name__}: {exc}"))
         return before
     if after is None or after == before:
         return before
     enforced = getattr(ctx, "guard_mode", "enforce") == "enforce"
-    log.append(firing(name, before, after, enforced))
+    log.append(firing(name, told_before, after if shown_as is None else told_after, enforced))
     return after if enforced else before
 
 
 def check(ctx: Any, name: str, fires: Callable[[], bool], before: Any, after: Any, log: list[dict]) -> bool:
     """Guard `name` as a test: whether it fires and acts (`fires()` true and the mode enforce). A firing is
     logged with `before` / `after` saying what it does; an off guard, or one that raises, does not act."""
-    if not is_on(ctx, name):
-        return False
-    try:
-        fired = bool(fires())
-    except Exception as exc:  # a guard must never stop the run
-        log.append(firing(name, before, None, False, f"{type(exc).__name__}: {exc}"))
-        return False
-    if not fired:
-        return False
-    enforced = getattr(ctx, "guard_mode", "enforce") == "enforce"
-    log.append(firing(name, before, after, enforced))
-    return enforced
+    return apply(ctx, name, False, lambda: True if fires() else None, log, shown_as=(before, after))

@@ -287,9 +287,12 @@ def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answ
                 text = P.UNGROUNDED_FACTS.format(answer=answer, entity=start.name, facts=facts)
             return {"rounds": round_no, "nudges": 1, "messages": [said, HumanMessage(text)], "guards": firings}
         left: list = []  # what the check found: the answer's node and the relations the walk left open
-        acts = len(firings) == fired and check(
-            ctx, "send_back_one_hop", lambda: bool(left.extend(one_hop_short(ctx, state, answer) or ()) or left),
-            answer, "sent back", firings)
+
+        def one_hop() -> bool:
+            left[:] = one_hop_short(ctx, state, answer) or ()
+            return bool(left)
+
+        acts = len(firings) == fired and check(ctx, "send_back_one_hop", one_hop, answer, "sent back", firings)
         if left and len(firings) > fired:
             firings[-1]["after"] = f"sent back with the facts of {left[0].name}"
         if acts:

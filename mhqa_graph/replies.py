@@ -17,6 +17,7 @@ reply either way: a constrained reply is a well-formed one, not a right one.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ class ReplyFormat:
 
     name: str
     turn: Turn = "json"
-    schema: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    schema: dict[str, Any] = field(default_factory=dict, hash=False)  # compared, not hashed (a dict)
     think: bool = False
     think_chars: int = THINK_CHARS
     answer_chars: int = ANSWER_CHARS
@@ -56,13 +57,13 @@ class ReplyFormat:
         elif self.turn == "line":
             rules += [f"reply-body ::= [^<\\n]{{1,{self.answer_chars}}}"]
         elif self.turn == "json":
-            rules += ["reply-body ::= json-root", *_schema_rules(self.schema)]
+            rules += ["reply-body ::= json-root", *_schema_rules(json.dumps(self.schema, sort_keys=True))]
         else:
             extra = f' ("\\n" reply-call){{0,{self.max_calls - 1}}}' if self.max_calls > 1 else ""
             # after its calls the model may open the result it waits for: the stop sequence ends the turn there
             rules += [f'reply-body ::= reply-call{extra} ("\\n"? "<tool_response>")? | {answer}',
                       'reply-call ::= "<tool_call>\\n" json-root "\\n</tool_call>" | json-root',
-                      *_schema_rules(self.schema)]
+                      *_schema_rules(json.dumps(self.schema, sort_keys=True))]
         return "\n".join(rules) + "\n"
 
     def response_format(self) -> dict[str, Any] | None:
@@ -73,16 +74,18 @@ class ReplyFormat:
         return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema, "strict": True}}
 
 
-def _schema_rules(schema: dict[str, Any]) -> list[str]:
-    """The GBNF rules of a JSON schema (llama.cpp's own converter), with its root renamed `json-root`."""
+@functools.lru_cache(maxsize=256)
+def _schema_rules(schema: str) -> tuple[str, ...]:
+    """The GBNF rules of a JSON schema given as JSON text (llama.cpp's own converter, run once per schema: the
+    agents ask for the same formats on every call), with its root renamed `json-root`."""
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    text = json_schema_to_gbnf(json.dumps(schema))
+    text = json_schema_to_gbnf(schema)
     rules = [re.sub(r"^root ::=", "json-root ::=", line) for line in text.splitlines() if line.strip()]
     clash = [r for r in rules if re.match(r"(reply-[\w-]*|json-root) ::=", r) and not r.startswith("json-root ::=")]
     if clash or sum(r.startswith("json-root ::=") for r in rules) != 1:
         raise ValueError(f"the schema's grammar rules clash with the reply's own: {clash[:2]}")
-    return rules
+    return tuple(rules)
 
 
 # -- schemas ---------------------------------------------------------------------------------
@@ -114,15 +117,24 @@ def tool_reply(name: str, call_schemas: list[dict[str, Any]], think: bool = Fals
 
 
 # -- backends --------------------------------------------------------------------------------
+def backend_decoding(model: BaseChatModel) -> Decoding:
+    """How `model` can constrain a reply: "grammar" (llama.cpp, and fakes that play one), "json_schema"
+    (OpenAI-compatible servers), else "prompt". A RecordingChatModel answers for the model it records."""
+    inner = getattr(model, "inner", None)  # RecordingChatModel passes kwargs through to the model it records
+    if isinstance(inner, BaseChatModel):
+        return backend_decoding(inner)
+    if getattr(model, "accepts_grammar", False):
+        return "grammar"
+    return "json_schema" if type(model).__module__.startswith("langchain_openai") else "prompt"
+
+
 def decoding_kwargs(model: BaseChatModel, fmt: ReplyFormat) -> tuple[dict[str, Any], Decoding]:
     """(the invoke kwargs that constrain `model` to `fmt`, how): a `grammar` for llama.cpp, a
     `response_format` for OpenAI-compatible servers, else ({}, "prompt")."""
-    inner = getattr(model, "inner", None)  # RecordingChatModel passes kwargs through to the model it records
-    if isinstance(inner, BaseChatModel):
-        return decoding_kwargs(inner, fmt)
-    if getattr(model, "accepts_grammar", False):  # LlamaCppChatModel, and fakes that play one
+    how = backend_decoding(model)
+    if how == "grammar":
         return {"grammar": fmt.gbnf()}, "grammar"
-    if type(model).__module__.startswith("langchain_openai") and (response_format := fmt.response_format()):
+    if how == "json_schema" and (response_format := fmt.response_format()):
         return {"response_format": response_format}, "json_schema"
     return {}, "prompt"
 
@@ -130,7 +142,5 @@ def decoding_kwargs(model: BaseChatModel, fmt: ReplyFormat) -> tuple[dict[str, A
 def can_constrain(spec: Any) -> bool:
     """Whether a model spec (or chat model object) names a backend that `decoding_kwargs` can constrain."""
     if isinstance(spec, BaseChatModel):
-        inner = getattr(spec, "inner", None)
-        return can_constrain(inner) if isinstance(inner, BaseChatModel) else (
-            bool(getattr(spec, "accepts_grammar", False)) or type(spec).__module__.startswith("langchain_openai"))
+        return backend_decoding(spec) != "prompt"
     return isinstance(spec, str) and spec.startswith(("llamacpp:", "openai:"))
