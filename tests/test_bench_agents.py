@@ -79,3 +79,31 @@ def test_variants_and_intervals():
     assert bench.paired_interval([0.0, 0.0, 0.0]) == (0.0, 0.0) and bench.paired_interval([1.0]) is None
     low, high = bench.paired_interval([1.0, 0.0] * 20)
     assert 30 < low < 50 < high < 70
+
+
+def test_a_guards_off_variant_reasks_only_where_one_of_its_guards_fired(folders):
+    ids = [q.id for q in bench.load_questions("pathquestion", folders.data / "pathquestion" / "PQ-2H.txt")]
+    fired = {ids[0]: {"send_back_one_hop": 1}, ids[1]: {"send_back_ungrounded": 1, "send_back_one_hop": 1},
+             ids[2]: {"send_back_ungrounded": 2}}
+    base = bench.run_dir(folders.out, LLM, "pq2h", "omne")
+    base.mkdir(parents=True)
+    with (base / RESULTS).open("w", encoding="utf-8") as f:
+        for qid in ids:
+            f.write(json.dumps({"id": qid, "f1": 1.0, "error": "Timeout" if qid == ids[5] else None,
+                                "health": {"guards": fired.get(qid, {})}}) + "\n")
+
+    assert bench.guards_off("omne:guards=none") == ("omne", frozenset({"send_back_one_hop", "send_back_ungrounded"}))
+    assert bench.guards_off("omne:decoding=prompt;guards=-send_back_one_hop") == (
+        "omne:decoding=prompt", frozenset({"send_back_one_hop"}))
+    for variant in ("omne", "rag:decoding=prompt", "omne:guards=none;guard_mode=log", "omne:guards=auto",
+                    "opera:guards=-send_back_one_hop"):
+        assert bench.guards_off(variant) is None
+    assert bench.fired_guards(folders, "pq2h", "omne") == ["send_back_one_hop", "send_back_ungrounded"]
+
+    # none of the guards fired on questions 3 and 4; question 5 failed, so it is asked again
+    assert bench.carry_over(folders, "pq2h", "omne:guards=none") == 2
+    assert bench.carry_over(folders, "pq2h", "omne:guards=none") == 0  # never twice
+    assert bench.carry_over(folders, "pq2h", "omne:guards=-send_back_one_hop") == 3  # and question 2
+    carried = bench.read_records(bench.run_dir(folders.out, LLM, "pq2h", "omne:guards=-send_back_one_hop") / RESULTS)
+    assert [r["id"] for r in carried] == ids[2:5] and {r["carried"] for r in carried} == {"omne"}
+    assert bench.carry_over(folders, "pq2h", "omne:guards=none;guard_mode=log") == 0
