@@ -75,6 +75,29 @@ def check_demo_data(data: Path) -> None:
             raise InvalidInput(f"{data / rel} not found; pass --data to the benchmark data folder")
 
 
+def _clock(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{seconds:.1f} s"
+
+
+class StepTimer:
+    """Numbered demo steps: a rule before each, its time after it, and all of them in one line at the end."""
+
+    def __init__(self, console: Console) -> None:
+        self.console, self.times = console, []  # (step number, seconds)
+
+    @contextmanager
+    def __call__(self, title: str) -> Iterator[None]:
+        self.console.rule(Text(title))
+        started = time.perf_counter()
+        yield
+        self.times.append((title.split(".")[0], time.perf_counter() - started))
+        self.console.print(f"  step {self.times[-1][0]}: {_clock(self.times[-1][1])}", markup=False, highlight=False)
+
+    def summary(self) -> str:
+        return ", ".join(f"step {number} {_clock(seconds)}" for number, seconds in self.times)
+
+
 def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: int, console: Console) -> int:
     """Run the demo; returns how many of the five agents answered correctly."""
     from .models.factory import check_chat_spec
@@ -87,36 +110,36 @@ def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: in
     check_demo_data(data)
     hotpot: list[QAItem] = list(itertools.islice(questions(HOTPOT[0], data / HOTPOT[1]), n_questions))
     paths: list[QAItem] = list(itertools.islice(questions(KG[0], data / KG[1]), n_questions))
+    timer = StepTimer(console)
     with open_store(store_uri or DEFAULT_STORE) as store:
-        console.rule(Text(f"1. Ingest real benchmark data into {store.uri}"))
-        corpus = _ingest(store, HOTPOT[0], data / HOTPOT[1], console)
-        kg = _ingest(store, KG[0], data / KG[1], console)
+        with timer(f"1. Ingest real benchmark data into {store.uri}"):
+            corpus = _ingest(store, HOTPOT[0], data / HOTPOT[1], console)
+            kg = _ingest(store, KG[0], data / KG[1], console)
 
-        console.rule(Text(f"2. Passage search on {corpus} (supporting titles marked *)"))
-        for item in hotpot:
-            console.print(Text.assemble(("Q:", "bold"), " ", item.question), highlight=False)
-            for mode in ("bm25", "dense", "hybrid"):
-                hits = store.search(corpus, item.question, k=3, mode=mode)
-                titles = ", ".join(("*" if h.title in item.supporting_titles else "") + h.title for h in hits)
-                console.print(f"  {mode:>6}: {titles}", markup=False, highlight=False)
+        with timer(f"2. Passage search on {corpus} (supporting titles marked *)"):
+            for item in hotpot:
+                console.print(Text.assemble(("Q:", "bold"), " ", item.question), highlight=False)
+                for mode in ("bm25", "dense", "hybrid"):
+                    hits = store.search(corpus, item.question, k=3, mode=mode)
+                    titles = ", ".join(("*" if h.title in item.supporting_titles else "") + h.title for h in hits)
+                    console.print(f"  {mode:>6}: {titles}", markup=False, highlight=False)
 
-        console.rule(Text(f"3. Entity matching and node facts on the KG {kg}"))
-        for item in paths:
-            console.print(Text.assemble(("Q:", "bold"), " ", item.question), highlight=False)
-            hits = store.match_entities(kg, item.question, k=3)
-            console.print("  match_entities: " + ", ".join(f"{h.name} ({h.score:.3f})" for h in hits),
-                          markup=False, highlight=False)
-            for hit in hits[:1]:
-                console.print(store.node_info(kg, hit.name).as_text(), markup=False, highlight=False)
+        with timer(f"3. Entity matching and node facts on the KG {kg}"):
+            for item in paths:
+                console.print(Text.assemble(("Q:", "bold"), " ", item.question), highlight=False)
+                hits = store.match_entities(kg, item.question, k=3)
+                console.print("  match_entities: " + ", ".join(f"{h.name} ({h.score:.3f})" for h in hits),
+                              markup=False, highlight=False)
+                for hit in hits[:1]:
+                    console.print(store.node_info(kg, hit.name).as_text(), markup=False, highlight=False)
 
-        console.rule(Text(f"4. The five agents with {spec}"))
-        model = _load_model(spec, console)
-        runs = [(agent, hotpot, {"corpus": corpus}) for agent in TEXT_AGENTS] + [("omne", paths, {"graph": kg})]
-        correct = sum(_agent(agent, items, model, store, source, console) for agent, items, source in runs)
-    minutes, seconds = divmod(round(time.perf_counter() - started), 60)
+        with timer(f"4. The five agents with {spec}"):
+            model = _load_model(spec, console)
+            runs = [(agent, hotpot, {"corpus": corpus}) for agent in TEXT_AGENTS] + [("omne", paths, {"graph": kg})]
+            correct = sum(_agent(agent, items, model, store, source, console) for agent, items, source in runs)
     console.rule()
     console.print(f"[bold]{correct} of {len(runs)} agents answered correctly[/] (every answer F1 >= {CORRECT_F1}); "
-                  f"total time {minutes} min {seconds} s", highlight=False)
+                  f"total time {_clock(time.perf_counter() - started)} ({timer.summary()})", highlight=False)
     console.print(f"Use this store with the CLI: export MHQA_STORE={store.uri}", markup=False, highlight=False)
     return correct
 

@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$(date +%s)
 bash scripts/install.sh models-qwen,llamacpp
+setup=$(( $(date +%s) - started ))
+echo "set-up: $(( setup / 60 )) min $(( setup % 60 )) s"
 # shellcheck disable=SC1091
 . .venv/bin/activate
 mhqa demo --data ../shared/data "$@"

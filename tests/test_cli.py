@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -357,5 +358,7 @@ def test_demo_with_a_fake_model(data_dir, tmp_path):
     assert f"gold: {gold!r}" in done.stdout and "gold: 'united kingdom'" in done.stdout
     # direct, rag and OPERA (its synthesis; its plan was not JSON) say the gold answer; Mujica and Omne cannot
     assert "3 of 5 agents answered correctly" in done.stdout and "total time" in done.stdout
+    assert re.search(r"total time .*\(step 1 [\d.]+ s, step 2 [\d.]+ s, step 3 [\d.]+ s, step 4 ", done.stdout)
+    assert "  step 4: " in done.stdout
     again = mhqa(*args)
     assert "hotpotqa-dev_a: in the store already" in again.stdout
