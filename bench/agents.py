@@ -39,12 +39,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mhqa_graph.graphs.guards import GUARDS, selected
+
 from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
 from mhqa_graph.eval.health import health_summary
 from mhqa_graph.eval.report import RESULTS, read_records
 from mhqa_graph.eval.runner import load_questions
-from mhqa_graph.graphs.guards import GUARDS, selected
 from mhqa_graph.plots import pyplot, save_png
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
