@@ -12,8 +12,9 @@ adds `agent:guards=X` for every agent, so each table has the guards-off row besi
 
 A variant that only turns guards off runs after its default and re-asks only the questions on which one
 of those guards fired there. Decoding is greedy, so a question on which none of them fired takes the
-same path without them: its record is carried over from the default run, marked `"carried"` (checked on
-the Omne runs of questions 100-139: 87 of 87 such questions gave the same answer and trace when re-asked).
+same path without them: its record is carried over from the default run, marked `"carried"`. Greedy
+llama.cpp decoding is close to, not exactly, repeatable: of the Omne questions 100-139 on which no guard fired,
+87 of 87 gave the same trace when re-asked; unconstrained Mujica runs of 2026-11-24 repeated 34 of 37.
 
 Each (environment, agent) pair is one `mhqa eval` run in `OUT/runs/<llm>/<env>/<agent>`, so a rerun
 resumes where it stopped and reuses finished questions. `--jobs` runs that many evals at once, each
