@@ -210,7 +210,11 @@ def ingest(store: EmbeddedStore, triples: list[tuple[str, str, str]], batch: int
 
 
 def bench_node_info(store: EmbeddedStore, names: list[str], n: int, rng: random.Random) -> None:
-    conn = store._graph()
+    with store._graphs.lend() as conn:
+        _bench_node_info(store, conn, names, n, rng)
+
+
+def _bench_node_info(store: EmbeddedStore, conn, names: list[str], n: int, rng: random.Random) -> None:
     sample = rng.sample(names, min(n, len(names)))
 
     def raw_neighbours(name: str) -> list:
@@ -261,7 +265,8 @@ def bench_match(store: EmbeddedStore, names: list[str], n: int, rng: random.Rand
     index = store._vector_index("graph", GRAPH).index
     ids = faiss.vector_to_array(index.id_map).astype(np.int64)
     vectors = faiss.downcast_index(index.index).storage.reconstruct_n(0, index.ntotal)
-    name_to_id = dict(store._read().execute("SELECT name, id FROM entities WHERE graph = ?", (GRAPH,)).fetchall())
+    with store._sqlite.lend() as db:
+        name_to_id = dict(db.execute("SELECT name, id FROM entities WHERE graph = ?", (GRAPH,)).fetchall())
 
     queries: dict[str, None] = {}
     while len(queries) < n:  # all distinct, so no cache could help

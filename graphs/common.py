@@ -275,7 +275,7 @@ def get_store(ctx: AgentContext) -> KnowledgeStore:
     uri = ctx.store or default_store_uri()
     with _lock:
         if uri not in _stores:
-            _stores[uri] = open_store(uri, create=False)  # agents only read: a missing store is a mistake
+            _stores[uri] = open_store(uri, create=False, read_only=True)  # agents only read: no writer's lock
         return _stores[uri]
 
 

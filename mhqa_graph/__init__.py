@@ -13,6 +13,7 @@ from .errors import (
     MhqaError,
     ModelError,
     ModelNotInstalled,
+    StoreBusy,
     StoreError,
     StoreLocked,
     StoreUnavailable,
@@ -28,6 +29,6 @@ __all__ = [
     "CorruptStore", "EmbedderMismatch", "EntityHit", "EntityNotFound", "Fact", "IngestError", "InvalidInput",
     "InvalidQuestion", "InvalidStoreURI", "KnowledgeStore", "MhqaError", "ModelError", "ModelNotInstalled",
     "NodeInfo", "Passage",
-    "PassageHit", "StoreError", "StoreLocked", "StoreStats", "StoreUnavailable", "Triple", "UnknownCorpus",
+    "PassageHit", "StoreBusy", "StoreError", "StoreLocked", "StoreStats", "StoreUnavailable", "Triple", "UnknownCorpus",
     "UnknownGraph", "open_store",
 ]

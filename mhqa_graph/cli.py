@@ -154,7 +154,7 @@ def ingest_extract_cmd(
 @query_app.command("node")
 def query_node(graph: str, name: str, store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """A node's outgoing and incoming edges."""
-    with open_store(store, create=False) as st:
+    with open_store(store, create=False, read_only=True) as st:
         info = st.node_info(graph, name)
     _print_json(info) if as_json else out.print(info.as_text(), markup=False, highlight=False)
 
@@ -163,7 +163,7 @@ def query_node(graph: str, name: str, store: StoreOpt = None, as_json: JsonOpt =
 def query_match(graph: str, text: str, k: Annotated[int, typer.Option("-k")] = 5,
                 store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Entities whose names match TEXT."""
-    with open_store(store, create=False) as st:
+    with open_store(store, create=False, read_only=True) as st:
         hits = st.match_entities(graph, text, k=k)
     if as_json:
         return _print_json(hits)
@@ -176,7 +176,7 @@ def query_search(corpus: str, query: str, k: Annotated[int, typer.Option("-k")] 
                  mode: Annotated[str, typer.Option("--mode", help=" | ".join(SEARCH_MODES))] = "hybrid",
                  store: StoreOpt = None, as_json: JsonOpt = False) -> None:
     """Top passages of CORPUS for QUERY."""
-    with open_store(store, create=False) as st:
+    with open_store(store, create=False, read_only=True) as st:
         hits = st.search(corpus, query, k=k, mode=mode)  # type: ignore[arg-type]
     if as_json:
         return _print_json(hits)

@@ -60,6 +60,10 @@ class StoreLocked(StoreError):
     """Another process holds the embedded store open for writing."""
 
 
+class StoreBusy(StoreError):
+    """Another process is writing the embedded store at this moment; retrying later succeeds."""
+
+
 class CorruptStore(StoreError):
     """Files of an embedded store are missing, half-written or inconsistent."""
 

@@ -80,8 +80,9 @@ def test_ingest_killed_midway_then_rerun_matches_uninterrupted(tmp_path, kill_af
 
 def test_not_a_store_directory(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
-    with pytest.raises(CorruptStore, match="ingest again"):
+    with pytest.raises(CorruptStore, match="empty or new directory") as raised:
         open_store(_uri(tmp_path))
+    assert "delete" not in str(raised.value)
 
 
 def test_damaged_database_file(tmp_path):

@@ -291,7 +291,7 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
     console = Console(stderr=True)
     with ExitStack() as stack:
         if given:
-            store = stack.enter_context(open_store(store_uri))
+            store = stack.enter_context(open_store(store_uri, create=False, read_only=True))
             env = {"corpus": given.get("corpus"), "graph": given.get("graph"), "ingested": False}
         else:
             announce = stack.enter_context(_IngestBar(console, progress))

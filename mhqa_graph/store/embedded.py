@@ -4,43 +4,62 @@
     <dir>/graph.lbug     ladybug graph (Entity nodes, REL edges) for fast neighbourhood queries
     <dir>/vectors/*.faiss one HNSW index per graph (entity names) and per corpus (passages)
 
-SQLite commits first. The ladybug graph and the faiss indexes are derived from it and
-carry the SQLite row ids, so after an interrupted write they are caught up on the next
-open (rows whose id is above the highest id they hold). Ingestion is idempotent because
-SQLite's UNIQUE constraints decide what is new.
+SQLite commits first. The ladybug graph and the faiss indexes are derived from it and carry the
+SQLite row ids. When an index is loaded, its count and highest id are checked against SQLite: one
+that is behind (an interrupted write) is caught up with the rows above its highest id; one that is
+ahead or disagrees (SQLite lost its last commits, a damaged file) is rebuilt. Ingestion is idempotent
+because SQLite's UNIQUE constraints decide what is new.
+
+A writer holds ladybug's exclusive lock (one writer per store). A reader (`read_only=True`) takes no
+lock: it reads SQLite (WAL lets it read beside a writer), answers `node_info` from SQLite instead of
+the graph, and catches its vector indexes up in memory, never touching a file. SQLite errors become
+typed: StoreBusy (retry), StoreUnavailable, CorruptStore.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
-import os
 import re
+import shutil
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
-import faiss
 import numpy as np
 import pyarrow as pa
 
 from ..embeddings import Embedder, load_embedder, resolve_spec
-from ..errors import CorruptStore, EmbedderMismatch, EntityNotFound, StoreLocked, UnknownCorpus, UnknownGraph
+from ..errors import (
+    CorruptStore,
+    EmbedderMismatch,
+    EntityNotFound,
+    StoreBusy,
+    StoreError,
+    StoreLocked,
+    StoreUnavailable,
+    UnknownCorpus,
+    UnknownGraph,
+)
 from ..types import EntityHit, Fact, NodeInfo, Passage, PassageHit, SearchMode, StoreStats, Triple
 from .base import KnowledgeStore
 from .fusion import candidate_depth, reciprocal_rank_fusion
+from .pool import Pool
+from .vectors import VectorIndex
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = "2"
 KEY_SEP = "\x1f"
-HNSW_M = 32
-HNSW_EF_SEARCH = 256  # 128 gave match_entities recall@10 0.987 vs exact search (bench/store.py, 20k entities)
 EMBED_BATCH = 256
 MAX_FTS_TERMS = 64
 _WORD = re.compile(r"\w+", re.UNICODE)
-REBUILD_HINT = "delete the directory and ingest again (mhqa ingest ...)"
+NEW_STORE_HINT = "ingest into a new directory instead (mhqa ingest ... --store embedded:///new/dir)"
+POOL_SIZE = 16  # idle connections kept per store
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -65,6 +84,7 @@ CREATE TRIGGER IF NOT EXISTS entities_ai AFTER INSERT ON entities BEGIN
     INSERT INTO entities_fts(rowid, name) VALUES (new.id, new.name); END;
 CREATE TRIGGER IF NOT EXISTS passages_ai AFTER INSERT ON passages BEGIN
     INSERT INTO passages_fts(rowid, title, text) VALUES (new.id, new.title, new.text); END;
+CREATE INDEX IF NOT EXISTS triples_object ON triples(graph, object);
 """
 
 LADYBUG_SCHEMA = (
@@ -75,6 +95,16 @@ LADYBUG_SCHEMA = (
 # since ladybug's start_node() follows the match order in undirected patterns.
 NEIGHBOURS = ("MATCH (a:Entity {key: $key})-[r:REL]-(b:Entity) "
               "RETURN r.relation, b.name, r.src = a.id, b.id = a.id")
+# node_info of a reader, from SQLite: (relation, other name, direction) of each edge of the entity
+SQL_NEIGHBOURS = """
+SELECT t.relation, o.name, 'out' FROM entities e JOIN triples t ON t.graph = e.graph AND t.subject = e.id
+    JOIN entities o ON o.id = t.object WHERE e.graph = ? AND e.name = ?
+UNION ALL
+SELECT t.relation, s.name, 'in' FROM entities e JOIN triples t ON t.graph = e.graph AND t.object = e.id
+    JOIN entities s ON s.id = t.subject WHERE e.graph = ? AND e.name = ?
+"""
+# what each kind of vector index embeds: (table, collection column, text)
+VECTOR_SOURCES = {"graph": ("entities", "graph", "name"), "corpus": ("passages", "corpus", "title || ': ' || text")}
 # Entity matching queries only the rarest words: a word in more than 2% of names (and at least
 # COMMON_TERM_MIN_DOCS) has a long posting list that costs much and ranks little; dense covers it.
 MAX_LEXICAL_TERMS = 8
@@ -91,73 +121,66 @@ def entity_key(graph: str, name: str) -> str:
     return f"{graph}{KEY_SEP}{name}"
 
 
-class _VectorIndex:
-    """A faiss HNSW index over SQLite row ids, persisted to one file."""
+def store_error(path: Path, exc: sqlite3.Error) -> StoreError | None:
+    """The typed error of a SQLite failure on `path`: busy (retry), unavailable, or damaged; None for a
+    programming error (a bad statement, a constraint), which stays as it is."""
+    msg = str(exc)
+    if isinstance(exc, sqlite3.OperationalError):
+        if "locked" in msg or "busy" in msg:
+            return StoreBusy(f"{path}: {msg}; another process is writing the store, retry in a moment")
+        return StoreUnavailable(f"{path}: {msg}")
+    if type(exc) is sqlite3.DatabaseError:  # SQLITE_CORRUPT, SQLITE_NOTADB
+        return CorruptStore(f"{path} is damaged ({msg}); restore it from a copy, or {NEW_STORE_HINT}")
+    return None
 
-    def __init__(self, path: Path, dim: int) -> None:
-        self.path = path
-        self.lock = threading.Lock()
-        self.dirty = False
-        if path.exists():
-            try:
-                self.index = faiss.read_index(str(path))
-            except RuntimeError:
-                log.warning("vector index %s unreadable; rebuilding it from the store", path)
-                path.unlink()
-                self.index = self._new(dim)
-        else:
-            self.index = self._new(dim)
-        faiss.downcast_index(self.index.index).hnsw.efSearch = HNSW_EF_SEARCH
 
-    @staticmethod
-    def _new(dim: int) -> faiss.IndexIDMap2:
-        return faiss.IndexIDMap2(faiss.IndexHNSWFlat(dim, HNSW_M, faiss.METRIC_INNER_PRODUCT))
+@contextmanager
+def sqlite_errors(path: Path) -> Iterator[None]:
+    """Raise SQLite's errors on `path` as `store_error` says."""
+    try:
+        yield
+    except sqlite3.Error as exc:
+        typed = store_error(path, exc)
+        if typed is None:
+            raise
+        raise typed from exc
 
-    def max_id(self) -> int:
-        if self.index.ntotal == 0:
-            return 0
-        return int(faiss.vector_to_array(self.index.id_map).max())
 
-    def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
-        with self.lock:
-            self.index.add_with_ids(vectors, ids.astype(np.int64))
-            self.dirty = True
+F = TypeVar("F", bound=Callable[..., Any])
 
-    def search(self, vector: np.ndarray, k: int) -> list[tuple[int, float]]:
-        with self.lock:
-            if self.index.ntotal == 0:
-                return []
-            scores, ids = self.index.search(vector.reshape(1, -1), min(k, self.index.ntotal))
-        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0]) if i >= 0]
 
-    def flush(self) -> None:
-        with self.lock:
-            if not self.dirty:
-                return
-            tmp = self.path.with_suffix(".tmp")
-            faiss.write_index(self.index, str(tmp))
-            os.replace(tmp, self.path)
-            self.dirty = False
+def typed_errors(method: F) -> F:
+    """`method` of an EmbeddedStore with SQLite's errors raised as `store_error` says."""
+    @functools.wraps(method)
+    def wrapper(self: EmbeddedStore, *args: Any, **kwargs: Any) -> Any:
+        with sqlite_errors(self.root / "store.sqlite"):
+            return method(self, *args, **kwargs)
+    return wrapper  # type: ignore[return-value]
 
 
 class EmbeddedStore(KnowledgeStore):
     backend = "embedded"
+    _graphs: Pool[Any]
 
     def __init__(self, root: Path, embedder: str | None = None, read_only: bool = False) -> None:
         self.root = Path(root)
         self.uri = f"embedded://{self.root.resolve()}"
         self.read_only = read_only
         self._write_lock = threading.RLock()
-        self._local = threading.local()
-        self._thread_conns: list = []  # per-thread SQLite and ladybug connections, closed in close()
-        self._vectors: dict[tuple[str, str], _VectorIndex] = {}
+        self._sqlite: Pool[sqlite3.Connection] = Pool(self._connect, POOL_SIZE)
+        self._graph_db: Any = None  # ladybug's Database, for a writer only; `_graphs` its connections
+        self._vectors: dict[tuple[str, str], VectorIndex] = {}
         self._closed = False
-        self._open_files()
         self._embedder: Embedder | None = None
-        if embedder not in (None, "", "auto") or not self._meta("embedder") or not read_only:
-            self._embedder = self._resolve_embedder(embedder)  # a mismatch fails the open
-        if not read_only:
-            self._catch_up()
+        try:
+            self._open_files()
+            if embedder not in (None, "", "auto") or not self._meta("embedder") or not read_only:
+                self._embedder = self._resolve_embedder(embedder)  # a mismatch fails the open
+            if not read_only:
+                self._catch_up()
+        except BaseException:
+            self.close()
+            raise
 
     @property
     def embedder(self) -> Embedder:
@@ -169,39 +192,63 @@ class EmbeddedStore(KnowledgeStore):
         return self._embedder
 
     # -- opening ----------------------------------------------------------------
+    @typed_errors
     def _open_files(self) -> None:
         sqlite_path = self.root / "store.sqlite"
         if self.root.exists() and not sqlite_path.exists() and any(self.root.iterdir()):
-            raise CorruptStore(f"{self.root} is not an mhqa store (no store.sqlite); {REBUILD_HINT}")
+            raise CorruptStore(f"{self.root} is not an mhqa store (no store.sqlite); give an empty or new directory")
         if self.read_only and not sqlite_path.exists():
             raise CorruptStore(f"{self.root} holds no store to open read-only")
-        (self.root / "vectors").mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._db = self._connect()
+        if not self.read_only:
+            self._db.executescript(SCHEMA)
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT_VERSION,))
+            self._db.commit()
         try:
-            self._db = self._connect()
-            if not self.read_only:
-                self._db.executescript(SCHEMA)
-                self._db.execute("INSERT OR IGNORE INTO meta VALUES ('format', ?)", (FORMAT_VERSION,))
-                self._db.commit()
             fmt = self._meta("format")
-        except sqlite3.DatabaseError as e:
-            raise CorruptStore(f"{sqlite_path}: {e}; {REBUILD_HINT}") from e
+        except sqlite3.OperationalError as e:
+            if "no such table" not in str(e):
+                raise
+            raise StoreBusy(f"{sqlite_path} holds no mhqa tables yet: another process is creating the store "
+                            "(retry in a moment), or it is not an mhqa store") from e
         if fmt != FORMAT_VERSION:
-            raise CorruptStore(
-                f"{self.root}: store format {fmt!r}, this version reads {FORMAT_VERSION!r}; {REBUILD_HINT}")
-        try:
-            import ladybug
+            raise CorruptStore(f"{self.root}: store format {fmt!r}, this version reads {FORMAT_VERSION!r}; "
+                               f"{NEW_STORE_HINT}")
+        if not self.read_only:
+            (self.root / "vectors").mkdir(exist_ok=True)
+            self._open_graph()
 
-            self._graph_db = ladybug.Database(str(self.root / "graph.lbug"), read_only=self.read_only)
-            self._ladybug = ladybug
-            if not self.read_only:
-                conn = self._graph()
-                for stmt in LADYBUG_SCHEMA:
-                    conn.execute(stmt)
+    def _open_graph(self) -> None:
+        """Open the ladybug graph for writing (its lock makes this the only writer); a graph that cannot be read
+        is derived data: it is rebuilt from SQLite."""
+        import ladybug
+
+        path = self.root / "graph.lbug"
+        try:
+            self._open_graph_db(ladybug, path)
         except RuntimeError as e:
             msg = str(e)
             if "lock" in msg.lower():
                 raise StoreLocked(f"{self.root} is open for writing in another process ({msg})") from e
-            raise CorruptStore(f"{self.root / 'graph.lbug'}: {msg}; {REBUILD_HINT}") from e
+            log.warning("graph %s cannot be read (%s); it is rebuilt from store.sqlite", path, msg)
+            self._close_graph()
+            for part in self.root.glob("graph.lbug*"):
+                shutil.rmtree(part) if part.is_dir() else part.unlink()
+            self._open_graph_db(ladybug, path)
+
+    def _open_graph_db(self, ladybug: Any, path: Path) -> None:
+        self._graph_db = ladybug.Database(str(path))
+        self._graphs = Pool(lambda: ladybug.Connection(self._graph_db), POOL_SIZE)
+        with self._graphs.lend() as conn:
+            for stmt in LADYBUG_SCHEMA:
+                conn.execute(stmt)
+
+    def _close_graph(self) -> None:
+        if self._graph_db is not None:
+            self._graphs.close()  # ladybug keeps its file lock while any connection lives
+            self._graph_db.close()
+            self._graph_db = None
 
     def _connect(self) -> sqlite3.Connection:
         path = self.root / "store.sqlite"
@@ -229,70 +276,84 @@ class EmbeddedStore(KnowledgeStore):
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
         return row[0] if row else None
 
-    # -- per-thread connections -------------------------------------------------
-    def _read(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "sqlite", None)
-        if conn is None:
-            conn = self._local.sqlite = self._connect()
-            self._thread_conns.append(conn)
-        return conn
-
-    def _graph(self):  # -> ladybug.Connection
-        conn = getattr(self._local, "graph", None)
-        if conn is None:
-            conn = self._local.graph = self._ladybug.Connection(self._graph_db)
-            self._thread_conns.append(conn)
-        return conn
-
-    def _vector_index(self, kind: str, name: str) -> _VectorIndex:
+    def _vector_index(self, kind: str, name: str) -> VectorIndex:
+        """The collection's vector index, loaded once, checked against SQLite and caught up."""
         key = (kind, name)
         if key not in self._vectors:
             with self._write_lock:
                 if key not in self._vectors:
                     digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-                    path = self.root / "vectors" / f"{kind}-{digest}.faiss"
-                    self._vectors[key] = _VectorIndex(path, self.embedder.dim)
+                    index = VectorIndex(self.root / "vectors" / f"{kind}-{digest}.faiss", self.embedder.dim)
+                    self._sync_vectors(kind, name, index, check=True)
+                    self._vectors[key] = index
         return self._vectors[key]
 
-    # -- catching derived indexes up with SQLite ----------------------------------
+    # -- keeping derived indexes in agreement with SQLite ---------------------------
+    def _agrees(self, table: str, held: int, top: int, where: str = "", params: tuple = ()) -> bool:
+        """Whether an index holding `held` rows of `table` (those matching `where`), the highest `top`, holds
+        exactly the rows of SQLite up to `top`: if so, it is at most behind and can be caught up."""
+        db = self._db
+        count = db.execute(f"SELECT count(*) FROM {table} WHERE id <= ? {where}", (top, *params)).fetchone()[0]
+        highest = db.execute(f"SELECT coalesce(max(id), 0) FROM {table} WHERE 1 {where}", params).fetchone()[0]
+        return count == held and top <= highest
+
+    @typed_errors
     def _catch_up(self) -> None:
         with self._write_lock:
-            self._sync_graph()
+            for tmp in (self.root / "vectors").glob("*.tmp"):  # left by a writer killed mid-flush
+                tmp.unlink()
+            self._sync_graph(check=True)
             for kind, name in self._db.execute("SELECT kind, name FROM collections").fetchall():
-                self._sync_vectors(kind, name)
                 self._vector_index(kind, name).flush()
 
-    def _sync_graph(self) -> None:
-        conn = self._graph()
-        max_entity = conn.execute("MATCH (e:Entity) RETURN coalesce(max(e.id), 0)").get_next()[0]
-        rows = self._db.execute(
-            "SELECT id, graph, name FROM entities WHERE id > ? ORDER BY id", (max_entity,)).fetchall()
-        if rows:
-            ids, graphs, names = zip(*rows)
-            nodes = pa.table({"key": [entity_key(g, n) for g, n in zip(graphs, names)],
-                              "id": pa.array(ids, pa.int64()), "graph": list(graphs), "name": list(names)})
-            conn.execute("COPY Entity FROM $rows", {"rows": nodes})
-        max_triple = conn.execute("MATCH ()-[r:REL]->() RETURN coalesce(max(r.tid), 0)").get_next()[0]
-        rows = self._db.execute(
-            "SELECT t.id, t.graph, s.name, t.relation, o.name, t.subject FROM triples t "
-            "JOIN entities s ON s.id = t.subject JOIN entities o ON o.id = t.object "
-            "WHERE t.id > ? ORDER BY t.id", (max_triple,)).fetchall()
-        if rows:
-            tids, graphs, subjects, relations, objects, subject_ids = zip(*rows)
-            edges = pa.table({"from": [entity_key(g, s) for g, s in zip(graphs, subjects)],
-                              "to": [entity_key(g, o) for g, o in zip(graphs, objects)],
-                              "relation": list(relations), "tid": pa.array(tids, pa.int64()),
-                              "src": pa.array(subject_ids, pa.int64())})
-            conn.execute("COPY REL FROM $rows", {"rows": edges})
+    def _graph_extent(self, conn: Any) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(count, highest id) of the graph's entities and of its edges."""
+        nodes = conn.execute("MATCH (e:Entity) RETURN count(e), coalesce(max(e.id), 0)").get_next()
+        edges = conn.execute("MATCH ()-[r:REL]->() RETURN count(r), coalesce(max(r.tid), 0)").get_next()
+        return (int(nodes[0]), int(nodes[1])), (int(edges[0]), int(edges[1]))
 
-    def _sync_vectors(self, kind: str, name: str) -> None:
-        index = self._vector_index(kind, name)
-        start = index.max_id()
-        if kind == "graph":
-            sql = "SELECT id, name FROM entities WHERE graph = ? AND id > ? ORDER BY id"
-        else:
-            sql = "SELECT id, title || ': ' || text FROM passages WHERE corpus = ? AND id > ? ORDER BY id"
-        cursor = self._db.execute(sql, (name, start))
+    def _sync_graph(self, check: bool = False) -> None:
+        with self._graphs.lend() as conn:
+            (n_nodes, max_entity), (n_edges, max_triple) = self._graph_extent(conn)
+            if check and not (self._agrees("entities", n_nodes, max_entity)
+                              and self._agrees("triples", n_edges, max_triple)):
+                log.warning("graph %s disagrees with store.sqlite; it is rebuilt", self.root / "graph.lbug")
+                conn.execute("DROP TABLE REL")
+                conn.execute("DROP TABLE Entity")
+                for stmt in LADYBUG_SCHEMA:
+                    conn.execute(stmt)
+                max_entity = max_triple = 0
+            rows = self._db.execute(
+                "SELECT id, graph, name FROM entities WHERE id > ? ORDER BY id", (max_entity,)).fetchall()
+            if rows:
+                ids, graphs, names = zip(*rows)
+                nodes = pa.table({"key": [entity_key(g, n) for g, n in zip(graphs, names)],
+                                  "id": pa.array(ids, pa.int64()), "graph": list(graphs), "name": list(names)})
+                conn.execute("COPY Entity FROM $rows", {"rows": nodes})
+            rows = self._db.execute(
+                "SELECT t.id, t.graph, s.name, t.relation, o.name, t.subject FROM triples t "
+                "JOIN entities s ON s.id = t.subject JOIN entities o ON o.id = t.object "
+                "WHERE t.id > ? ORDER BY t.id", (max_triple,)).fetchall()
+            if rows:
+                tids, graphs, subjects, relations, objects, subject_ids = zip(*rows)
+                edges = pa.table({"from": [entity_key(g, s) for g, s in zip(graphs, subjects)],
+                                  "to": [entity_key(g, o) for g, o in zip(graphs, objects)],
+                                  "relation": list(relations), "tid": pa.array(tids, pa.int64()),
+                                  "src": pa.array(subject_ids, pa.int64())})
+                conn.execute("COPY REL FROM $rows", {"rows": edges})
+
+    def _sync_vectors(self, kind: str, name: str, index: VectorIndex, check: bool = False) -> None:
+        """Add the collection's rows above the index's highest id; with `check`, first rebuild an index that
+        is damaged, ahead of SQLite or missing rows."""
+        table, column, text = VECTOR_SOURCES[kind]
+        held, start = index.extent()
+        if check and (index.damaged or not self._agrees(table, held, start, f"AND {column} = ?", (name,))):
+            if held:
+                log.warning("vector index %s disagrees with store.sqlite; it is rebuilt", index.path)
+            index.reset()
+            start = 0
+        cursor = self._db.execute(
+            f"SELECT id, {text} FROM {table} WHERE {column} = ? AND id > ? ORDER BY id", (name, start))
         while batch := cursor.fetchmany(EMBED_BATCH):
             ids, texts = zip(*batch)
             index.add(np.asarray(ids, dtype=np.int64), self.embedder.embed(list(texts)))
@@ -302,6 +363,7 @@ class EmbeddedStore(KnowledgeStore):
         if self.read_only:
             raise StoreLocked(f"{self.root} is open read-only")
 
+    @typed_errors
     def _add_triples(self, graph: str, triples: list[Triple]) -> int:
         self._check_writable()
         with self._write_lock:
@@ -316,8 +378,7 @@ class EmbeddedStore(KnowledgeStore):
                     "INSERT OR IGNORE INTO triples(graph, subject, relation, object) VALUES (?, ?, ?, ?)",
                     [(graph, ids[s], r, ids[o]) for s, r, o in triples]).rowcount
             self._sync_graph()
-            self._sync_vectors("graph", graph)
-            self._vector_index("graph", graph).flush()
+            self._flush_vectors("graph", graph)
         return added
 
     @staticmethod
@@ -330,6 +391,7 @@ class EmbeddedStore(KnowledgeStore):
                 f"SELECT id, name FROM entities WHERE graph = ? AND name IN ({marks})", (graph, *chunk)))
         return ids
 
+    @typed_errors
     def _add_passages(self, corpus: str, passages: list[Passage]) -> int:
         self._check_writable()
         with self._write_lock:
@@ -338,30 +400,42 @@ class EmbeddedStore(KnowledgeStore):
                 db.execute("INSERT OR IGNORE INTO collections VALUES ('corpus', ?)", (corpus,))
                 added = db.executemany("INSERT OR IGNORE INTO passages(corpus, pid, title, text) VALUES (?, ?, ?, ?)",
                                        [(corpus, p.id, p.title, p.text) for p in passages]).rowcount
-            self._sync_vectors("corpus", corpus)
-            self._vector_index("corpus", corpus).flush()
+            self._flush_vectors("corpus", corpus)
         return added
 
+    def _flush_vectors(self, kind: str, name: str) -> None:
+        """Catch the collection's vector index up with what was just committed, and write it."""
+        index = self._vector_index(kind, name)
+        self._sync_vectors(kind, name, index)
+        index.flush()
+
     # -- reading -----------------------------------------------------------------
-    def _require(self, kind: str, name: str) -> None:
-        row = self._read().execute("SELECT 1 FROM collections WHERE kind = ? AND name = ?", (kind, name)).fetchone()
+    def _require(self, db: sqlite3.Connection, kind: str, name: str) -> None:
+        row = db.execute("SELECT 1 FROM collections WHERE kind = ? AND name = ?", (kind, name)).fetchone()
         if row is None:
             raise UnknownGraph(name, self.uri) if kind == "graph" else UnknownCorpus(name, self.uri)
 
+    @typed_errors
     def _match_entities(self, graph: str, text: str, k: int) -> list[EntityHit]:
-        self._require("graph", graph)
-        depth = candidate_depth(k)
-        dense = [i for i, _ in self._vector_index("graph", graph).search(self.embedder.embed([text])[0], depth)]
-        fused = reciprocal_rank_fusion([dense, self.lexical_entities(graph, text, depth)])[:k]
-        names = self._names([int(i) for i, _ in fused])
-        return [EntityHit(name=names[int(i)], score=score) for i, score in fused]
+        with self._sqlite.lend() as db:
+            self._require(db, "graph", graph)
+            depth = candidate_depth(k)
+            dense = [i for i, _ in self._vector_index("graph", graph).search(self.embedder.embed([text])[0], depth)]
+            fused = reciprocal_rank_fusion([dense, self._lexical_entities(db, graph, text, depth)])[:k]
+            names = self._names(db, [int(i) for i, _ in fused])
+        return [EntityHit(name=names[int(i)], score=score) for i, score in fused if int(i) in names]
 
+    @typed_errors
     def lexical_entities(self, graph: str, text: str, depth: int) -> list[int]:
         """Entity ids ranked by BM25 over names, querying only the rarest words of `text`."""
+        with self._sqlite.lend() as db:
+            return self._lexical_entities(db, graph, text, depth)
+
+    @staticmethod
+    def _lexical_entities(db: sqlite3.Connection, graph: str, text: str, depth: int) -> list[int]:
         words = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))
         if not words:
             return []
-        db = self._read()
         marks = ",".join("?" * len(words))
         df = dict(db.execute(f"SELECT term, doc FROM entities_vocab WHERE term IN ({marks})", words).fetchall())
         common = max(COMMON_TERM_MIN_DOCS, (db.execute("SELECT max(id) FROM entities").fetchone()[0] or 0) // 50)
@@ -372,87 +446,107 @@ class EmbeddedStore(KnowledgeStore):
             "SELECT e.id FROM entities_fts JOIN entities e ON e.id = entities_fts.rowid "
             "WHERE entities_fts MATCH ? AND e.graph = ? ORDER BY rank LIMIT ?", (q, graph, depth))]
 
-    def _names(self, ids: list[int]) -> dict[int, str]:
+    @staticmethod
+    def _names(db: sqlite3.Connection, ids: list[int]) -> dict[int, str]:
         if not ids:
             return {}
         marks = ",".join("?" * len(ids))
-        return dict(self._read().execute(f"SELECT id, name FROM entities WHERE id IN ({marks})", ids).fetchall())
+        return dict(db.execute(f"SELECT id, name FROM entities WHERE id IN ({marks})", ids).fetchall())
 
+    def _neighbours(self, db: sqlite3.Connection, graph: str, name: str) -> list[tuple[str, str, str]]:
+        """(relation, other entity, "out" or "in") of every edge of the entity: from the graph for a writer,
+        from SQLite for a reader (which holds no ladybug lock). A self-loop is both out and in."""
+        if self.read_only:
+            return db.execute(SQL_NEIGHBOURS, (graph, name, graph, name)).fetchall()
+        with self._graphs.lend() as conn:
+            rows = conn.execute(NEIGHBOURS, {"key": entity_key(graph, name)}).get_all()
+        edges = [(r, o, "out" if out else "in") for r, o, out, _ in rows]
+        return edges + [(r, o, "in") for r, o, out, loop in rows if loop]
+
+    @typed_errors
     def _node_info(self, graph: str, name: str) -> NodeInfo:
-        rows = self._graph().execute(NEIGHBOURS, {"key": entity_key(graph, name)}).get_all()
-        if not rows:
-            found = self._read().execute(
-                "SELECT name FROM entities WHERE graph = ? AND folded = ? LIMIT 2", (graph, name.casefold())).fetchall()
-            names = [n for (n,) in found]
-            if len(names) == 1 and names[0] != name:  # tolerate a case-only difference when unambiguous
-                return self._node_info(graph, names[0])
-            if name not in names:
-                self._require("graph", graph)
-                raise EntityNotFound(graph, name)
-        found_facts = {Fact(relation=r, other=o, direction="out" if out else "in") for r, o, out, _ in rows}
-        found_facts |= {Fact(relation=r, other=o, direction="in") for r, o, out, loop in rows if loop}
-        facts = sorted(found_facts,
+        with self._sqlite.lend() as db:
+            edges = self._neighbours(db, graph, name)
+            if not edges:
+                found = db.execute("SELECT name FROM entities WHERE graph = ? AND folded = ? LIMIT 2",
+                                   (graph, name.casefold())).fetchall()
+                names = [n for (n,) in found]
+                if len(names) == 1 and names[0] != name:  # tolerate a case-only difference when unambiguous
+                    return self._node_info(graph, names[0])
+                if name not in names:
+                    self._require(db, "graph", graph)
+                    raise EntityNotFound(graph, name)
+        facts = sorted({Fact(relation=r, other=o, direction=d) for r, o, d in edges},  # type: ignore[arg-type]
                        key=lambda f: (f.direction != "out", f.relation, f.other))
         return NodeInfo(graph=graph, name=name, facts=facts)
 
+    @typed_errors
     def _search(self, corpus: str, query: str, k: int, mode: SearchMode) -> list[PassageHit]:
-        self._require("corpus", corpus)
-        depth = k if mode != "hybrid" else candidate_depth(k)
-        rankings: list[list[tuple[int, float]]] = []
-        if mode in ("bm25", "hybrid"):
-            q = fts_query(query)
-            rankings.append([] if q is None else [(i, -s) for i, s in self._read().execute(
-                "SELECT p.id, bm25(passages_fts) FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid "
-                "WHERE passages_fts MATCH ? AND p.corpus = ? ORDER BY bm25(passages_fts) LIMIT ?", (q, corpus, depth))])
-        if mode in ("dense", "hybrid"):
-            rankings.append(self._vector_index("corpus", corpus).search(self.embedder.embed([query])[0], depth))
-        if mode == "hybrid":
-            scored = reciprocal_rank_fusion([[i for i, _ in r] for r in rankings])[:k]
-        else:
-            scored = rankings[0][:k]
-        return self._passage_hits(scored)
+        with self._sqlite.lend() as db:
+            self._require(db, "corpus", corpus)
+            depth = k if mode != "hybrid" else candidate_depth(k)
+            rankings: list[list[tuple[int, float]]] = []
+            if mode in ("bm25", "hybrid"):
+                q = fts_query(query)
+                rankings.append([] if q is None else [(i, -s) for i, s in db.execute(
+                    "SELECT p.id, bm25(passages_fts) FROM passages_fts JOIN passages p ON p.id = passages_fts.rowid "
+                    "WHERE passages_fts MATCH ? AND p.corpus = ? ORDER BY bm25(passages_fts) LIMIT ?",
+                    (q, corpus, depth))])
+            if mode in ("dense", "hybrid"):
+                rankings.append(self._vector_index("corpus", corpus).search(self.embedder.embed([query])[0], depth))
+            if mode == "hybrid":
+                scored = reciprocal_rank_fusion([[i for i, _ in r] for r in rankings])[:k]
+            else:
+                scored = rankings[0][:k]
+            return self._passage_hits(db, scored)
 
-    def _passage_hits(self, scored: list[tuple[int, float]]) -> list[PassageHit]:
+    @staticmethod
+    def _passage_hits(db: sqlite3.Connection, scored: list[tuple[int, float]]) -> list[PassageHit]:
         if not scored:
             return []
         marks = ",".join("?" * len(scored))
-        rows = {r[0]: r[1:] for r in self._read().execute(
+        rows = {r[0]: r[1:] for r in db.execute(
             f"SELECT id, pid, title, text FROM passages WHERE id IN ({marks})", [int(i) for i, _ in scored])}
-        return [PassageHit(id=rows[i][0], title=rows[i][1], text=rows[i][2], score=float(s)) for i, s in scored]
+        return [PassageHit(id=rows[i][0], title=rows[i][1], text=rows[i][2], score=float(s))
+                for i, s in scored if i in rows]
 
     def _passages(self, corpus: str) -> Iterator[Passage]:
-        self._require("corpus", corpus)
-        cursor = self._connect().execute(
-            "SELECT pid, title, text FROM passages WHERE corpus = ? ORDER BY id", (corpus,))
-        for pid, title, text in cursor:
-            yield Passage(id=pid, title=title, text=text)
+        with sqlite_errors(self.root / "store.sqlite"), closing(self._connect()) as conn:
+            self._require(conn, "corpus", corpus)
+            for pid, title, text in conn.execute(
+                    "SELECT pid, title, text FROM passages WHERE corpus = ? ORDER BY id", (corpus,)):
+                yield Passage(id=pid, title=title, text=text)
 
+    @typed_errors
     def _collection_names(self, kind: str) -> list[str]:
-        return [n for (n,) in self._read().execute(
-            "SELECT name FROM collections WHERE kind = ? ORDER BY name", (kind,))]
+        with self._sqlite.lend() as db:
+            return [n for (n,) in db.execute("SELECT name FROM collections WHERE kind = ? ORDER BY name", (kind,))]
 
+    @typed_errors
     def _stats(self) -> StoreStats:
-        db = self._read()
-        graphs = {n: {"entities": 0, "triples": 0} for (n,) in db.execute(
-            "SELECT name FROM collections WHERE kind = 'graph'")}
-        for g, n in db.execute("SELECT graph, count(*) FROM entities GROUP BY graph"):
-            graphs[g]["entities"] = n
-        for g, n in db.execute("SELECT graph, count(*) FROM triples GROUP BY graph"):
-            graphs[g]["triples"] = n
-        corpora = {n: {"passages": 0} for (n,) in db.execute("SELECT name FROM collections WHERE kind = 'corpus'")}
-        for c, n in db.execute("SELECT corpus, count(*) FROM passages GROUP BY corpus"):
-            corpora[c]["passages"] = n
+        with self._sqlite.lend() as db:
+            graphs = {n: {"entities": 0, "triples": 0} for (n,) in db.execute(
+                "SELECT name FROM collections WHERE kind = 'graph'")}
+            for g, n in db.execute("SELECT graph, count(*) FROM entities GROUP BY graph"):
+                graphs[g]["entities"] = n
+            for g, n in db.execute("SELECT graph, count(*) FROM triples GROUP BY graph"):
+                graphs[g]["triples"] = n
+            corpora = {n: {"passages": 0} for (n,) in db.execute(
+                "SELECT name FROM collections WHERE kind = 'corpus'")}
+            for c, n in db.execute("SELECT corpus, count(*) FROM passages GROUP BY corpus"):
+                corpora[c]["passages"] = n
         return StoreStats(backend=self.backend, graphs=graphs, corpora=corpora)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if not self.read_only:
-            for index in self._vectors.values():
-                index.flush()
-        for conn in self._thread_conns:  # ladybug keeps its file lock while any connection lives
-            conn.close()
-        self._db.close()
-        self._graph_db.close()
-
+        try:
+            if not self.read_only:
+                for index in self._vectors.values():
+                    index.flush()
+        finally:
+            self._sqlite.close()
+            if getattr(self, "_db", None) is not None:
+                self._db.close()
+            self._close_graph()

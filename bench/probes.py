@@ -1,0 +1,330 @@
+"""Reliability probes: each row tries one way a user can hurt the store or an evaluation, with fake models
+and the hash embedder, and counts the tries that failed. SECURITY.md holds the table this prints.
+
+    python bench/probes.py [--only NAME ...]
+
+A try fails when the command shows a traceback, loses or duplicates a record, answers wrongly, leaks
+file handles, or says something false (a store called corrupt that is intact, advice to delete it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from mhqa_graph import Passage, open_store
+
+SURROGATE_REPLY = 'fake:["<answer>Tulsa \\ud800</answer>"]'
+AGENTS = ("rag", "direct", "opera", "mujica", "omne")
+DEEP = "[" * 100_000 + "]" * 100_000
+Result = tuple[int, int, str]
+
+
+def mhqa(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mhqa_graph.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, errors="replace")
+
+
+def broken(done: subprocess.CompletedProcess) -> bool:
+    """A traceback, an untyped exit, or advice to delete a store."""
+    return "Traceback" in done.stderr or done.returncode not in (0, 2) or "delete the directory" in done.stderr
+
+
+def hotpot_file(path: Path, questions: list[str]) -> Path:
+    with path.open("w", encoding="utf-8") as f:
+        for i, q in enumerate(questions):
+            title = f"Page {i}"
+            f.write(json.dumps({"id": f"q{i}", "question": q, "answer": "Tulsa", "type": "bridge", "level": "easy",
+                                "supporting_facts": {"title": [title], "sent_id": [0]},
+                                "context": {"title": [title], "sentences": [[f"{title} is about Tulsa."]]}}) + "\n")
+    return path
+
+
+def passages(n: int, start: int = 0) -> list[Passage]:
+    return [Passage(f"p{i}", f"Title {i}", f"Passage number {i} tells of town {i} in county {i % 13}.")
+            for i in range(start, start + n)]
+
+
+def triples(n: int, start: int = 0) -> list[tuple[str, str, str]]:
+    return [(f"person {i}", "born in", f"town {i % 50}") for i in range(start, start + n)]
+
+
+def uri(path: Path) -> str:
+    return f"embedded://{path}?embedder=hash"
+
+
+def results(out: Path) -> list[str]:
+    path = out / "results.jsonl"
+    return [json.loads(line)["id"] for line in path.read_text().splitlines()] if path.exists() else []
+
+
+# -- the probes ----------------------------------------------------------------------------
+def surrogate_eval(tmp: Path) -> Result:
+    """A question holding "\\ud800" and a model reply holding one: every agent records all 3 questions."""
+    data = hotpot_file(tmp / "q.jsonl", ["Which city did Alpha play in \ud800?", "Who founded Gamma?", "Where?"])
+    failures, recorded = 0, 0
+    for agent in AGENTS:
+        out = tmp / f"run-{agent}"
+        done = mhqa("eval", str(data), "--dataset", "hotpotqa", "--agent", agent, "--llm", SURROGATE_REPLY,
+                    "--store", uri(tmp / "s"), "--out", str(out))
+        ids = results(out)
+        recorded += len(ids)
+        failures += broken(done) or done.returncode != 0 or sorted(ids) != ["q0", "q1", "q2"]
+    return len(AGENTS), failures, f"{recorded}/{3 * len(AGENTS)} records"
+
+
+def surrogate_ask(tmp: Path) -> Result:
+    """`mhqa ask` with a reply holding a lone surrogate, and non-string topic_entities in Python."""
+    failures = broken(mhqa("ask", "Where is Alpha?", "--agent", "direct", "--llm", SURROGATE_REPLY))
+    with open_store(uri(tmp / "s")) as store:
+        store.add_triples("kg", triples(20))
+    code = textwrap.dedent(f"""
+        from mhqa_graph.graphs import build_graph, make_context
+        from mhqa_graph.traces import run_with_trace
+        for agent in {AGENTS!r}:
+            ctx = make_context(agent, llm={SURROGATE_REPLY!r}, store={uri(tmp / "s")!r},
+                               graph=None if agent == "direct" else "kg")
+            output, trace = run_with_trace(build_graph(agent), agent, "Where was person 3 born?", ctx,
+                                           topic_entities=[3, None, "person 3"])
+            print(agent, trace.model_dump_json()[:0])
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    bad = sum(agent not in done.stdout.split() for agent in AGENTS)
+    return 1 + len(AGENTS), failures + bad, f"{failures + bad} crashes"
+
+
+def handles(tmp: Path) -> Result:
+    """Searches from 5 fresh thread pools of 8 threads: open files after the first pool vs after the last."""
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    with open_store(uri(tmp / "s")) as store:
+        store.add_passages("docs", passages(200))
+        store.add_triples("kg", triples(200))
+
+        def ask(i: int) -> None:
+            store.search("docs", f"town {i}", k=3)
+            store.node_info("kg", f"person {i}")
+
+        counts = []
+        for round_ in range(5):
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(ask, range(round_ * 40, round_ * 40 + 40)))
+            counts.append(fds())
+    grew = [b - a for a, b in zip(counts, counts[1:])]
+    return len(grew), sum(g > 0 for g in grew), f"+{counts[-1] - counts[0]} open files over 4 pools"
+
+
+WRITER = textwrap.dedent("""
+    import sys, time
+    from mhqa_graph import Passage, open_store
+    with open_store(sys.argv[1]) as store:
+        for i in range(100000):
+            store.add_passages("docs", [Passage(f"w{i}-{j}", "T", f"written {i} {j}") for j in range(50)])
+            store.add_triples("kg", [(f"w{i}", "r", f"x{i}")])
+            print("batch", flush=True)
+            time.sleep(0.05)
+""")
+
+
+def readers_during_ingest(tmp: Path) -> Result:
+    """stats, query search, query node and a rag ask while another process ingests into the store."""
+    with open_store(uri(tmp / "s")) as store:
+        store.add_passages("docs", passages(50))
+        store.add_triples("kg", triples(50))
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, uri(tmp / "s")], stdout=subprocess.PIPE, text=True)
+    assert writer.stdout.readline().startswith("batch")
+    commands = [["stats"], ["query", "search", "docs", "town 3"], ["query", "node", "kg", "person 3"],
+                ["ask", "Where?", "--agent", "rag", "--corpus", "docs", "--llm", 'fake:["<answer>x</answer>"]']]
+    failures, tries, deletes = 0, 0, 0
+    try:
+        for _ in range(3):
+            for command in commands:
+                done = mhqa(*command, "--store", uri(tmp / "s"))
+                tries += 1
+                failures += done.returncode != 0 or broken(done)
+                deletes += "delete" in done.stderr
+    finally:
+        writer.send_signal(signal.SIGKILL)
+        writer.wait()
+    return tries, failures, f"{failures} refused or failed, {deletes} advised deleting"
+
+
+EVAL = textwrap.dedent("""
+    import sys
+    from mhqa_graph.eval import run_eval
+    from mhqa_graph.testing.fakes import FakeChatModel
+    run_eval("rag", "hotpotqa", sys.argv[1], None, sys.argv[2], sys.argv[3], concurrency=2, progress=False,
+             context_overrides={"llm": FakeChatModel(responses=["<answer>Tulsa</answer>"], latency=0.1)})
+""")
+
+
+def two_evals_one_out(tmp: Path) -> Result:
+    """Two evals started together into one --out: one runs, the other is refused; no question twice."""
+    data = hotpot_file(tmp / "q.jsonl", [f"Question number {i}?" for i in range(20)])
+    with open_store(uri(tmp / "s")) as store:  # the environment, built before
+        from mhqa_graph.eval import environment_name, prepare
+
+        prepare(store, "hotpotqa", data, environment_name("hotpotqa", data))
+    failures, extra = 0, 0
+    for attempt in range(2):
+        out = tmp / f"run{attempt}"
+        procs = [subprocess.Popen([sys.executable, "-c", EVAL, str(data), uri(tmp / "s"), str(out)],
+                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
+        codes = [p.wait(timeout=120) for p in procs]
+        ids = results(out)
+        extra += len(ids) - len(set(ids))
+        failures += len(ids) != len(set(ids)) or sorted(codes)[0] != 0 or sorted(codes)[1] == 0
+    return 2, failures, f"{extra} questions run twice"
+
+
+def damaged_sqlite(tmp: Path) -> Result:
+    """Pages in the middle of store.sqlite overwritten: stats, query and ingest give one typed line."""
+    with open_store(uri(tmp / "s")) as store:
+        store.add_passages("docs", passages(3000))
+    db = tmp / "s" / "store.sqlite"
+    size = db.stat().st_size
+    with db.open("r+b") as f:
+        f.seek(size // 3)
+        f.write(os.urandom(size // 3))
+    rows = tmp / "p.jsonl"
+    rows.write_text(json.dumps({"id": "n1", "title": "New", "text": "A new passage."}) + "\n")
+    commands = [["stats"], ["query", "search", "docs", "town 3"], ["ingest", "passages", str(rows), "--corpus", "docs"]]
+    bad = [c[0] for c in commands if broken(mhqa(*c, "--store", uri(tmp / "s")))]
+    return len(commands), len(bad), f"tracebacks: {', '.join(bad) or 'none'}"
+
+
+def indexes_ahead(tmp: Path) -> Result:
+    """SQLite loses its last commits (store.sqlite restored from before them); the next ingest's new subject
+    and passage must be found by node_info and dense search."""
+    root = tmp / "s"
+    with open_store(uri(root)) as store:
+        store.add_triples("kg", triples(100))
+        store.add_passages("docs", passages(100))
+    shutil.copy(root / "store.sqlite", tmp / "before.sqlite")
+    with open_store(uri(root)) as store:
+        store.add_triples("kg", triples(100, start=100))
+        store.add_passages("docs", passages(100, start=100))
+    shutil.copy(tmp / "before.sqlite", root / "store.sqlite")
+    for wal in root.glob("store.sqlite-*"):
+        wal.unlink()
+    failures = 0
+    with open_store(uri(root)) as store:
+        store.add_triples("kg", [("zelda newcomer", "lives in", "hyrule")])
+        store.add_passages("docs", [Passage("fresh", "Fresh", "A fresh passage about quokkas and wombats.")])
+        try:
+            failures += not store.node_info("kg", "zelda newcomer").facts
+        except Exception:
+            failures += 1
+        try:
+            hits = store.search("docs", "A fresh passage about quokkas and wombats.", k=1, mode="dense")
+            failures += not hits or hits[0].id != "fresh"
+        except Exception:
+            failures += 1
+    return 2, failures, f"{failures} of node_info and dense search missed the new rows"
+
+
+def nested_json(tmp: Path) -> Result:
+    """A row nested 100,000 deep in passage, triple, dataset and question files, with and without --skip-bad."""
+    good = json.dumps({"id": "a", "title": "A", "text": "Alpha."})
+    (tmp / "p.jsonl").write_text(good + "\n" + DEEP + "\n")
+    (tmp / "t.json").write_text("[" + DEEP + "]")
+    data = hotpot_file(tmp / "q.jsonl", ["Where is Alpha?"])
+    with data.open("a") as f:
+        f.write(DEEP + "\n")
+    store = ["--store", uri(tmp / "s")]
+    commands = [["ingest", "passages", str(tmp / "p.jsonl"), "--corpus", "c"],
+                ["ingest", "passages", str(tmp / "p.jsonl"), "--corpus", "c", "--skip-bad"],
+                ["ingest", "triples", str(tmp / "t.json"), "--graph", "g", "--skip-bad"],
+                ["ingest", "dataset", "hotpotqa", str(data), "--skip-bad"],
+                ["eval", str(data), "--dataset", "hotpotqa", "--agent", "direct",
+                 "--llm", 'fake:["<answer>a</answer>"]', "--out", str(tmp / "run")]]
+    bad = sum(broken(mhqa(*c, *store)) for c in commands)
+    return len(commands), bad, f"{bad} RecursionError tracebacks"
+
+
+def vector_files(tmp: Path) -> Result:
+    """An unreadable vector file opened read-only, and a faiss file with damaged vectors: the file is kept and
+    dense search answers as before."""
+    root = tmp / "s"
+    with open_store(uri(root)) as store:
+        store.add_passages("docs", passages(300))
+        want = store.search("docs", "town 17", k=3, mode="dense")
+    [vectors] = list((root / "vectors").glob("*.faiss"))
+    good = vectors.read_bytes()
+    failures = 0
+    vectors.write_bytes(b"garbage")
+    try:
+        with open_store(uri(root), read_only=True) as store:
+            failures += store.search("docs", "town 17", k=3, mode="dense") != want or not vectors.exists()
+    except Exception:
+        failures += 1
+    for read_only in (True, False):
+        damaged = bytearray(good)
+        damaged[len(good) // 4:len(good) // 4 + 4096] = os.urandom(4096)  # inside the stored vectors
+        vectors.write_bytes(bytes(damaged))
+        try:
+            with open_store(uri(root), read_only=read_only) as store:
+                failures += store.search("docs", "town 17", k=3, mode="dense") != want
+        except Exception:
+            failures += 1
+    return 3, failures, f"{failures} wrong or empty dense results"
+
+
+TIMEOUT = textwrap.dedent("""
+    import sys, time
+    from mhqa_graph.eval import run_eval
+    from mhqa_graph.testing.fakes import FakeChatModel
+    start = time.monotonic()
+    summary = run_eval("direct", "hotpotqa", sys.argv[1], None, sys.argv[2], sys.argv[3], progress=False,
+                       context_overrides={"llm": FakeChatModel(latency=600), "model_timeout": 1.0, "model_retries": 0})
+    print(summary.failures, round(time.monotonic() - start))
+""")
+
+
+def model_timeout(tmp: Path) -> Result:
+    """A model that stalls for 10 minutes, with a 1 s model_timeout: both questions recorded as failed at once."""
+    data = hotpot_file(tmp / "q.jsonl", ["Where is Alpha?", "Where is Beta?"])
+    try:
+        done = subprocess.run([sys.executable, "-c", TIMEOUT, str(data), uri(tmp / "s"), str(tmp / "run")],
+                              capture_output=True, text=True, timeout=60)
+        ok = done.returncode == 0 and done.stdout.split()[0] == "2"
+        figure = f"{done.stdout.split()[1]} s" if ok else done.stderr.strip().splitlines()[-1][:80]
+    except subprocess.TimeoutExpired:
+        ok, figure = False, "still running after 60 s"
+    return 1, int(not ok), figure
+
+
+PROBES: dict[str, Callable[[Path], Result]] = {
+    "surrogate-eval": surrogate_eval, "surrogate-ask": surrogate_ask, "handles": handles,
+    "readers-during-ingest": readers_during_ingest, "two-evals-one-out": two_evals_one_out,
+    "damaged-sqlite": damaged_sqlite, "indexes-ahead": indexes_ahead, "nested-json": nested_json,
+    "vector-files": vector_files, "model-timeout": model_timeout,
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="*", choices=list(PROBES), help="run these probes only")
+    args = ap.parse_args()
+    print("| probe | tries | failures | figure | seconds |\n|---|---|---|---|---|")
+    for name in args.only or PROBES:
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            tries, failures, figure = PROBES[name](Path(tmp))
+        print(f"| {name} | {tries} | {failures} | {figure} | {time.perf_counter() - started:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
