@@ -26,6 +26,7 @@ from mhqa_graph.errors import InvalidInput, InvalidQuestion, MhqaError, ModelErr
 from mhqa_graph.parsing import close_json, extract_json, strip_think
 from mhqa_graph.replies import DECODING_MODES, ReplyFormat, can_constrain, decoding_kwargs
 from mhqa_graph.store import KnowledgeStore, open_store
+from mhqa_graph.text import encodable_all
 
 from .guards import check_settings as check_guards
 from .omne_prompts import NUDGE, is_send_back
@@ -176,6 +177,11 @@ def check_sources(ctx: AgentContext) -> None:
             raise UnknownGraph(name.strip(), store.uri)
 
 
+def topic_entities(state: Any) -> list[str]:
+    """The state's topic entities that are non-empty strings, stripped."""
+    return [e.strip() for e in state.get("topic_entities") or [] if isinstance(e, str) and e.strip()]
+
+
 def check_question(question: Any) -> str:
     """The question, normalised; InvalidQuestion if it cannot be asked."""
     if not isinstance(question, str):
@@ -305,7 +311,7 @@ def ask(llm: Runnable, messages: list[BaseMessage], stop: list[str] | None = Non
 def ask_message(llm: Runnable, messages: list[BaseMessage], stop: list[str] | None = None) -> BaseMessage:
     """The model's reply message (with its tool calls, when tools are bound); errors as in `ask`."""
     try:
-        return llm.invoke(messages, stop=stop) if stop else llm.invoke(messages)
+        reply = llm.invoke(messages, stop=stop) if stop else llm.invoke(messages)
     except MhqaError:
         raise
     except Exception as exc:  # providers raise anything: timeouts, HTTP errors, CUDA errors
@@ -314,6 +320,8 @@ def ask_message(llm: Runnable, messages: list[BaseMessage], stop: list[str] | No
             attempts = getattr(llm, "max_attempt_number", 1)  # get_llm's RunnableRetry, through the role binding
             raise ModelError(f"model call failed after {attempts} attempt{'s' * (attempts != 1)}: {detail}") from exc
         raise ModelError(f"model call failed: {detail}") from exc
+    content = encodable_all(reply.content)  # lone surrogates (an endpoint's "\ud800") break messages and records
+    return reply if content == reply.content else reply.model_copy(update={"content": content})
 
 
 @dataclass

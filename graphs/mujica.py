@@ -63,6 +63,7 @@ from .common import (
     get_llm,
     get_store,
     setting,
+    topic_entities,
 )
 from .guards import check
 from .mujica_chat import (
@@ -169,7 +170,8 @@ def pick_source(ctx: MujicaContext) -> str:
 def start(state: State, runtime: Runtime[MujicaContext]) -> dict:
     """Check the question and the source; reset the state of a reused thread."""
     pick_source(context_as(MujicaContext, runtime))
-    return {"question": check_question(state["question"]), "answer": "", "error": None, "dag": None,
+    return {"question": check_question(state["question"]), "topic_entities": topic_entities(state),
+            "answer": "", "error": None, "dag": None,
             "results": None, "notes": None, "guards": None, "planner_log": None, "rounds": 0, "waves": 0,
             "force_final": False, "done": False}
 

@@ -30,6 +30,7 @@ from langchain_core.outputs import LLMResult
 from pydantic import BaseModel, Field
 
 from .errors import MhqaError
+from .text import encodable, encodable_all
 
 SCHEMA_VERSION = 1
 ROLE_TAG = "mhqa:role:"
@@ -218,7 +219,8 @@ _SPEAKER = {SystemMessage: "system", HumanMessage: "user", AIMessage: "assistant
 
 def chat_message(message: BaseMessage) -> ChatMessage:
     role = next((r for cls, r in _SPEAKER.items() if isinstance(message, cls)), message.type)
-    return ChatMessage(role=role, content=message.text)
+    # a plain str without lone surrogates: pydantic refuses the str subclass `text` holding one
+    return ChatMessage(role=role, content=encodable(message.text))
 
 
 def _role(tags: list[str] | None, metadata: dict[str, Any] | None) -> str:
@@ -342,13 +344,15 @@ class TraceRecorder(BaseCallbackHandler):
             tools = list(self.tools)
         ctx = self.context
         get = (lambda k: ctx.get(k)) if isinstance(ctx, Mapping) else (lambda k: getattr(ctx, k, None))
-        return Trace(agent=self.agent, question=str(state.get("question") or self.inputs.get("question") or ""),
-                     topic_entities=list(state.get("topic_entities") or self.inputs.get("topic_entities") or []),
-                     corpus=get("corpus"), graph=get("graph"), answer=state.get("answer") or "",
-                     error=state.get("error") or error, plan=plan, steps=steps, tool_calls=tools or state_tools,
-                     llm_calls=calls, input_tokens=sum(c.input_tokens for c in calls),
-                     output_tokens=sum(c.output_tokens for c in calls), latency=round(time.monotonic() - self.t0, 6),
-                     design=jsonable({k: v for k, v in state.items() if k not in _COMMON_KEYS}))
+        entities = state.get("topic_entities") or self.inputs.get("topic_entities") or []
+        trace = Trace(agent=self.agent, question=str(state.get("question") or self.inputs.get("question") or ""),
+                      topic_entities=[e for e in entities if isinstance(e, str)],
+                      corpus=get("corpus"), graph=get("graph"), answer=state.get("answer") or "",
+                      error=state.get("error") or error, plan=plan, steps=steps, tool_calls=tools or state_tools,
+                      llm_calls=calls, input_tokens=sum(c.input_tokens for c in calls),
+                      output_tokens=sum(c.output_tokens for c in calls), latency=round(time.monotonic() - self.t0, 6),
+                      design=jsonable({k: v for k, v in state.items() if k not in _COMMON_KEYS}))
+        return Trace.model_validate(encodable_all(trace.model_dump()))  # JSON and files take no lone surrogate
 
 
 def _config(recorder: TraceRecorder, config: dict[str, Any] | None) -> dict[str, Any]:

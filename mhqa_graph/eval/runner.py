@@ -3,7 +3,9 @@
 Records are appended to `out_dir/results.jsonl`, each with one `write()` of a whole line then
 flush and fsync, so a killed process leaves only complete records (and at worst a torn last line,
 which a rerun cuts off). A rerun skips the ids already recorded: runs are resumable and never
-duplicate a question. A question that raises is recorded with its typed error; the run goes on.
+duplicate a question. A question that raises, or whose record cannot be made, is recorded with its
+error; the run goes on. While an eval writes a folder it holds the folder's lock (`.lock`): a second
+eval into it raises RunLocked.
 
 `out_dir/run.json` records what the folder is a run of: agent, llm, dataset, file and the agent's
 settings. A rerun asking for anything else raises RunMismatch instead of mixing two runs' records
@@ -20,12 +22,13 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
 from langchain_core.language_models import BaseChatModel
 from rich.console import Console
 from rich.markup import escape
@@ -35,6 +38,7 @@ from rich.text import Text
 from ..errors import IngestError, InvalidInput, MhqaError
 from ..ingest.datasets import QAItem, check_dataset_file, questions
 from ..store import open_store
+from ..text import encodable
 from ..traces import Trace, TraceRecorder
 from .diagnostics import chain_json, diagnose
 from .environments import open_environment
@@ -43,10 +47,15 @@ from .report import RESULTS, SUMMARY, Summary, read_records, summarize, summary_
 from .scoring import score
 
 MANIFEST = "run.json"
+RUN_LOCK = ".lock"
 
 
 class RunMismatch(MhqaError):
     """The run folder holds a run of another agent, model, dataset, file or settings."""
+
+
+class RunLocked(MhqaError):
+    """Another eval is writing the run folder."""
 
 
 class EvalInterrupted(Exception):
@@ -98,7 +107,7 @@ class ResultsWriter:
         self._file = path.open("ab")
 
     def write(self, record: dict) -> None:
-        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        line = encodable(json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")  # a lone surrogate: U+FFFD
         with self._lock:
             self._file.write(line)
             self._file.flush()
@@ -181,6 +190,23 @@ def run_manifest(agent: str, dataset: str, path: str | Path, llm: Any, settings:
             "settings": _describe(dict(sorted(settings.items())))}
 
 
+@contextmanager
+def locked_run_folder(out_dir: Path) -> Iterator[None]:
+    """Hold the run folder's lock (created with the folder) for the block; RunLocked if another eval holds it.
+    The lock is the operating system's: a killed eval leaves none behind."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(out_dir / RUN_LOCK, timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunLocked(f"{out_dir} is being written by another eval; wait for it to end, or use another --out") \
+            from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def claim_run_folder(out_dir: Path, manifest: dict, force_new: bool = False) -> None:
     """Make `out_dir` a run folder of `manifest`: new, the same run (resumed), or with `force_new`
     emptied of an earlier run; RunMismatch if it holds another run."""
@@ -228,6 +254,23 @@ def _progress(enabled: bool) -> Progress:
     return Progress(*columns, console=Console(stderr=True), disable=not enabled)
 
 
+async def _answer(graph: Any, agent: str, context: Any, item: QAItem) -> dict:
+    """The record of one question. Any failure, of the run or of making its record, is the question's error."""
+    recorder = TraceRecorder(agent, context)
+    start = time.perf_counter()
+    output, error = None, None
+    try:
+        output = await graph.ainvoke(graph_inputs(item), context=context, config={"callbacks": [recorder]})
+    except Exception as exc:  # any failure of one question is recorded, the run goes on
+        error = f"{type(exc).__name__}: {exc}"
+    try:
+        return make_record(item, output, time.perf_counter() - start, recorder.trace(output, error), error)
+    except Exception as exc:  # an output that cannot be traced or scored: recorded without it
+        error = f"{type(exc).__name__}: {exc}"
+        trace = Trace(agent=agent, question=encodable(item.question), error=error)
+        return make_record(item, None, time.perf_counter() - start, trace, error)
+
+
 async def _run_all(graph: Any, agent: str, context: Any, todo: Iterable[QAItem], done: list[dict],
                    writer: ResultsWriter, concurrency: int, bar: Progress, task: Any) -> None:
     semaphore = asyncio.Semaphore(concurrency)
@@ -240,16 +283,7 @@ async def _run_all(graph: Any, agent: str, context: Any, todo: Iterable[QAItem],
 
     async def one(item: QAItem) -> None:
         async with semaphore:
-            recorder = TraceRecorder(agent, context)
-            start = time.perf_counter()
-            output, error = None, None
-            try:
-                output = await graph.ainvoke(graph_inputs(item), context=context,
-                                             config={"callbacks": [recorder]})
-            except Exception as exc:  # any failure of one question is recorded, the run goes on
-                error = f"{type(exc).__name__}: {exc}"
-            trace = recorder.trace(output, error)
-            record = make_record(item, output, time.perf_counter() - start, trace, error)
+            record = await _answer(graph, agent, context, item)
         await asyncio.to_thread(writer.write, record)  # fsync off the event loop
         tally["n"] += 1
         tally["failed"] += record["failed"]
@@ -285,11 +319,12 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
     items = load_questions(dataset, path, limit, start)
     graph = build_graph(agent)
     settings = {k: v for k, v in overrides.items() if k != "llm"}
-    claim_run_folder(out_dir, run_manifest(agent, dataset, path, overrides.get("llm", llm), settings), force_new)
-    results = out_dir / RESULTS
     started = time.perf_counter()
     console = Console(stderr=True)
     with ExitStack() as stack:
+        stack.enter_context(locked_run_folder(out_dir))
+        claim_run_folder(out_dir, run_manifest(agent, dataset, path, overrides.get("llm", llm), settings), force_new)
+        results = out_dir / RESULTS
         if given:
             store = stack.enter_context(open_store(store_uri, create=False, read_only=True))
             env = {"corpus": given.get("corpus"), "graph": given.get("graph"), "ingested": False}

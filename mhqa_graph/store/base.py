@@ -3,12 +3,12 @@ the public methods validate arguments once, here, so every backend behaves alike
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from ..errors import InvalidInput
+from ..text import encodable
 from ..types import SEARCH_MODES, EntityHit, NodeInfo, Passage, PassageHit, SearchMode, StoreStats, Triple
 
 if TYPE_CHECKING:
@@ -16,14 +16,6 @@ if TYPE_CHECKING:
 
 MAX_K = 1000
 MAX_QUERY_CHARS = 10_000
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def encodable(text: str) -> str:
-    """`text` with lone surrogates (which UTF-8, SQLite, ladybug and Bolt cannot carry) as U+FFFD."""
-    return _SURROGATE.sub("\ufffd", text)
-
-
 def _name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(f"{kind} must be a non-empty string, got {value!r}")

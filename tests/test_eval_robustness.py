@@ -1,0 +1,117 @@
+"""One bad question, reply or file never stops an evaluation; one run folder has one writer (issue 29)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mhqa_graph.eval import run_eval
+from mhqa_graph.eval import runner as runner_module
+from mhqa_graph.eval.runner import RunLocked, locked_run_folder
+from mhqa_graph.graphs import AGENTS, build_graph, make_context
+from mhqa_graph.store import open_store
+from mhqa_graph.testing.fakes import FakeChatModel
+from mhqa_graph.traces import run_with_trace
+
+SURROGATE_REPLY = "<answer>Tulsa \ud800</answer>"
+
+
+def hotpot_file(path: Path, questions: list[str]) -> Path:
+    with path.open("w", encoding="utf-8") as f:
+        for i, q in enumerate(questions):
+            title = f"Page {i}"
+            f.write(json.dumps({"id": f"q{i}", "question": q, "answer": "Tulsa", "type": "bridge", "level": "easy",
+                                "supporting_facts": {"title": [title], "sent_id": [0]},
+                                "context": {"title": [title], "sentences": [[f"{title} is about Tulsa."]]}}) + "\n")
+    return path
+
+
+@pytest.fixture
+def data(tmp_path) -> Path:
+    return hotpot_file(tmp_path / "q.jsonl", ["Which city did Alpha play in \ud800?", "Who founded Gamma?", "Where?"])
+
+
+def records(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.mark.parametrize("agent", list(AGENTS))
+def test_lone_surrogates_in_questions_and_replies_do_not_stop_an_eval(tmp_path, data, agent):
+    model = FakeChatModel(responses=[SURROGATE_REPLY])
+    summary = run_eval(agent, "hotpotqa", data, None, f"embedded://{tmp_path}/s?embedder=hash", tmp_path / "run",
+                       context_overrides={"llm": model}, progress=False)
+    got = records(tmp_path / "run")
+    assert summary.n == 3 and sorted(r["id"] for r in got) == ["q0", "q1", "q2"]
+    assert not any("ValidationError" in (r["error"] or "") or "UnicodeEncodeError" in (r["error"] or "") for r in got)
+    if agent in ("rag", "direct"):  # one call, the reply is the answer: U+FFFD stands for the surrogate
+        assert {r["prediction"] for r in got} == {"Tulsa \ufffd"}
+
+
+def test_a_record_that_cannot_be_made_is_the_questions_error(tmp_path, data, monkeypatch):
+    made = runner_module.make_record
+
+    def make_record(item, output, latency, trace, error=None):
+        if item.id == "q1" and output is not None:
+            raise ValueError("cannot score this output")
+        return made(item, output, latency, trace, error)
+
+    monkeypatch.setattr(runner_module, "make_record", make_record)
+    run_eval("direct", "hotpotqa", data, None, f"embedded://{tmp_path}/s?embedder=hash", tmp_path / "run",
+             context_overrides={"llm": FakeChatModel(responses=["<answer>Tulsa</answer>"])}, progress=False)
+    got = {r["id"]: r for r in records(tmp_path / "run")}
+    assert sorted(got) == ["q0", "q1", "q2"]
+    assert got["q1"]["failed"] and got["q1"]["error"] == "ValueError: cannot score this output"
+    assert not got["q0"]["failed"] and not got["q2"]["failed"]
+
+
+def test_ask_prints_an_answer_and_a_trace_with_a_lone_surrogate(tmp_path):
+    trace = tmp_path / "trace.json"
+    done = subprocess.run([sys.executable, "-m", "mhqa_graph.cli", "ask", "Where is Alpha?", "--agent", "direct",
+                           "--llm", 'fake:["<answer>Tulsa \\ud800</answer>"]', "--trace", str(trace)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "Tulsa \ufffd"
+    assert json.loads(trace.read_text(encoding="utf-8"))["answer"] == "Tulsa \ufffd"
+
+
+@pytest.mark.parametrize("agent", list(AGENTS))
+def test_non_string_topic_entities_are_dropped(tmp_path, agent):
+    uri = f"embedded://{tmp_path}/s?embedder=hash"
+    with open_store(uri) as store:
+        store.add_triples("kg", [(f"person {i}", "born in", f"town {i}") for i in range(20)])
+    ctx = make_context(agent, llm=FakeChatModel(responses=[SURROGATE_REPLY]), store=uri,
+                       graph=None if agent == "direct" else "kg")
+    output, trace = run_with_trace(build_graph(agent), agent, "Where was person 3 born?", ctx,
+                                   topic_entities=[3, None, "person 3"])
+    assert trace.topic_entities == ["person 3"]
+    json.loads(trace.model_dump_json())
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from mhqa_graph.eval.runner import locked_run_folder
+with locked_run_folder(Path(sys.argv[1])):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_second_eval_into_one_folder_is_refused(tmp_path, data):
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(RunLocked, match="another eval"):
+            run_eval("direct", "hotpotqa", data, None, f"embedded://{tmp_path}/s?embedder=hash", tmp_path / "run",
+                     context_overrides={"llm": FakeChatModel(responses=["<answer>Tulsa</answer>"])}, progress=False,
+                     force_new=True)
+        assert not (tmp_path / "run" / "results.jsonl").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    with locked_run_folder(tmp_path / "run"):  # a killed holder leaves no lock behind
+        pass
