@@ -83,7 +83,7 @@ def _trace_file_records(path: Path, text: str) -> list[dict[str, Any]] | None:
         return None
     try:
         value = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return None  # JSONL: one record per line
     values = value if isinstance(value, list) else [value]
     if not values or not all(isinstance(v, dict) and "schema_version" in v and "llm_calls" in v for v in values):
@@ -115,7 +115,7 @@ def read_records(run: str | Path) -> list[dict[str, Any]]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError as exc:
+        except (json.JSONDecodeError, RecursionError) as exc:
             if n == len(lines):  # an interrupted writer's last line
                 break
             raise TraceError(f"{path}:{n}: not JSON ({exc})") from exc

@@ -8,11 +8,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from mhqa_graph.graphs import AGENTS, build_graph, make_context
 
+from mhqa_graph.errors import IngestError, ModelError
 from mhqa_graph.eval import run_eval
 from mhqa_graph.eval import runner as runner_module
-from mhqa_graph.eval.runner import RunLocked, locked_run_folder
-from mhqa_graph.graphs import AGENTS, build_graph, make_context
+from mhqa_graph.eval.runner import RunLocked, load_questions, locked_run_folder
+from mhqa_graph.ingest.files import read_passages_file, read_triples_file
+from mhqa_graph.models.factory import check_chat_spec
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.traces import run_with_trace
@@ -115,3 +118,26 @@ def test_a_second_eval_into_one_folder_is_refused(tmp_path, data):
         holder.wait()
     with locked_run_folder(tmp_path / "run"):  # a killed holder leaves no lock behind
         pass
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_deeply_nested_json_is_a_bad_row(tmp_path, data):
+    passages = tmp_path / "p.jsonl"
+    passages.write_text(json.dumps({"id": "a", "title": "A", "text": "Alpha."}) + "\n" + DEEP + "\n")
+    [good, bad] = list(read_passages_file(passages, yield_errors=True))
+    assert good.id == "a" and isinstance(bad, IngestError) and bad.line == 2 and "nested too deeply" in str(bad)
+    (tmp_path / "t.json").write_text("[" + DEEP + "]")
+    [bad] = list(read_triples_file(tmp_path / "t.json", yield_errors=True))
+    assert isinstance(bad, IngestError) and "nested too deeply" in str(bad)
+    with data.open("a") as f:
+        f.write(DEEP + "\n")
+    assert [item.id for item in load_questions("hotpotqa", data)] == ["q0", "q1", "q2"]
+    with pytest.raises(ModelError):
+        check_chat_spec("fake:" + DEEP)
+    for skip in ([], ["--skip-bad"]):
+        done = subprocess.run([sys.executable, "-m", "mhqa_graph.cli", "ingest", "passages", str(passages),
+                               "--corpus", "c", "--store", f"embedded://{tmp_path}/s?embedder=hash", *skip],
+                              capture_output=True, text=True, timeout=120)
+        assert "Traceback" not in done.stderr and done.returncode == (0 if skip else 2), done.stderr

@@ -32,7 +32,7 @@ def read_records(path: str | Path) -> list[dict]:
                 break
             try:
                 record = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(record, dict) and "id" in record:
                 records.setdefault(str(record["id"]), record)

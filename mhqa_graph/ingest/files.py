@@ -17,6 +17,7 @@ from ..errors import IngestError
 from ..types import Passage, Triple
 
 T = TypeVar("T")
+TOO_DEEP = "nested too deeply"  # json raises RecursionError past Python's recursion limit
 StrPath = str | PathLike[str]
 
 
@@ -84,6 +85,9 @@ def iter_json(path: StrPath) -> Iterator[tuple[int, Any] | IngestError]:
             if e.msg != "Extra data":
                 yield IngestError(f"invalid JSON: {e.msg}", str(path), e.lineno)
                 return
+        except RecursionError:
+            yield IngestError(f"invalid JSON: {TOO_DEEP}", str(path))
+            return
         else:
             yield from enumerate(data, 1)
             return
@@ -96,6 +100,8 @@ def iter_json(path: StrPath) -> Iterator[tuple[int, Any] | IngestError]:
             yield n, json.loads(text)
         except json.JSONDecodeError as e:
             yield IngestError(f"invalid JSON: {e.msg}", str(path), n)
+        except RecursionError:
+            yield IngestError(f"invalid JSON: {TOO_DEEP}", str(path), n)
 
 
 def triple(parts: Any) -> Triple:

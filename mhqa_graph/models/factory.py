@@ -1,7 +1,7 @@
 """Turn a model spec string into a LangChain chat model or embeddings object.
 
 Chat specs: a pack name ("smollm2-135m"), "hf:<folder or cached hub id>",
-"llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&lora=<adapter .gguf>]" (llama.cpp;
+"llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&cache=MB&lora=<adapter .gguf>]" (llama.cpp;
 needs the `llamacpp` extra; faster than transformers on the CPU), "openai:<base url>[#model]",
 "fake" or "fake:<json list of responses>". `check_chat_spec` validates a spec without loading it.
 """
@@ -24,7 +24,8 @@ from .packs import PACKS, check_chat_pack, gguf_path, pack_installed, pack_path
 
 CHAT_PREFERENCE = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m")
 REQUEST_TIMEOUT_S = 60.0  # per HTTP request to an openai-compatible server
-LLAMACPP_OPTIONS = {"threads": "n_threads", "ctx": "n_ctx"}  # llamacpp: spec query -> LlamaCppChatModel field
+LLAMACPP_OPTIONS = {"threads": "n_threads", "ctx": "n_ctx", "cache": "prompt_cache_mb"}  # spec query -> field
+MAY_BE_ZERO = {"cache"}  # 0 turns it off
 LLAMACPP_FILE_OPTIONS = {"lora": "lora_path"}  # the same, for options naming a file
 OPENAI_HINT = "openai-compatible servers need langchain-openai; pip install 'mhqa-graph[openai]'"
 
@@ -57,7 +58,7 @@ def check_chat_spec(spec: Any, model: str = "") -> None:
     else:
         raise ModelError(f"unknown chat model spec {spec!r}; use a pack name ({', '.join(CHAT_PREFERENCE)}), "
                          "'hf:<folder or hub id>', "
-                         "'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&lora=<adapter .gguf>]', "
+                         "'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&cache=MB&lora=<adapter .gguf>]', "
                          "'openai:<base url>#<model>' or 'fake[:<json list>]'")
 
 
@@ -81,7 +82,7 @@ def _fake_responses(rest: str) -> list[str] | None:
         return None
     try:
         responses = json.loads(rest)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise ModelError(f"fake: expects a JSON list of strings, e.g. 'fake:[\"an answer\"]': {exc}") from None
     if not isinstance(responses, list) or not all(isinstance(r, str) for r in responses):
         raise ModelError("fake: expects a JSON list of strings, e.g. 'fake:[\"an answer\"]'")
@@ -121,7 +122,7 @@ def _openai(rest: str, **kwargs: Any) -> BaseChatModel:
 
 
 def _llamacpp_options(rest: str) -> tuple[str, dict[str, int | str]]:
-    """The model reference and the LlamaCppChatModel fields of '<ref>[?threads=N&ctx=N&lora=<file>]'."""
+    """The model reference and the LlamaCppChatModel fields of '<ref>[?threads=N&ctx=N&cache=MB&lora=<file>]'."""
     ref, _, query = rest.partition("?")
     options: dict[str, int | str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True, separator="&"):
@@ -133,8 +134,9 @@ def _llamacpp_options(rest: str) -> tuple[str, dict[str, int | str]]:
         if key not in LLAMACPP_OPTIONS:
             known = ", ".join([*LLAMACPP_OPTIONS, *LLAMACPP_FILE_OPTIONS])
             raise ModelError(f"llamacpp: unknown option {key!r}; known: {known}")
-        if not value.isdigit() or int(value) < 1:
-            raise ModelError(f"llamacpp: {key} must be a positive integer, got {value!r}")
+        if not value.isdigit() or int(value) < (key not in MAY_BE_ZERO):
+            kind = "a non-negative" if key in MAY_BE_ZERO else "a positive"
+            raise ModelError(f"llamacpp: {key} must be {kind} integer, got {value!r}")
         options[LLAMACPP_OPTIONS[key]] = int(value)
     return ref, options
 
@@ -150,7 +152,7 @@ def _llamacpp_ref(ref: str) -> None:
 
 
 def _llamacpp(rest: str, **kwargs: Any) -> BaseChatModel:
-    """'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&lora=<adapter .gguf>]'; a pack's GGUF is
+    """'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&cache=MB&lora=<adapter .gguf>]'; a pack's GGUF is
     assembled and kept once."""
     ref, options = _llamacpp_options(rest)
     kwargs.update(options)
