@@ -23,6 +23,7 @@ from tenacity import wait_exponential_jitter
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion, MhqaError, ModelError, UnknownCorpus, UnknownGraph
+from mhqa_graph.models.timeout import TimeLimited
 from mhqa_graph.parsing import close_json, extract_json, strip_think
 from mhqa_graph.replies import DECODING_MODES, ReplyFormat, can_constrain, decoding_kwargs
 from mhqa_graph.store import KnowledgeStore, open_store
@@ -84,6 +85,8 @@ class AgentContext:
                                  "or HTTP 5xx.")
     retry_backoff: float = setting(0.5, help="Seconds before the first retry; doubles each time, plus up to as "
                                    "much jitter.")
+    model_timeout: float = setting(600.0, help="Seconds a model call may take; a slower one fails as a timeout "
+                                   "(and is retried). 0 = no limit.")
     decoding: str = setting("auto", help="auto: constrain each reply to its role's format where the backend can "
                             "(llama.cpp grammar, OpenAI-compatible json_schema), else prompt and parse; "
                             "constrained: the same, but a role whose backend constrains nothing is an error "
@@ -244,7 +247,7 @@ def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None,
     the `reply` format where the backend can and `ctx.decoding` allows (`replies.decoding_kwargs`); tagged with
     the role (run name, tag `mhqa:role:<role>`, metadata `mhqa_role` and `mhqa_decoding`) so callbacks such as
     the trace recorder can see it, and retried `ctx.model_retries` times with exponential backoff and jitter
-    on transient failures."""
+    on transient failures, each attempt limited to `ctx.model_timeout` seconds."""
     base = chat_model(ctx, role)
     model: Runnable = base
     if tools:
@@ -254,6 +257,8 @@ def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None,
         kwargs, how = decoding_kwargs(base, reply)
         if kwargs:
             model = _constrained(model, kwargs)
+    if ctx.model_timeout:
+        model = TimeLimited(model, float(ctx.model_timeout))
     retrying = BackoffRetry(bound=model, retry_exception_types=is_transient, wait_exponential_jitter=False,
                             max_attempt_number=max(0, ctx.model_retries) + 1,
                             backoff=max(0.0, float(ctx.retry_backoff)))

@@ -38,6 +38,8 @@ _state = {"debug": False}
 
 StoreOpt = Annotated[str | None, typer.Option("--store", help="Store URI (default: $MHQA_STORE or the user data dir).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+ModelTimeoutOpt = Annotated[float | None, typer.Option("--model-timeout", help="Seconds a model call may take "
+                                                        "(default 600; 0 = no limit).")]
 
 
 @app.callback()
@@ -262,6 +264,7 @@ def ask_cmd(
     guards: Annotated[str | None, typer.Option("--guards", help="auto | none | comma-separated guard names "
                                                                 "(graphs/guards.py).")] = None,
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
+    model_timeout: ModelTimeoutOpt = None,
 ) -> None:
     """Answer QUESTION with an agent over the store."""
     from .graphs import build_graph, check_sources, make_context
@@ -271,7 +274,7 @@ def ask_cmd(
     compiled = build_graph(agent)
     check_question(question)
     context = make_context(agent, llm=llm, store=store, corpus=corpus, graph=graph, top_k=top_k, guards=guards,
-                           guard_mode=guard_mode)
+                           guard_mode=guard_mode, model_timeout=model_timeout)
     if corpus or graph:
         check_sources(context)
     elif agent != "direct":  # the others search the store: it must say what to search
@@ -318,6 +321,7 @@ def eval_cmd(
     guards: Annotated[str | None, typer.Option("--guards", help="auto | none | comma-separated guard names "
                                                                 "(graphs/guards.py).")] = None,
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
+    model_timeout: ModelTimeoutOpt = None,
 ) -> None:
     """Evaluate an agent on a benchmark file. The store (which must exist) gets the file's corpus/graph
     first, unless --corpus/--graph name ones it has. Ctrl-C stops; rerunning the command resumes."""
@@ -335,7 +339,7 @@ def eval_cmd(
         run_eval(agent, dataset, file, llm, store, out_dir, limit=limit, concurrency=concurrency, progress=True,
                  start=start, force_new=force_new,
                  context_overrides={"corpus": corpus, "graph": graph, "decoding": decoding, "guards": guards,
-                                    "guard_mode": guard_mode})
+                                    "guard_mode": guard_mode, "model_timeout": model_timeout})
     except EvalInterrupted as e:
         err.print(Text(str(e)))
         sys.stderr.flush()

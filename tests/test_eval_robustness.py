@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from mhqa_graph.graphs import AGENTS, build_graph, make_context
 
-from mhqa_graph.errors import IngestError, ModelError
+from mhqa_graph.errors import IngestError, InvalidInput, ModelError
 from mhqa_graph.eval import run_eval
 from mhqa_graph.eval import runner as runner_module
 from mhqa_graph.eval.runner import RunLocked, load_questions, locked_run_folder
@@ -141,3 +142,18 @@ def test_deeply_nested_json_is_a_bad_row(tmp_path, data):
                                "--corpus", "c", "--store", f"embedded://{tmp_path}/s?embedder=hash", *skip],
                               capture_output=True, text=True, timeout=120)
         assert "Traceback" not in done.stderr and done.returncode == (0 if skip else 2), done.stderr
+
+
+def test_a_stalled_model_call_times_out_and_is_retried(tmp_path):
+    model = FakeChatModel(latency=60)
+    ctx = make_context("direct", llm=model, model_timeout=0.5, model_retries=1, retry_backoff=0)
+    started = time.monotonic()
+    output, trace = run_with_trace(build_graph("direct"), "direct", "Where is Alpha?", ctx)
+    assert time.monotonic() - started < 10
+    assert "after 2 attempts: TimeoutError" in output["error"] and "model_timeout" in output["error"]
+    with pytest.raises(InvalidInput, match="model_timeout"):
+        make_context("direct", llm=model, model_timeout=-1)
+    done = subprocess.run([sys.executable, "-m", "mhqa_graph.cli", "ask", "Where?", "--agent", "direct",
+                           "--llm", 'fake:["<answer>x</answer>"]', "--model-timeout", "5"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "x", done.stderr
