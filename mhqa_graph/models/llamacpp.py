@@ -1,11 +1,15 @@
 """A LangChain chat model running a GGUF file with llama.cpp (llama-cpp-python) on the CPU.
 
-Faster than `TransformersChatModel` on quantized packs: the weights stay Q4 and llama.cpp reuses
-the KV cache of a prompt prefix shared with the previous call (agents resend the same system prompt).
+Faster than `TransformersChatModel` on quantized packs: the weights stay Q4, and a call prefills only
+what no recent call shared: llama.cpp keeps the KV cache of the previous call, and `prompt_cache_mb` keeps
+the states of the calls before it (`prefix_cache.PrefixCache`), restoring the one sharing the longest
+prefix. A reply's `usage_metadata["input_token_details"]["cache_read"]` counts the prompt tokens not
+prefilled.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from pathlib import Path
@@ -19,9 +23,12 @@ from pydantic import PrivateAttr
 
 from ..errors import ModelError, ModelNotInstalled
 from .chat import CUT_MARKER, chat_dicts, fit_chat
+from .prefix_cache import PrefixCache, common_prefix
 
 MAX_GRAMMARS = 64  # checked grammars kept per model (Mujica's differ by their ids and context numbers)
 DEFAULT_CTX = 8192  # tokens; the KV cache of a model's full training context can take gigabytes
+DEFAULT_CACHE_MB = 1024  # qwen2.5-coder-1.5b's KV state takes 28 KB a token: ~18 states of 2,000 tokens
+MIN_RESTORE = 16  # tokens a cached state must add to what the context holds to be worth restoring
 
 
 def usable_cores() -> int:
@@ -42,6 +49,7 @@ class LlamaCppChatModel(BaseChatModel):
     n_ctx: int = 0  # tokens of prompt + reply; 0 = the smaller of DEFAULT_CTX and the model's training context
     n_threads: int = 0  # 0 = every core this process may use
     lora_path: str = ""  # a llama.cpp LoRA adapter (.gguf) applied over the model, e.g. a policy under training
+    prompt_cache_mb: int = DEFAULT_CACHE_MB  # KV states of recent calls kept to restore prompt prefixes; 0 = off
 
     _llm: Any = PrivateAttr(default=None)
     _window: int = PrivateAttr(default=0)  # as opened: llama.cpp pads its own n_ctx() up to a multiple of 256
@@ -49,6 +57,7 @@ class LlamaCppChatModel(BaseChatModel):
     _head_template: Any = PrivateAttr(default=None)  # renders the system message alone
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _grammars: dict[str, Any] = PrivateAttr(default_factory=dict)  # GBNF text -> LlamaGrammar, or the parse error
+    _cache: PrefixCache | None = PrivateAttr(default=None)
 
     accepts_grammar: ClassVar[bool] = True  # `grammar=<GBNF text>` constrains a call (mhqa_graph.replies)
 
@@ -60,7 +69,7 @@ class LlamaCppChatModel(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self._name, "model_path": self.model_path, "max_new_tokens": self.max_new_tokens,
                 "temperature": self.temperature, "n_ctx": self.n_ctx, "n_threads": self.n_threads,
-                "lora_path": self.lora_path}
+                "lora_path": self.lora_path, "prompt_cache_mb": self.prompt_cache_mb}
 
     @property
     def _name(self) -> str:
@@ -102,6 +111,39 @@ class LlamaCppChatModel(BaseChatModel):
         self._template = Jinja2ChatFormatter(template, eos_text, bos_text)
         self._head_template = Jinja2ChatFormatter(template, eos_text, bos_text, add_generation_prompt=False)
         self._llm, self._window = llm, window
+        self._cache = PrefixCache(self.prompt_cache_mb << 20) if self.prompt_cache_mb > 0 else None
+
+    def _restore(self, ids: list[int]) -> int:
+        """Load the cached state sharing the longest prefix with `ids` if it shares at least MIN_RESTORE more
+        tokens than the context holds; returns how many prompt tokens need no prefill."""
+        from llama_cpp import llama_cpp as api
+
+        llm = self._llm
+        held = common_prefix(llm.input_ids[:llm.n_tokens].tolist(), ids)
+        found = self._cache.longest(ids) if self._cache is not None else None
+        if found and found[2] >= held + MIN_RESTORE:
+            tokens, state, shared = found
+            llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+            if api.llama_state_seq_set_data(llm._ctx.ctx, (ctypes.c_uint8 * len(state)).from_buffer_copy(state),
+                                            len(state), 0):
+                llm.input_ids[:len(tokens)] = tokens
+                llm.n_tokens, llm._requires_eval, held = len(tokens), True, shared
+            else:  # nothing usable is left in the context
+                llm.reset()
+                held = 0
+        return min(held, len(ids) - 1)  # llama.cpp evaluates the last prompt token again for its logits
+
+    def _save(self) -> None:
+        """Keep the context's state (the prompt and reply just run) in the prefix cache."""
+        from llama_cpp import llama_cpp as api
+
+        llm = self._llm
+        size = api.llama_state_seq_get_size(llm._ctx.ctx, 0)
+        if self._cache is None or not llm.n_tokens or size > self._cache.capacity:
+            return
+        buffer = (ctypes.c_uint8 * size)()
+        written = api.llama_state_seq_get_data(llm._ctx.ctx, buffer, size, 0)
+        self._cache.put(llm.input_ids[:llm.n_tokens].tolist(), bytes(buffer)[:written])
 
     def _tokens(self, formatter: Any, chat: list[dict[str, str]]) -> list[int]:
         text = formatter(messages=chat).prompt
@@ -152,15 +194,18 @@ class LlamaCppChatModel(BaseChatModel):
                 except ValueError as exc:  # fall back to the prompt, and say so
                     decoding["decoding_error"] = str(exc)
             try:
+                reused = self._restore(ids)
                 out = self._llm.create_completion(prompt=ids, max_tokens=max_new, temperature=temperature,
                                                   stop=stops or None, grammar=grammar)
+                self._save()
             except (ValueError, RuntimeError) as exc:
                 raise ModelError(f"{self._name}: llama.cpp failed: {exc}") from exc
         choice, usage = out["choices"][0], out["usage"]
         n_in, n_out = usage["prompt_tokens"], usage["completion_tokens"]
         message = AIMessage(
             content=choice["text"],
-            usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out},
+            usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out,
+                            "input_token_details": {"cache_read": reused}},
             response_metadata={"model_name": self._name, "finish_reason": choice["finish_reason"] or "stop",
                                "truncated_tokens": cut, **decoding},
         )

@@ -1,0 +1,65 @@
+"""The prefix cache of llamacpp: models: which state a prompt restores, the byte budget, and with a real
+GGUF the same greedy replies as without it, with fewer tokens prefilled."""
+
+from __future__ import annotations
+
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from mhqa_graph.models.packs import pack_installed
+from mhqa_graph.models.prefix_cache import PrefixCache, common_prefix
+
+try:
+    import llama_cpp  # noqa: F401
+
+    HAS_SMOLLM = pack_installed("smollm2-135m")
+except ImportError:
+    HAS_SMOLLM = False
+
+
+def test_the_longest_shared_prefix_wins_and_becomes_the_most_recent():
+    cache = PrefixCache(capacity=100)
+    cache.put([1, 2, 3, 4], b"a" * 10)
+    cache.put([1, 2, 9], b"b" * 10)
+    cache.put([7, 8], b"c" * 10)
+    assert cache.longest([1, 2, 3, 5]) == ((1, 2, 3, 4), b"a" * 10, 3)
+    assert cache.longest([1, 2, 9, 9])[2] == 3 and cache.longest([5]) is None
+    assert common_prefix([1, 2, 3], [1, 2]) == 2 and common_prefix([], [1]) == 0
+
+
+def test_the_budget_drops_the_least_recently_used_and_prefixes_of_newer_sequences():
+    cache = PrefixCache(capacity=30)
+    cache.put([1], b"x" * 10)
+    cache.put([1, 2], b"y" * 12)  # holds [1]: the shorter one goes
+    assert len(cache) == 1 and cache.size == 12
+    cache.put([1], b"z" * 5)  # held by [1, 2]: not kept
+    assert len(cache) == 1 and cache.longest([1, 5])[0] == (1, 2)
+    cache.put([3], b"w" * 10)
+    cache.longest([1, 2])  # [1, 2] used last
+    cache.put([4], b"v" * 10)  # 32 bytes: the least recently used, [3], goes
+    assert cache.longest([3]) is None and cache.longest([1, 2]) and cache.longest([4]) and cache.size == 22
+    cache.put([5], b"u" * 31)  # larger than the whole budget: not kept, nothing dropped
+    assert cache.longest([5]) is None and len(cache) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM, reason="needs llama-cpp-python and the smollm2-135m pack")
+def test_alternating_prompts_restore_their_prefix_and_reply_as_without_the_cache():
+    """Two roles with long system prompts take turns, as Mujica's planner and workers do: with the cache each
+    call prefills only its new tail, and the greedy replies are those of a model without it."""
+    from mhqa_graph.models.factory import load_chat_model
+
+    system = {role: f"You are the {role}. " + " ".join(f"Rule {i}: be {role}-like." for i in range(40))
+              for role in ("planner", "worker")}
+    turns = [(role, f"Question {n}: what is {n} + {n}?") for n in range(3) for role in ("planner", "worker")]
+
+    def run(spec):
+        model = load_chat_model(spec, max_new_tokens=8)
+        replies = [model.invoke([SystemMessage(system[role]), HumanMessage(text)]) for role, text in turns]
+        return [r.text for r in replies], [r.usage_metadata["input_token_details"]["cache_read"] for r in replies]
+
+    plain, plain_read = run("llamacpp:smollm2-135m?threads=1&cache=0")
+    cached, cached_read = run("llamacpp:smollm2-135m?threads=1")
+    assert cached == plain
+    assert all(n < 20 for n in plain_read[1:])  # alternating roles share only the template's first tokens
+    assert all(n > 150 for n in cached_read[2:])  # each role's system prompt restored from two calls back
