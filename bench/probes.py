@@ -105,23 +105,23 @@ def surrogate_ask(tmp: Path) -> Result:
 
 
 def handles(tmp: Path) -> Result:
-    """Searches from 5 fresh thread pools of 8 threads: open files after the first pool vs after the last."""
-    def fds() -> int:
-        return len(os.listdir("/proc/self/fd"))
+    """rag and mujica questions in one process, 40 from each of 5 fresh pools of 8 threads (the store stays open,
+    as the agents' store does): open files after each pool."""
+    from mhqa_graph.graphs import build_graph, make_context
+
+    from mhqa_graph.testing.fakes import FakeChatModel
 
     with open_store(uri(tmp / "s")) as store:
         store.add_passages("docs", passages(200))
-        store.add_triples("kg", triples(200))
-
-        def ask(i: int) -> None:
-            store.search("docs", f"town {i}", k=3)
-            store.node_info("kg", f"person {i}")
-
-        counts = []
-        for round_ in range(5):
-            with ThreadPoolExecutor(8) as pool:
-                list(pool.map(ask, range(round_ * 40, round_ * 40 + 40)))
-            counts.append(fds())
+    model = FakeChatModel(responses=['{"answer": "Tulsa"}', "<answer>Tulsa</answer>"])
+    runs = [(build_graph(agent), make_context(agent, llm=model, store=uri(tmp / "s"), corpus="docs"))
+            for agent in ("rag", "mujica")]
+    counts = []
+    for round_ in range(5):
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: [g.invoke({"question": f"Where is town {i}?"}, context=c) for g, c in runs],
+                          range(round_ * 40, round_ * 40 + 40)))
+        counts.append(len(os.listdir("/proc/self/fd")))
     grew = [b - a for a, b in zip(counts, counts[1:])]
     return len(grew), sum(g > 0 for g in grew), f"+{counts[-1] - counts[0]} open files over 4 pools"
 

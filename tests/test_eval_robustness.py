@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from mhqa_graph.graphs import AGENTS, build_graph, make_context
+from test_eval import write_dataset
 
 from mhqa_graph.errors import IngestError, InvalidInput, ModelError
 from mhqa_graph.eval import run_eval
@@ -24,19 +25,10 @@ from mhqa_graph.traces import run_with_trace
 SURROGATE_REPLY = "<answer>Tulsa \ud800</answer>"
 
 
-def hotpot_file(path: Path, questions: list[str]) -> Path:
-    with path.open("w", encoding="utf-8") as f:
-        for i, q in enumerate(questions):
-            title = f"Page {i}"
-            f.write(json.dumps({"id": f"q{i}", "question": q, "answer": "Tulsa", "type": "bridge", "level": "easy",
-                                "supporting_facts": {"title": [title], "sent_id": [0]},
-                                "context": {"title": [title], "sentences": [[f"{title} is about Tulsa."]]}}) + "\n")
-    return path
-
-
 @pytest.fixture
 def data(tmp_path) -> Path:
-    return hotpot_file(tmp_path / "q.jsonl", ["Which city did Alpha play in \ud800?", "Who founded Gamma?", "Where?"])
+    questions = ["Which city did Alpha play in \ud800?", "Who founded Gamma?", "Where?"]
+    return write_dataset(tmp_path / "q.jsonl", {f"q{i}": (q, "Tulsa", "bridge", None) for i, q in enumerate(questions)})
 
 
 def records(out: Path) -> list[dict]:
@@ -124,7 +116,7 @@ def test_a_second_eval_into_one_folder_is_refused(tmp_path, data):
 DEEP = "[" * 100_000 + "]" * 100_000
 
 
-def test_deeply_nested_json_is_a_bad_row(tmp_path, data):
+def test_deeply_nested_json_is_a_bad_row(tmp_path, data, caplog):
     passages = tmp_path / "p.jsonl"
     passages.write_text(json.dumps({"id": "a", "title": "A", "text": "Alpha."}) + "\n" + DEEP + "\n")
     [good, bad] = list(read_passages_file(passages, yield_errors=True))
@@ -134,7 +126,9 @@ def test_deeply_nested_json_is_a_bad_row(tmp_path, data):
     assert isinstance(bad, IngestError) and "nested too deeply" in str(bad)
     with data.open("a") as f:
         f.write(DEEP + "\n")
-    assert [item.id for item in load_questions("hotpotqa", data)] == ["q0", "q1", "q2"]
+    with caplog.at_level("WARNING"):
+        assert [item.id for item in load_questions("hotpotqa", data)] == ["q0", "q1", "q2"]
+    assert "1 malformed question row skipped" in caplog.text and "nested too deeply" in caplog.text
     with pytest.raises(ModelError):
         check_chat_spec("fake:" + DEEP)
     for skip in ([], ["--skip-bad"]):

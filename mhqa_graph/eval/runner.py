@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import threading
 import time
@@ -45,6 +46,8 @@ from .environments import open_environment
 from .health import health
 from .report import RESULTS, SUMMARY, Summary, read_records, summarize, summary_table
 from .scoring import score
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "run.json"
 RUN_LOCK = ".lock"
@@ -144,17 +147,22 @@ def cut_torn_line(path: Path) -> int:
 
 
 def load_questions(dataset: str, path: str | Path, limit: int | None = None, start: int = 0) -> list[QAItem]:
-    """`limit` questions of the file (all if None) from the `start`-th unique id on; malformed rows skipped."""
+    """`limit` questions of the file (all if None) from the `start`-th unique id on; malformed rows skipped,
+    with one warning that counts them and names the first."""
     if start < 0:
         raise InvalidInput(f"start must be >= 0, got {start}")
     check_dataset_file(dataset, path)
     items: dict[str, QAItem] = {}
+    bad: list[IngestError] = []
     for item in questions(dataset, path, yield_errors=True):
         if isinstance(item, IngestError):
+            bad.append(item)
             continue
         items.setdefault(item.id, item)
         if limit is not None and len(items) >= start + limit:
             break
+    if bad:
+        log.warning("%d malformed question row%s skipped (the first: %s)", len(bad), "s" * (len(bad) > 1), bad[0])
     if len(items) <= start:
         raise InvalidInput(f"no questions in {path} as {dataset}" + (f" from #{start} on" if start else ""))
     return list(items.values())[start:]

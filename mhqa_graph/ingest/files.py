@@ -23,7 +23,7 @@ StrPath = str | PathLike[str]
 
 def passage_id(title: str, text: str) -> str:
     """Stable id of a passage: the first 16 hex digits of sha1(title + "\\n" + text)."""
-    return hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()[:16]
+    return hashlib.sha1(f"{title}\n{text}".encode("utf-8", "surrogatepass")).hexdigest()[:16]  # lone surrogates too
 
 
 def make_passage(title: str, text: str, id: str | None = None) -> Passage:
