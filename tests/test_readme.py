@@ -74,6 +74,10 @@ BASH: dict[str, tuple] = {
     "python bench/eval_throughput.py": (SKIP, "a timing benchmark"),
     "python bench/soak.py": (SKIP, "1,000 questions: minutes of CPU"),
     "python bench/agents.py --quick": (SKIP, "runs the real 1.5B model for about 20 minutes"),
+    "python bench/agents.py --start 100 --limit 40 --guards each": (SKIP, "runs the real 1.5B model for hours"),
+    "python bench/serving.py": (SKIP, "runs the real 1.5B model (test_prefix_cache.py runs a tiny one)"),
+    "python bench/probes.py": (SKIP, "a minute of probes; test_store_recovery.py and test_eval_robustness.py "
+                                     "test each defect they probe"),
 }
 
 # a README python block, by its first line -> ("run", {text: replacement}) or ("skip", why)
