@@ -210,8 +210,23 @@ def env_rows(args: argparse.Namespace, env: str, agents: list[str]) -> tuple[int
             "fired": health.get("guards", {}),
             "recall": diags["evidence_recall"], "failures": diags["failures"], "fill": _fill(recs),
             "carried": sum(1 for r in recs if r.get("carried")),
+            "guards_share": _guards_share(agent, by_id, records, sorted(shared)),
         })
     return len(shared), rows
+
+
+def _guards_share(variant: str, by_id: dict, records: dict, ids: list[str]) -> dict | None:
+    """What the guards a variant turns off add to its default run (guards on minus off, per question): ΔF1 with
+    its interval, questions better and worse, questions re-asked. None for other variants."""
+    found = guards_off(variant)
+    if not found or found[0] not in records:
+        return None
+    diffs = [records[found[0]][i]["f1"] - by_id[i]["f1"] for i in ids]
+    return {"off": ", ".join(sorted(found[1])), "base": found[0], "df1": 100 * _mean(diffs),
+            "ci": paired_interval(diffs), "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs),
+            "reasked": sum(1 for i in ids if not by_id[i].get("carried")),
+            "calls": _mean([records[found[0]][i]["llm_calls"] - by_id[i]["llm_calls"] for i in ids]),
+            "tokens": _mean([records[found[0]][i]["tokens"]["total"] - by_id[i]["tokens"]["total"] for i in ids])}
 
 
 def _fill(records: list[dict]) -> str:
@@ -241,10 +256,15 @@ def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
                      f"{r['tokens']:.0f} | {r['acted']} | {r['invented']} | {r['malformed']} | {r['repairs']} | "
                      f"{r['forced']} | {r['bad']} | {r['guarded']} ({r['answer_guard']}) | {recall} | {misses} | "
                      f"{r['fill']} |")
-    carried = [f"{r['agent']} {r['carried']}" for r in rows if r["carried"]]
-    if carried:
-        lines += ["", "Carried over from the default run (no guard the variant turns off fired there): "
-                  + ", ".join(carried) + "."]
+    shares = [r for r in rows if r["guards_share"]]
+    if shares:  # each guards-off variant against its default: what those guards add
+        lines += ["", "| guards off | their share: ΔF1 on - off [95% CI] | better / worse with them | re-asked "
+                  "(the rest carried over) | calls/q, tokens/q they add |", "|---|---|---|---|---|"]
+        for r in shares:
+            g = r["guards_share"]
+            ci = f" [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}]" if g["ci"] else ""
+            lines.append(f"| {g['base']}: {g['off']} | {g['df1']:+.1f}{ci} | {g['better']} / {g['worse']} | "
+                         f"{g['reasked']} | {g['calls']:+.2f}, {g['tokens']:+.0f} |")
     fired = sorted({name for r in rows for name in r["fired"]})
     if fired:  # questions each guard fired in, per variant
         lines += ["", "| agent | " + " | ".join(fired) + " |", "|---|" + "---|" * len(fired)]

@@ -89,8 +89,10 @@ def test_a_guards_off_variant_reasks_only_where_one_of_its_guards_fired(folders)
     base.mkdir(parents=True)
     with (base / RESULTS).open("w", encoding="utf-8") as f:
         for qid in ids:
-            f.write(json.dumps({"id": qid, "f1": 1.0, "error": "Timeout" if qid == ids[5] else None,
-                                "health": {"guards": fired.get(qid, {})}}) + "\n")
+            failed = qid == ids[5]
+            f.write(json.dumps({"id": qid, "f1": 0.0 if failed else 1.0, "em": 0.0 if failed else 1.0,
+                                "error": "Timeout" if failed else None, "latency": 2.0, "llm_calls": 3,
+                                "tokens": {"total": 9}, "health": {"guards": fired.get(qid, {})}}) + "\n")
 
     assert bench.guards_off("omne:guards=none") == ("omne", frozenset({"send_back_one_hop", "send_back_ungrounded"}))
     assert bench.guards_off("omne:decoding=prompt;guards=-send_back_one_hop") == (
@@ -107,3 +109,17 @@ def test_a_guards_off_variant_reasks_only_where_one_of_its_guards_fired(folders)
     carried = bench.read_records(bench.run_dir(folders.out, LLM, "pq2h", "omne:guards=-send_back_one_hop") / RESULTS)
     assert [r["id"] for r in carried] == ids[2:5] and {r["carried"] for r in carried} == {"omne"}
     assert bench.carry_over(folders, "pq2h", "omne:guards=none;guard_mode=log") == 0
+
+    # the re-asked questions without the guards: 0 and 2 wrong, 1 right as before, 5 answered this time
+    off = bench.run_dir(folders.out, LLM, "pq2h", "omne:guards=none")
+    with (off / RESULTS).open("a", encoding="utf-8") as f:
+        for qid, f1 in zip((ids[0], ids[1], ids[2], ids[5]), (0.0, 1.0, 0.0, 1.0)):
+            f.write(json.dumps({"id": qid, "f1": f1, "em": f1, "latency": 1.0, "llm_calls": 2,
+                                "tokens": {"total": 5}, "health": {}}) + "\n")
+    n, rows = bench.env_rows(folders, "pq2h", ["omne", "omne:guards=none"])
+    share = {r["agent"]: r["guards_share"] for r in rows}
+    assert n == 6 and share["omne"] is None
+    assert share["omne:guards=none"]["better"] == 2 and share["omne:guards=none"]["worse"] == 1
+    assert share["omne:guards=none"]["reasked"] == 4 and round(share["omne:guards=none"]["df1"], 1) == 16.7
+    table = bench.markdown("pq2h", n, rows, LLM)
+    assert "| omne: send_back_one_hop, send_back_ungrounded | +16.7 [" in table and "| 2 / 1 | 4 | +0.67, +3 |" in table
