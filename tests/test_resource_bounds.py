@@ -16,7 +16,7 @@ from mhqa_graph.graphs.common import AgentContext, ask, get_llm
 from mhqa_graph.errors import ModelError
 from mhqa_graph.models.chat import TransformersChatModel, fit_prompt
 from mhqa_graph.models.packs import pack_installed, pack_path
-from mhqa_graph.store import open_store
+from mhqa_graph.store import embedded, open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.tools import (
     MAX_CONTEXT_CHARS,
@@ -189,6 +189,20 @@ class BigStore:
 
     def match_entities(self, graph, text, k=5):
         return [EntityHit("z" * 3000 + str(i), 1.0) for i in range(k)]
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_node_info_of_a_hub_returns_its_first_facts_each_way(tmp_path, monkeypatch, read_only):
+    monkeypatch.setattr(embedded, "MAX_NODE_FACTS", 5)
+    uri = f"embedded://{tmp_path}/s?embedder=hash"
+    with open_store(uri) as store:
+        store.add_triples("kg", [("hub", f"r{i % 3}", f"x{i}") for i in range(40)]
+                          + [(f"y{i}", "s", "hub") for i in range(40)] + [("hub", "self", "hub")])
+    with open_store(uri, read_only=read_only) as store:
+        facts = store.node_info("kg", "hub").facts
+    out = sorted([(f"r{i % 3}", f"x{i}") for i in range(40)] + [("self", "hub")])[:5]
+    into = sorted([("s", f"y{i}") for i in range(40)] + [("self", "hub")])[:5]
+    assert facts == [Fact(r, o, "out") for r, o in out] + [Fact(r, o, "in") for r, o in into]
 
 
 def test_node_info_and_entity_matcher_outputs_are_capped():

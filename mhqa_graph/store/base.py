@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 MAX_K = 1000
 MAX_QUERY_CHARS = 10_000
+MAX_NODE_FACTS = 1000  # node_info returns at most this many facts each way
 def _name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(f"{kind} must be a non-empty string, got {value!r}")
@@ -88,7 +89,7 @@ class KnowledgeStore(ABC):
         return self._match_entities(_name("graph", graph), text, _k(k))
 
     def node_info(self, graph: str, name: str) -> NodeInfo:
-        """The node's facts: outgoing and incoming edges. Raises EntityNotFound."""
+        """The node's facts: outgoing and incoming edges, at most MAX_NODE_FACTS each way. Raises EntityNotFound."""
         return self._node_info(_name("graph", graph), _name("entity name", name))
 
     def search(self, corpus: str, query: str, k: int = 5, mode: SearchMode = "hybrid") -> list[PassageHit]:

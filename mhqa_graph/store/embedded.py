@@ -1,7 +1,7 @@
 """The embedded backend: no server, one directory on disk.
 
     <dir>/store.sqlite   source of truth: entities, triples, passages, FTS5 lexical indexes
-    <dir>/graph.lbug     ladybug graph (Entity nodes, REL edges) for fast neighbourhood queries
+    <dir>/graph.lbug     ladybug graph (Entity nodes, REL edges), for graph queries beyond node_info
     <dir>/vectors/*.faiss one HNSW index per graph (entity names) and per corpus (passages)
 
 SQLite commits first. The ladybug graph and the faiss indexes are derived from it and carry the
@@ -10,10 +10,10 @@ that is behind (an interrupted write) is caught up with the rows above its highe
 ahead or disagrees (SQLite lost its last commits, a damaged file) is rebuilt. Ingestion is idempotent
 because SQLite's UNIQUE constraints decide what is new.
 
-A writer holds ladybug's exclusive lock (one writer per store). A reader (`read_only=True`) takes no
-lock: it reads SQLite (WAL lets it read beside a writer), answers `node_info` from SQLite instead of
-the graph, and catches its vector indexes up in memory, never touching a file. SQLite errors become
-typed: StoreBusy (retry), StoreUnavailable, CorruptStore.
+`node_info` reads SQLite's indexes, capped at MAX_NODE_FACTS facts each way (faster than ladybug's 1-hop match,
+and bounded for a hub). A writer holds ladybug's exclusive lock (one writer per store). A reader (`read_only=True`)
+takes no lock: it reads SQLite (WAL lets it read beside a writer) and catches its vector indexes up in memory,
+never touching a file. SQLite errors become typed: StoreBusy (retry), StoreUnavailable, CorruptStore.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from ..errors import (
     UnknownGraph,
 )
 from ..types import EntityHit, Fact, NodeInfo, Passage, PassageHit, SearchMode, StoreStats, Triple
-from .base import KnowledgeStore
+from .base import MAX_NODE_FACTS, KnowledgeStore
 from .fusion import candidate_depth, reciprocal_rank_fusion
 from .pool import Pool
 from .vectors import VectorIndex
@@ -91,18 +91,16 @@ LADYBUG_SCHEMA = (
     "CREATE NODE TABLE IF NOT EXISTS Entity(key STRING, id INT64, graph STRING, name STRING, PRIMARY KEY(key))",
     "CREATE REL TABLE IF NOT EXISTS REL(FROM Entity TO Entity, relation STRING, tid INT64, src INT64)",
 )
-# One undirected 1-hop match; `src` (the subject's id, stored on each edge) gives the direction,
-# since ladybug's start_node() follows the match order in undirected patterns.
-NEIGHBOURS = ("MATCH (a:Entity {key: $key})-[r:REL]-(b:Entity) "
-              "RETURN r.relation, b.name, r.src = a.id, b.id = a.id")
-# node_info of a reader, from SQLite: (relation, other name, direction) of each edge of the entity
-SQL_NEIGHBOURS = """
-SELECT t.relation, o.name, 'out' FROM entities e JOIN triples t ON t.graph = e.graph AND t.subject = e.id
-    JOIN entities o ON o.id = t.object WHERE e.graph = ? AND e.name = ?
-UNION ALL
-SELECT t.relation, s.name, 'in' FROM entities e JOIN triples t ON t.graph = e.graph AND t.object = e.id
-    JOIN entities s ON s.id = t.subject WHERE e.graph = ? AND e.name = ?
-"""
+# node_info: the entity's facts one way, first in (relation, other name) order, at most `limit`. A top-N sort in
+# SQLite: a hub costs its degree in time but only `limit` rows in memory. A self-loop is both out and in.
+SQL_FACTS = {
+    "out": "SELECT t.relation, o.name FROM entities e JOIN triples t ON t.graph = e.graph AND t.subject = e.id "
+           "JOIN entities o ON o.id = t.object WHERE e.graph = ? AND e.name = ? ORDER BY t.relation, o.name LIMIT ?",
+    # without the hint SQLite's planner scans the graph's triples through the UNIQUE index
+    "in": "SELECT t.relation, s.name FROM entities e JOIN triples t INDEXED BY triples_object "
+          "ON t.graph = e.graph AND t.object = e.id JOIN entities s ON s.id = t.subject "
+          "WHERE e.graph = ? AND e.name = ? ORDER BY t.relation, s.name LIMIT ?",
+}
 # what each kind of vector index embeds: (table, collection column, text)
 VECTOR_SOURCES = {"graph": ("entities", "graph", "name"), "corpus": ("passages", "corpus", "title || ': ' || text")}
 # Entity matching queries only the rarest words: a word in more than 2% of names (and at least
@@ -453,21 +451,12 @@ class EmbeddedStore(KnowledgeStore):
         marks = ",".join("?" * len(ids))
         return dict(db.execute(f"SELECT id, name FROM entities WHERE id IN ({marks})", ids).fetchall())
 
-    def _neighbours(self, db: sqlite3.Connection, graph: str, name: str) -> list[tuple[str, str, str]]:
-        """(relation, other entity, "out" or "in") of every edge of the entity: from the graph for a writer,
-        from SQLite for a reader (which holds no ladybug lock). A self-loop is both out and in."""
-        if self.read_only:
-            return db.execute(SQL_NEIGHBOURS, (graph, name, graph, name)).fetchall()
-        with self._graphs.lend() as conn:
-            rows = conn.execute(NEIGHBOURS, {"key": entity_key(graph, name)}).get_all()
-        edges = [(r, o, "out" if out else "in") for r, o, out, _ in rows]
-        return edges + [(r, o, "in") for r, o, out, loop in rows if loop]
-
     @typed_errors
     def _node_info(self, graph: str, name: str) -> NodeInfo:
         with self._sqlite.lend() as db:
-            edges = self._neighbours(db, graph, name)
-            if not edges:
+            facts = [Fact(relation=r, other=o, direction=way)  # type: ignore[arg-type]
+                     for way, sql in SQL_FACTS.items() for r, o in db.execute(sql, (graph, name, MAX_NODE_FACTS))]
+            if not facts:
                 found = db.execute("SELECT name FROM entities WHERE graph = ? AND folded = ? LIMIT 2",
                                    (graph, name.casefold())).fetchall()
                 names = [n for (n,) in found]
@@ -476,8 +465,6 @@ class EmbeddedStore(KnowledgeStore):
                 if name not in names:
                     self._require(db, "graph", graph)
                     raise EntityNotFound(graph, name)
-        facts = sorted({Fact(relation=r, other=o, direction=d) for r, o, d in edges},  # type: ignore[arg-type]
-                       key=lambda f: (f.direction != "out", f.relation, f.other))
         return NodeInfo(graph=graph, name=name, facts=facts)
 
     @typed_errors

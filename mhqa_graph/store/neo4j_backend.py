@@ -43,7 +43,7 @@ from ..errors import (
 )
 from ..types import EntityHit, Fact, NodeInfo, Passage, PassageHit, SearchMode, StoreStats, Triple
 from . import cypher
-from .base import KnowledgeStore
+from .base import MAX_NODE_FACTS, KnowledgeStore
 from .fusion import candidate_depth, reciprocal_rank_fusion
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,6 @@ MAX_FETCH = 10_000  # deepest vector index query when keeping one graph's/corpus
 EXACT_MAX = 2_000  # collections up to this size get exact nearest neighbours (~15 µs a vector), not the index
 MIN_FETCH = 100  # the shallowest vector index query: Lucene's HNSW searches only as wide as it fetches
 _QUANTIZED_WARNED: set[str] = set()  # quantized vector indexes already warned about, once per process
-MAX_NODE_FACTS = 1000  # node_info returns at most this many facts each way
 MIN_TOKENS = 16  # the shortest full-text query the too-many-clauses retry goes down to
 TIMEOUT_S = 5.0  # connect, pool acquisition and transaction retry budget
 INDEX_WAIT_S = 60  # how long opening waits for populating indexes, in all
