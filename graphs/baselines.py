@@ -38,6 +38,7 @@ from .common import (
     get_llm,
     get_store,
     setting,
+    topic_entities,
 )
 
 ROLE = "answer"
@@ -123,7 +124,7 @@ def _kg_facts(ctx: BaselineContext, question: str, topic_entities: list[str]) ->
 def retrieve(state: RagState, runtime: Runtime[BaselineContext]) -> dict:
     ctx = context_as(BaselineContext, runtime)
     question = state["question"]
-    topic = [e.strip() for e in state.get("topic_entities") or [] if isinstance(e, str) and e.strip()]
+    topic = topic_entities(state.get("topic_entities"))
     try:
         if ctx.corpus:
             hits = get_store(ctx).search(ctx.corpus, question, k=ctx.top_k)

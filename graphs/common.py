@@ -27,12 +27,14 @@ from mhqa_graph.models.timeout import TimeLimited
 from mhqa_graph.parsing import close_json, extract_json, strip_think
 from mhqa_graph.replies import DECODING_MODES, ReplyFormat, can_constrain, decoding_kwargs
 from mhqa_graph.store import KnowledgeStore, open_store
-from mhqa_graph.text import encodable_all
+from mhqa_graph.text import encodable, encodable_all
 
 from .guards import check_settings as check_guards
 from .omne_prompts import NUDGE, is_send_back
 
 MAX_QUESTION_CHARS = 4000
+MAX_TOPIC_ENTITIES = 20  # an agent is given at most this many topic entities, the first ones
+MAX_ENTITY_CHARS = 300  # a longer topic entity is no entity name, and is dropped
 MAX_ANSWER_CHARS = 500
 MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
 REPAIR_PREFIX = "That reply could not be used"  # how ask_json's repair message starts (`is_retry` reads it)
@@ -180,9 +182,12 @@ def check_sources(ctx: AgentContext) -> None:
             raise UnknownGraph(name.strip(), store.uri)
 
 
-def topic_entities(state: Any) -> list[str]:
-    """The state's topic entities that are non-empty strings, stripped."""
-    return [e.strip() for e in state.get("topic_entities") or [] if isinstance(e, str) and e.strip()]
+def topic_entities(value: Any) -> list[str]:
+    """The topic entities an agent is given: of a list, the strings that are non-empty stripped and at most
+    MAX_ENTITY_CHARS long (lone surrogates as U+FFFD), the first MAX_TOPIC_ENTITIES of them; anything else
+    is dropped."""
+    names = [e.strip() for e in value if isinstance(e, str)] if isinstance(value, (list, tuple)) else []
+    return [encodable(e) for e in names if 0 < len(e) <= MAX_ENTITY_CHARS][:MAX_TOPIC_ENTITIES]
 
 
 def check_question(question: Any) -> str:

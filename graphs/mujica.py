@@ -170,8 +170,8 @@ def pick_source(ctx: MujicaContext) -> str:
 def start(state: State, runtime: Runtime[MujicaContext]) -> dict:
     """Check the question and the source; reset the state of a reused thread."""
     pick_source(context_as(MujicaContext, runtime))
-    return {"question": check_question(state["question"]), "topic_entities": topic_entities(state),
-            "answer": "", "error": None, "dag": None,
+    return {"question": check_question(state["question"]),
+            "topic_entities": topic_entities(state.get("topic_entities")), "answer": "", "error": None, "dag": None,
             "results": None, "notes": None, "guards": None, "planner_log": None, "rounds": 0, "waves": 0,
             "force_final": False, "done": False}
 

@@ -86,6 +86,7 @@ from .common import (
     get_store,
     setting,
     supports_tool_calling,
+    topic_entities,
 )
 from .guards import check
 from .omne_protocol import ai_message, call_key, call_order, check_args, parse_reply
@@ -228,7 +229,7 @@ def start(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     except MhqaError as exc:  # the store cannot be opened or listed; no model
         return {**update, "error": f"{type(exc).__name__}: {exc}", "messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES)]}
     text = P.QUESTION.format(question=question)
-    entities = [e.strip() for e in state.get("topic_entities") or [] if isinstance(e, str) and e.strip()]
+    entities = topic_entities(state.get("topic_entities"))
     if entities:
         text += "\n" + P.TOPIC_ENTITIES.format(entities=", ".join(entities))
     return {**update, "graphs": graphs, "native": native,

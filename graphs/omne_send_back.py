@@ -13,7 +13,7 @@ from mhqa_graph.parsing import words
 from mhqa_graph.tools import open_relations
 from mhqa_graph.types import NodeInfo
 
-from .common import get_store
+from .common import get_store, topic_entities
 
 if TYPE_CHECKING:
     from .omne import OmneContext, OmneState
@@ -32,7 +32,8 @@ def start_node(ctx: OmneContext, state: OmneState) -> NodeInfo | None:
     for graph in state["graphs"]:
         try:
             store = get_store(ctx)
-            names = state.get("topic_entities") or [h.name for h in store.match_entities(graph, state["question"], k=1)]
+            names = topic_entities(state.get("topic_entities")) or [
+                h.name for h in store.match_entities(graph, state["question"], k=1)]
             node = store.node_info(graph, names[0]) if names else None
         except MhqaError:
             continue

@@ -56,6 +56,7 @@ from .common import (
     get_llm,
     get_store,
     setting,
+    topic_entities,
 )
 from .compare import NOTE as DATE_NOTE
 from .compare import OPTION_NOTE, Step, as_option, compare_dates, comparison
@@ -225,7 +226,7 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     Resets every run field, as a checkpointed thread may be reused for a new question."""
     question = check_question(state.get("question"))
     ctx = context_as(OperaContext, runtime)
-    entities = [e for e in state.get("topic_entities") or [] if isinstance(e, str) and e.strip()]
+    entities = topic_entities(state.get("topic_entities"))
     fresh: dict[str, Any] = {"question": question, "plan": [], "depends_on": [], "plan_raw": [], "synthesis_raw": "",
                              "answer": "", "error": None, "halted": False, "placeholders": {},
                              "steps": Overwrite([])}

@@ -15,7 +15,8 @@ Formats:
   that the agent had to repair (ask_json's "That reply could not be used" message, Omne's nudge or
   an answer Omne sent back, or Omne's forced answer after a reply with no action) is no target: the
   reply and the repair message are dropped, so the chat goes from the prompt straight to the reply
-  that worked (`clean_turns`).
+  that worked (`clean_turns`). A call whose text the trace did not keep whole (`clipped_chars`, see
+  traces.MAX_TRACE_TEXT) is no target either, in any format.
 - roles: a DatasetDict with one split per OPERA role (plan, analysis, rewrite): prompt/completion chats
   and the signals their rewards need (analysis and rewrite rows: the sub-goal, its 1-based `step` of the
   plan's `steps`, the query, the ids that query retrieved and the ids the analysis was shown: OPERA shows
@@ -213,10 +214,10 @@ def clean_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def conversations(trace: Trace) -> list[tuple[list[str], list[tuple[str, str]]]]:
     """The trace's LLM calls merged into conversations: (roles, [(speaker, text)]). A call whose input
     starts with a conversation so far (its messages and replies, the last one possibly cut as the agent
-    kept it) continues it; failed calls are left out."""
+    kept it) continues it; failed calls and calls the trace clipped are left out."""
     convs: list[tuple[list[str], list[tuple[str, str]]]] = []
     for call in trace.llm_calls:
-        if call.error:
+        if call.error or call.clipped_chars:
             continue
         sent = [(m.role, m.content) for m in call.messages]
         prior = max((c for c in convs if _continues(sent, c[1])), key=lambda c: len(c[1]), default=None)
@@ -316,7 +317,7 @@ def role_rows(records: list[dict], reward: str = "f1",
         replies = {key: _replies(attempts, key) for key in ("analysis_raw", "rewrite_raw")}
         cursor = {key: 0 for key in replies}
         for call in trace.llm_calls:
-            if call.error or call.role not in OPERA_ROLES:
+            if call.error or call.clipped_chars or call.role not in OPERA_ROLES:
                 continue
             if call.role == "plan":
                 rows["plan"].append(base | _chat(call) | {"plan": [p.question for p in trace.plan]})

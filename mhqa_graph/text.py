@@ -4,6 +4,7 @@ but not in UTF-8, SQLite, ladybug or Bolt) become U+FFFD."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -14,12 +15,17 @@ def encodable(text: str) -> str:
     return _SURROGATE.sub("\ufffd", text)
 
 
-def encodable_all(value: Any) -> Any:
-    """`value` with `encodable` applied to every string in it (keys, lists, tuples and dicts included)."""
+def map_strings(value: Any, fn: Callable[[str], str]) -> Any:
+    """`value` with `fn` applied to every string in it (keys, lists, tuples and dicts included)."""
     if isinstance(value, str):
-        return encodable(value)
+        return fn(value)
     if isinstance(value, dict):
-        return {encodable_all(k): encodable_all(v) for k, v in value.items()}
+        return {map_strings(k, fn): map_strings(v, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(encodable_all(v) for v in value)
+        return type(value)(map_strings(v, fn) for v in value)
     return value
+
+
+def encodable_all(value: Any) -> Any:
+    """`value` with `encodable` applied to every string in it."""
+    return map_strings(value, encodable)

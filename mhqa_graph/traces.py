@@ -12,6 +12,9 @@ from any thread; the design-specific parts (plan, steps, retrieved ids) are read
 
     output, trace = run_with_trace(graph, "opera", "Where was ...?", context)  # the same in one call
     trace.model_dump_json()  # the `trace` field of an eval record
+
+A trace keeps at most MAX_TRACE_TEXT characters of any one text (a prompt message, a reply, a state field): a
+longer one is cut there and marked, and `clipped_chars` counts what was cut, per LLM call and in all.
 """
 
 from __future__ import annotations
@@ -30,9 +33,12 @@ from langchain_core.outputs import LLMResult
 from pydantic import BaseModel, Field
 
 from .errors import MhqaError
-from .text import encodable, encodable_all
+from .graphs.common import topic_entities
+from .text import encodable, map_strings
 
 SCHEMA_VERSION = 1
+MAX_TRACE_TEXT = 50_000  # characters kept of one text; normal prompts and replies are far shorter
+CLIPPED = " [... {n} characters not kept]"
 ROLE_TAG = "mhqa:role:"
 _COMMON_KEYS = {"question", "topic_entities", "answer", "error", "messages"}
 
@@ -58,6 +64,7 @@ class LLMCall(BaseModel):
     input_tokens: int = 0
     output_tokens: int = 0
     truncated_tokens: int = 0  # prompt tokens the model cut to fit its context window
+    clipped_chars: int = 0  # characters of its messages and reply the trace did not keep (MAX_TRACE_TEXT)
     decoding: str = "prompt"  # grammar | json_schema (the reply was constrained to its format) | prompt
     decoding_error: str | None = None  # why a constraint was dropped (a grammar llama.cpp rejected, a 400)
     start: float = 0.0  # seconds since the run started
@@ -116,6 +123,7 @@ class Trace(BaseModel):
     output_tokens: int = 0
     latency: float = 0.0  # seconds, whole run
     design: dict[str, Any] = Field(default_factory=dict)  # the agent's own final-state fields, as JSON
+    clipped_chars: int = 0  # characters the trace did not keep, LLM calls included (MAX_TRACE_TEXT)
 
     def usage(self) -> dict[str, Any]:
         """LLM calls and tokens, as the eval records count them."""
@@ -190,7 +198,7 @@ def trace_from_state(state: Mapping[str, Any], agent: str = "unknown", question:
         raise TraceError("not a run state: no string 'question' (pass the question of a graph output)")
     plan, steps, tool_calls = plan_and_steps(state)
     return Trace(source="state", agent=agent, question=question,
-                 topic_entities=list(state.get("topic_entities") or []), answer=state.get("answer") or "",
+                 topic_entities=topic_entities(state.get("topic_entities")), answer=state.get("answer") or "",
                  error=state.get("error"), plan=plan, steps=steps, tool_calls=tool_calls,
                  design=jsonable({k: v for k, v in state.items() if k not in _COMMON_KEYS}), **settings)
 
@@ -344,15 +352,35 @@ class TraceRecorder(BaseCallbackHandler):
             tools = list(self.tools)
         ctx = self.context
         get = (lambda k: ctx.get(k)) if isinstance(ctx, Mapping) else (lambda k: getattr(ctx, k, None))
-        entities = state.get("topic_entities") or self.inputs.get("topic_entities") or []
+        entities = state.get("topic_entities") or self.inputs.get("topic_entities")
         trace = Trace(agent=self.agent, question=str(state.get("question") or self.inputs.get("question") or ""),
-                      topic_entities=[e for e in entities if isinstance(e, str)],
+                      topic_entities=topic_entities(entities),
                       corpus=get("corpus"), graph=get("graph"), answer=state.get("answer") or "",
                       error=state.get("error") or error, plan=plan, steps=steps, tool_calls=tools or state_tools,
                       llm_calls=calls, input_tokens=sum(c.input_tokens for c in calls),
                       output_tokens=sum(c.output_tokens for c in calls), latency=round(time.monotonic() - self.t0, 6),
                       design=jsonable({k: v for k, v in state.items() if k not in _COMMON_KEYS}))
-        return Trace.model_validate(encodable_all(trace.model_dump()))  # JSON and files take no lone surrogate
+        data = trace.model_dump()
+        calls = [call | {"clipped_chars": cut} for call, cut in map(kept, data.pop("llm_calls"))]
+        data, cut = kept(data)
+        return Trace.model_validate(data | {"llm_calls": calls,
+                                            "clipped_chars": cut + sum(c["clipped_chars"] for c in calls)})
+
+
+def kept(value: Any) -> tuple[Any, int]:
+    """`value` as a trace keeps it, and the characters it did not keep: every string with lone surrogates as
+    U+FFFD (JSON and files take none), and cut to MAX_TRACE_TEXT characters and marked when longer."""
+    cut = 0
+
+    def keep(text: str) -> str:
+        nonlocal cut
+        text = encodable(text)
+        if len(text) <= MAX_TRACE_TEXT:
+            return text
+        cut += len(text) - MAX_TRACE_TEXT
+        return text[:MAX_TRACE_TEXT] + CLIPPED.format(n=len(text) - MAX_TRACE_TEXT)
+
+    return map_strings(value, keep), cut
 
 
 def _config(recorder: TraceRecorder, config: dict[str, Any] | None) -> dict[str, Any]:

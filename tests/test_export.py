@@ -13,8 +13,10 @@ from mhqa_graph.graphs import build_graph
 from mhqa_graph.graphs.opera import OperaContext
 from test_traces import QUESTION, analysis, opera_roles, run_mujica, run_omne, run_opera, store  # noqa: F401
 
+from mhqa_graph import traces
 from mhqa_graph.eval.scoring import score
 from mhqa_graph.export import (
+    OPERA_ROLES,
     ExtraNotInstalled,
     clean_messages,
     conversations,
@@ -358,3 +360,28 @@ def test_trajectories_a_guard_changed_are_no_targets(store, tmp_path):  # noqa: 
     logged["trace"]["design"]["guards"] = [firing("option_answer", "Christopher Nolan", "London", False)]
     assert [len(sft_rows([r])) for r in (sent_back, replaced, logged)] == [1, 0, 1]
     assert [len(mygo_rows([r])) for r in (sent_back, replaced, logged)] == [0, 0, 1]
+
+
+def test_calls_the_trace_clipped_are_no_targets(store, tmp_path, monkeypatch):  # noqa: F811
+    """A call whose prompt or reply the trace did not keep whole gives no sft or roles row; every other call
+    gives the row it gives unclipped."""
+    out, whole, _ = run_opera(store)
+    longest = [max(len(t) for t in [c.output, *(m.content for m in c.messages)]) for c in whole.llm_calls]
+    limit = sorted(longest)[len(longest) // 2]
+    monkeypatch.setattr(traces, "MAX_TRACE_TEXT", limit)
+    _, clipped, _ = run_opera(store)
+    assert [c.clipped_chars > 0 for c in clipped.llm_calls] == [n > limit for n in longest]
+    assert clipped.clipped_chars >= sum(c.clipped_chars for c in clipped.llm_calls) > 0
+    rows = {}
+    for name, trace in (("whole", whole), ("clipped", clipped)):
+        (tmp_path / name).mkdir()
+        run = one_record_run(tmp_path / name, "hp1", out, trace)
+        export(run, "sft", tmp_path / name / "sft")
+        export(run, "roles", tmp_path / name / "roles")
+        sft = [r | {"conversation": 0} for r in datasets.load_from_disk(str(tmp_path / name / "sft")).to_list()]
+        roles = datasets.load_from_disk(str(tmp_path / name / "roles"))
+        rows[name] = sft, [r for split in roles.values() for r in split.to_list()]
+    kept = [call.role for call, n in zip(whole.llm_calls, longest) if n <= limit]
+    assert [r["roles"] for r in rows["clipped"][0]] == [[role] for role in kept]
+    assert all(r in rows["whole"][0] for r in rows["clipped"][0])
+    assert len(rows["clipped"][1]) == sum(r in OPERA_ROLES for r in kept) and all(r in rows["whole"][1] for r in rows["clipped"][1])

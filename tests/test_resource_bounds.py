@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage, SystemMessage
 from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs.common import AgentContext, ask, get_llm
+from mhqa_graph.graphs.common import MAX_TOPIC_ENTITIES, AgentContext, ask, get_llm
 
 from mhqa_graph.errors import ModelError
 from mhqa_graph.models.chat import TransformersChatModel, fit_prompt
@@ -27,7 +27,7 @@ from mhqa_graph.tools import (
     format_passages,
     node_info_tool,
 )
-from mhqa_graph.traces import TraceRecorder
+from mhqa_graph.traces import CLIPPED, MAX_TRACE_TEXT, TraceRecorder, run_with_trace
 from mhqa_graph.types import EntityHit, Fact, NodeInfo, Passage, PassageHit
 
 MARK = [-1]
@@ -250,3 +250,31 @@ def test_agents_show_at_most_the_capped_retrieved_text(big_store, agent, source)
     assert all(len(p) <= MAX_CONTEXT_CHARS + 3000 for p in prompts)  # the cap plus the prompt template
     if source == "corpus":  # 12 passages of MAX_PASSAGE_CHARS exceed the step's cap
         assert any(TRUNCATED in p for p in prompts)
+
+
+def strings(value) -> list[str]:
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in [k, *strings(v)]]
+    if isinstance(value, list):
+        return [s for v in value for s in strings(v)]
+    return [value] if isinstance(value, str) else []
+
+
+@pytest.mark.parametrize("agent", ["rag", "direct", "opera", "mujica", "omne"])
+def test_traces_keep_at_most_max_trace_text_of_a_huge_reply(big_store, agent):
+    """Every reply is 200,000 characters: the trace keeps MAX_TRACE_TEXT of each text and says how much it cut."""
+    ctx = make_context(agent, llm=FakeChatModel(responses=["Paris " * 40_000]), store=big_store, corpus="wiki")
+    _, trace = run_with_trace(build_graph(agent), agent, "What is Paris?", ctx)
+    limit = MAX_TRACE_TEXT + len(CLIPPED.format(n=200_000))
+    assert max(map(len, strings(trace.model_dump(mode="json")))) <= limit
+    assert all(call.clipped_chars > 0 for call in trace.llm_calls)  # each call's reply was cut
+    assert trace.clipped_chars >= sum(call.clipped_chars for call in trace.llm_calls)
+
+
+@pytest.mark.parametrize("agent", ["rag", "opera", "mujica", "omne"])
+def test_topic_entities_are_capped_in_count_and_length(big_store, agent):
+    named = ["Paris", "x" * 1_000_000, *(f"Place {i}" for i in range(100))]
+    ctx = make_context(agent, llm=FakeChatModel(responses=["<answer>Paris</answer>"]), store=big_store, graph="kg")
+    _, trace = run_with_trace(build_graph(agent), agent, "What is Paris?", ctx, topic_entities=named)
+    assert trace.topic_entities == ["Paris", *(f"Place {i}" for i in range(MAX_TOPIC_ENTITIES - 1))]
+    assert all(len(m.content) < 20_000 for call in trace.llm_calls for m in call.messages)
