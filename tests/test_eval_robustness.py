@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import itertools
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -15,7 +18,8 @@ from test_eval import write_dataset
 from mhqa_graph.errors import IngestError, InvalidInput, ModelError
 from mhqa_graph.eval import run_eval
 from mhqa_graph.eval import runner as runner_module
-from mhqa_graph.eval.runner import RunLocked, load_questions, locked_run_folder
+from mhqa_graph.eval.report import Summary
+from mhqa_graph.eval.runner import EvalInterrupted, RunLocked, load_questions, locked_run_folder
 from mhqa_graph.ingest.files import read_passages_file, read_triples_file
 from mhqa_graph.models.factory import check_chat_spec
 from mhqa_graph.store import open_store
@@ -151,3 +155,32 @@ def test_a_stalled_model_call_times_out_and_is_retried(tmp_path):
                            "--llm", 'fake:["<answer>x</answer>"]', "--model-timeout", "5"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "x", done.stderr
+
+
+
+def test_ctrl_c_amid_many_questions_leaves_no_task_pending_and_resumes(tmp_path, caplog):
+    """SIGINT while 16 questions run: EvalInterrupted, and no task is left pending for asyncio to complain about
+    when it is collected (LangGraph's clean-ups of the cancelled runs); the rerun asks only the rest."""
+    data = write_dataset(tmp_path / "q.jsonl", {f"q{i}": (f"Where is town {i}?", "Tulsa", "bridge", None)
+                                                for i in range(400)})
+    calls = itertools.count()
+
+    def respond(messages) -> str:
+        if next(calls) == 100:
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C, handled in the main thread
+        return "<answer>Tulsa</answer>"
+
+    def run(limit: int | None = None) -> Summary:
+        return run_eval("rag", "hotpotqa", data, None, f"embedded://{tmp_path}/s?embedder=hash", tmp_path / "run",
+                        limit=limit, concurrency=16, context_overrides={"llm": FakeChatModel(respond=respond)},
+                        progress=False)
+
+    with pytest.raises(EvalInterrupted) as interrupted:
+        run()
+    gc.collect()
+    assert "Task was destroyed but it is pending" not in caplog.text
+    done = interrupted.value.done
+    assert done == len(records(tmp_path / "run")) < 400
+    assert run(limit=done + 20).n == done + 20
+    ids = [r["id"] for r in records(tmp_path / "run")]
+    assert len(ids) == len(set(ids)) == done + 20

@@ -236,6 +236,16 @@ def claim_run_folder(out_dir: Path, manifest: dict, force_new: bool = False) -> 
     os.replace(tmp, path)
 
 
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel every task of `loop` and let each end: the run's, and the clean-ups (callbacks, exit stacks) that
+    cancelling it starts, so that none is destroyed pending (asyncio's warnings) when the loop closes."""
+    while tasks := asyncio.all_tasks(loop):
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+
+
 def _interruptible(main: Any, workers: int) -> None:
     """Run coroutine `main` on a new event loop whose executor has `workers` threads. On Ctrl-C,
     cancel it and return at once, without waiting for the threads still running (their results
@@ -243,12 +253,10 @@ def _interruptible(main: Any, workers: int) -> None:
     loop = asyncio.new_event_loop()
     executor = ThreadPoolExecutor(max_workers=workers)
     loop.set_default_executor(executor)
-    task = loop.create_task(main)
     try:
-        loop.run_until_complete(task)
+        loop.run_until_complete(main)
     except KeyboardInterrupt:
-        task.cancel()
-        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
+        _cancel_all(loop)
         raise
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
