@@ -384,4 +384,5 @@ def test_calls_the_trace_clipped_are_no_targets(store, tmp_path, monkeypatch):  
     kept = [call.role for call, n in zip(whole.llm_calls, longest) if n <= limit]
     assert [r["roles"] for r in rows["clipped"][0]] == [[role] for role in kept]
     assert all(r in rows["whole"][0] for r in rows["clipped"][0])
-    assert len(rows["clipped"][1]) == sum(r in OPERA_ROLES for r in kept) and all(r in rows["whole"][1] for r in rows["clipped"][1])
+    assert len(rows["clipped"][1]) == sum(r in OPERA_ROLES for r in kept)
+    assert all(r in rows["whole"][1] for r in rows["clipped"][1])
