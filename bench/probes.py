@@ -23,7 +23,11 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mhqa_graph.graphs import build_graph, make_context
+
 from mhqa_graph import Passage, open_store
+from mhqa_graph.testing.fakes import FakeChatModel
+from mhqa_graph.traces import run_with_trace
 
 SURROGATE_REPLY = 'fake:["<answer>Tulsa \\ud800</answer>"]'
 AGENTS = ("rag", "direct", "opera", "mujica", "omne")
@@ -107,10 +111,6 @@ def surrogate_ask(tmp: Path) -> Result:
 def handles(tmp: Path) -> Result:
     """rag and mujica questions in one process, 40 from each of 5 fresh pools of 8 threads (the store stays open,
     as the agents' store does): open files after each pool."""
-    from mhqa_graph.graphs import build_graph, make_context
-
-    from mhqa_graph.testing.fakes import FakeChatModel
-
     with open_store(uri(tmp / "s")) as store:
         store.add_passages("docs", passages(200))
     model = FakeChatModel(responses=['{"answer": "Tulsa"}', "<answer>Tulsa</answer>"])
@@ -307,11 +307,93 @@ def model_timeout(tmp: Path) -> Result:
     return 1, int(not ok), figure
 
 
+BIG = "x" * 1_000_000
+
+
+def topic_entities(tmp: Path) -> Result:
+    """Each agent given a 1 MB topic entity and 100 more: no prompt longer than 20,000 characters, at most 20
+    entities in the trace."""
+    with open_store(uri(tmp / "s")) as store:
+        store.add_triples("kg", triples(50))
+    named = ["person 3", BIG, *(f"person {i}" for i in range(100))]
+    agents = [a for a in AGENTS if a != "direct"]  # direct has no entities to use
+    failures, longest = 0, 0
+    for agent in agents:
+        ctx = make_context(agent, llm=FakeChatModel(responses=["<answer>town 3</answer>"]), store=uri(tmp / "s"),
+                           graph="kg")
+        _, trace = run_with_trace(build_graph(agent), agent, "Where was person 3 born?", ctx, topic_entities=named)
+        prompt = max((len(m.content) for c in trace.llm_calls for m in c.messages), default=0)
+        longest = max(longest, prompt)
+        failures += prompt > 20_000 or len(trace.topic_entities) > 20
+    return len(agents), failures, f"longest prompt {longest:,} characters"
+
+
+def trace_size(tmp: Path) -> Result:
+    """Each agent with a model whose every reply is 1 MB: the trace keeps no text longer than 100,000 characters."""
+    with open_store(uri(tmp / "s")) as store:
+        store.add_passages("docs", passages(50))
+    failures, largest = 0, 0
+    for agent in AGENTS:
+        ctx = make_context(agent, llm=FakeChatModel(responses=[BIG]), store=uri(tmp / "s"), corpus="docs")
+        _, trace = run_with_trace(build_graph(agent), agent, "Where is town 3?", ctx)
+        dumped = trace.model_dump_json()
+        largest = max(largest, len(dumped))
+        failures += BIG[:100_000] in dumped
+    return len(AGENTS), failures, f"largest trace {largest / 1e6:.1f} MB"
+
+
+def hub_node_info(tmp: Path) -> Result:
+    """node_info of an entity with 200,000 facts, in a writer and in a reader: time and Python memory."""
+    import tracemalloc
+
+    with open_store(uri(tmp / "s")) as store:
+        store.add_triples("kg", [t for r in range(100) for o in range(1000)  # 100,000 facts each way
+                                 for t in [("hub", f"relation {r}", f"thing {o}"), (f"thing {o}", f"to {r}", "hub")]])
+    failures, figures = 0, []
+    for read_only in (False, True):
+        with open_store(uri(tmp / "s"), read_only=read_only) as store:
+            store.node_info("kg", "thing 0")  # the connection and its statements ready
+            tracemalloc.start()
+            started = time.perf_counter()
+            store.node_info("kg", "hub")
+            seconds = time.perf_counter() - started
+            peak = tracemalloc.get_traced_memory()[1] / 1e6
+            tracemalloc.stop()
+        figures.append(f"{seconds:.2f} s, {peak:.0f} MB")
+        failures += seconds > 1 or peak > 10
+    return 2, failures, "; ".join(figures)
+
+
+def ctrl_c(tmp: Path) -> Result:
+    """SIGINT to `mhqa eval` with 16 questions in flight, 3 times: stderr says only what was interrupted (beside the
+    ingest and progress lines), and the rerun finishes with each question once."""
+    data = hotpot_file(tmp / "q.jsonl", [f"Where is town {i}?" for i in range(1500)])
+    args = ["eval", str(data), "--dataset", "hotpotqa", "--agent", "rag", "--llm", 'fake:["<answer>Tulsa</answer>"]',
+            "-k", "16", "--store", uri(tmp / "s")]
+    failures, extra = 0, 0
+    for attempt in range(3):
+        out = tmp / f"run{attempt}"
+        child = subprocess.Popen([sys.executable, "-m", "mhqa_graph.cli", *args, "--out", str(out)],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        while len(results(out)) < 800 and child.poll() is None:  # enough records that reading them collects
+            time.sleep(0.05)
+        child.send_signal(signal.SIGINT)
+        _, stderr = child.communicate(timeout=120)
+        said = [line for line in stderr.splitlines() if not line.startswith(("ingest", "rag q.jsonl", "interrupted"))]
+        extra += len(said)
+        again = mhqa(*args, "--out", str(out))
+        ids = results(out)
+        failures += bool(said) or child.returncode != 130 or broken(again) or sorted(ids) != sorted(set(ids)) \
+            or len(ids) != 1500
+    return 3, failures, f"{extra} more stderr lines"
+
+
 PROBES: dict[str, Callable[[Path], Result]] = {
     "surrogate-eval": surrogate_eval, "surrogate-ask": surrogate_ask, "handles": handles,
     "readers-during-ingest": readers_during_ingest, "two-evals-one-out": two_evals_one_out,
     "damaged-sqlite": damaged_sqlite, "indexes-ahead": indexes_ahead, "nested-json": nested_json,
-    "vector-files": vector_files, "model-timeout": model_timeout,
+    "vector-files": vector_files, "model-timeout": model_timeout, "topic-entities": topic_entities,
+    "trace-size": trace_size, "hub-node-info": hub_node_info, "ctrl-c": ctrl_c,
 }
 
 
