@@ -1,7 +1,7 @@
 """The embedded backend: no server, one directory on disk.
 
     <dir>/store.sqlite   source of truth: entities, triples, passages, FTS5 lexical indexes
-    <dir>/graph.lbug     ladybug graph (Entity nodes, REL edges), for graph queries beyond node_info
+    <dir>/graph.lbug     ladybug graph (Entity nodes, REL edges), kept in step with SQLite; no query reads it now
     <dir>/vectors/*.faiss one HNSW index per graph (entity names) and per corpus (passages)
 
 SQLite commits first. The ladybug graph and the faiss indexes are derived from it and carry the
