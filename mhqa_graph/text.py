@@ -1,5 +1,5 @@
 """Text that every file and database can carry: lone surrogates (valid in a JSON escape, `"\\ud800"`,
-but not in UTF-8, SQLite, ladybug or Bolt) become U+FFFD."""
+but not in UTF-8, SQLite or Bolt) become U+FFFD."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -140,8 +141,43 @@ def test_concurrent_readers_see_the_same_answers(tmp_path):
 def test_close_releases_the_store_for_another_process(tmp_path):
     store = open_store(_uri(tmp_path))
     store.add_triples("kg", TRIPLES[:10])
-    store.node_info("kg", "entity 1")  # opens this thread's graph connection
+    store.node_info("kg", "entity 1")  # lends this thread a pooled connection
     store.close()
     code = f"from mhqa_graph import open_store; open_store({_uri(tmp_path)!r}).close()"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_second_writer_in_this_process_is_refused_until_the_first_closes_on_any_thread(tmp_path):
+    store = open_store(_uri(tmp_path))
+    with pytest.raises(StoreLocked):
+        open_store(_uri(tmp_path))
+    with open_store(_uri(tmp_path), read_only=True):  # readers take no lock
+        pass
+    closer = threading.Thread(target=store.close)
+    closer.start()
+    closer.join()
+    open_store(_uri(tmp_path)).close()
+
+
+def test_ingest_writes_only_sqlite_and_vectors(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        from mhqa_graph import open_store
+        with open_store({_uri(tmp_path)!r}) as store:
+            store.add_triples("kg", {TRIPLES[:10]!r})
+            store.node_info("kg", "entity 1")
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("ladybug", "pyarrow")))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert {p.name for p in tmp_path.iterdir()} <= {"store.sqlite", "store.sqlite-wal", "store.sqlite-shm",
+                                                    "store.lock", "vectors"}
+
+
+def test_a_directory_holding_only_the_lock_file_is_a_new_store(tmp_path):
+    (tmp_path / "store.lock").touch()  # a writer killed before it made store.sqlite
+    with open_store(_uri(tmp_path)) as store:
+        store.add_triples("kg", TRIPLES[:10])
+        assert store.node_info("kg", "entity 1").facts

@@ -241,7 +241,7 @@ def test_neo4j_agents_send_fixed_statements_in_read_transactions():
 
 
 def test_lone_surrogates_in_documents_and_queries_are_replaced(tmp_path):
-    """UTF-8, SQLite and ladybug cannot carry lone surrogates (as json.loads makes from "\\ud800"):
+    """UTF-8 and SQLite cannot carry lone surrogates (as json.loads makes from "\\ud800"):
     the store writes and looks them up as U+FFFD instead of failing with a non-typed error."""
     with open_store(f"embedded://{tmp_path}/s?embedder=hash") as s:
         assert s.add_passages("docs", [Passage("p\ud800", "t\udfff", "x\ud800 y")]) == 1

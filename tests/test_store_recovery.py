@@ -166,11 +166,17 @@ def test_damaged_vectors_inside_a_faiss_file_are_rebuilt(store_dir, read_only):
         assert store.search("docs", "town 17", k=3, mode="dense") == want
 
 
-def test_an_unreadable_graph_is_rebuilt_and_stale_temporary_files_removed(store_dir):
+def test_an_old_versions_graph_is_kept_by_a_reader_and_deleted_by_a_writer_as_are_stale_temporary_files(store_dir):
     with open_store(_uri(store_dir)) as store:
         want = _answers(store)
-    (store_dir / "graph.lbug").write_bytes(b"garbage" * 1000)
+    old_graph = [store_dir / "graph.lbug", store_dir / "graph.lbug.wal"]
+    for path in old_graph:
+        path.write_bytes(b"garbage" * 1000)
     (store_dir / "vectors" / "corpus-0123456789abcdef.tmp").write_bytes(b"half written")
+    with open_store(_uri(store_dir), read_only=True) as store:
+        assert _answers(store) == want
+    assert all(path.exists() for path in old_graph)
     with open_store(_uri(store_dir)) as store:
         assert _answers(store) == want
+    assert not any(path.exists() for path in old_graph)
     assert not list((store_dir / "vectors").glob("*.tmp"))

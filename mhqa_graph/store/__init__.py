@@ -1,6 +1,6 @@
 """Open a knowledge store from a URI.
 
-    embedded:///abs/dir, embedded:rel/dir   the embedded backend (ladybug + faiss + SQLite FTS5)
+    embedded:///abs/dir, embedded:rel/dir   the embedded backend (SQLite + FTS5 + faiss)
     neo4j://host:7687, neo4j+s://..., bolt://...   a Neo4j 5 server
 
 No URI: $MHQA_STORE, else an embedded store in the user data dir.

@@ -1,19 +1,20 @@
 """The embedded backend: no server, one directory on disk.
 
     <dir>/store.sqlite   source of truth: entities, triples, passages, FTS5 lexical indexes
-    <dir>/graph.lbug     ladybug graph (Entity nodes, REL edges), kept in step with SQLite; no query reads it now
     <dir>/vectors/*.faiss one HNSW index per graph (entity names) and per corpus (passages)
+    <dir>/store.lock     the writer's lock
 
-SQLite commits first. The ladybug graph and the faiss indexes are derived from it and carry the
-SQLite row ids. When an index is loaded, its count and highest id are checked against SQLite: one
-that is behind (an interrupted write) is caught up with the rows above its highest id; one that is
-ahead or disagrees (SQLite lost its last commits, a damaged file) is rebuilt. Ingestion is idempotent
-because SQLite's UNIQUE constraints decide what is new.
+SQLite commits first. The faiss indexes are derived from it and carry the SQLite row ids. When an index is
+loaded, its count and highest id are checked against SQLite: one that is behind (an interrupted write) is caught
+up with the rows above its highest id; one that is ahead or disagrees (SQLite lost its last commits, a damaged
+file) is rebuilt. Ingestion is idempotent because SQLite's UNIQUE constraints decide what is new.
 
-`node_info` reads SQLite's indexes, capped at MAX_NODE_FACTS facts each way (faster than ladybug's 1-hop match,
-and bounded for a hub). A writer holds ladybug's exclusive lock (one writer per store). A reader (`read_only=True`)
-takes no lock: it reads SQLite (WAL lets it read beside a writer) and catches its vector indexes up in memory,
-never touching a file. SQLite errors become typed: StoreBusy (retry), StoreUnavailable, CorruptStore.
+`node_info` reads SQLite's indexes, capped at MAX_NODE_FACTS facts each way (bounded for a hub). A writer holds
+an exclusive lock on store.lock (the operating system's, dropped when the process dies): a second writer, in this
+process or another, gets StoreLocked. A reader (`read_only=True`) takes no lock: it reads SQLite (WAL lets it
+read beside a writer) and catches its vector indexes up in memory, never touching a file. The ladybug graph an
+older version kept (graph.lbug) is read by nothing; a writer's open deletes it. SQLite errors become typed:
+StoreBusy (retry), StoreUnavailable, CorruptStore.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-import pyarrow as pa
+from filelock import FileLock, Timeout
 
 from ..embeddings import Embedder, load_embedder, resolve_spec
 from ..errors import (
@@ -54,7 +55,8 @@ from .vectors import VectorIndex
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = "2"
-KEY_SEP = "\x1f"
+LOCK_FILE = "store.lock"
+OLD_GRAPH = "graph.lbug"  # an older version's ladybug graph, with its siblings graph.lbug.*
 EMBED_BATCH = 256
 MAX_FTS_TERMS = 64
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -87,10 +89,6 @@ CREATE TRIGGER IF NOT EXISTS passages_ai AFTER INSERT ON passages BEGIN
 CREATE INDEX IF NOT EXISTS triples_object ON triples(graph, object);
 """
 
-LADYBUG_SCHEMA = (
-    "CREATE NODE TABLE IF NOT EXISTS Entity(key STRING, id INT64, graph STRING, name STRING, PRIMARY KEY(key))",
-    "CREATE REL TABLE IF NOT EXISTS REL(FROM Entity TO Entity, relation STRING, tid INT64, src INT64)",
-)
 # node_info: the entity's facts one way, first in (relation, other name) order, at most `limit`. A top-N sort in
 # SQLite: a hub costs its degree in time but only `limit` rows in memory. A self-loop is both out and in.
 SQL_FACTS = {
@@ -113,10 +111,6 @@ def fts_query(text: str) -> str | None:
     """A safe FTS5 query: every word of `text` as a quoted term, OR-ed. None if no words."""
     terms = list(dict.fromkeys(w.lower() for w in _WORD.findall(text)))[:MAX_FTS_TERMS]
     return " OR ".join(f'"{t}"' for t in terms) if terms else None
-
-
-def entity_key(graph: str, name: str) -> str:
-    return f"{graph}{KEY_SEP}{name}"
 
 
 def store_error(path: Path, exc: sqlite3.Error) -> StoreError | None:
@@ -158,7 +152,6 @@ def typed_errors(method: F) -> F:
 
 class EmbeddedStore(KnowledgeStore):
     backend = "embedded"
-    _graphs: Pool[Any]
 
     def __init__(self, root: Path, embedder: str | None = None, read_only: bool = False) -> None:
         self.root = Path(root)
@@ -166,7 +159,7 @@ class EmbeddedStore(KnowledgeStore):
         self.read_only = read_only
         self._write_lock = threading.RLock()
         self._sqlite: Pool[sqlite3.Connection] = Pool(self._connect, POOL_SIZE)
-        self._graph_db: Any = None  # ladybug's Database, for a writer only; `_graphs` its connections
+        self._lock: FileLock | None = None  # a writer's, held until close
         self._vectors: dict[tuple[str, str], VectorIndex] = {}
         self._closed = False
         self._embedder: Embedder | None = None
@@ -193,11 +186,13 @@ class EmbeddedStore(KnowledgeStore):
     @typed_errors
     def _open_files(self) -> None:
         sqlite_path = self.root / "store.sqlite"
-        if self.root.exists() and not sqlite_path.exists() and any(self.root.iterdir()):
+        if self.root.exists() and not sqlite_path.exists() and any(p.name != LOCK_FILE for p in self.root.iterdir()):
             raise CorruptStore(f"{self.root} is not an mhqa store (no store.sqlite); give an empty or new directory")
         if self.read_only and not sqlite_path.exists():
             raise CorruptStore(f"{self.root} holds no store to open read-only")
         self.root.mkdir(parents=True, exist_ok=True)
+        if not self.read_only:
+            self._lock_writer()
         self._db = self._connect()
         if not self.read_only:
             self._db.executescript(SCHEMA)
@@ -215,38 +210,19 @@ class EmbeddedStore(KnowledgeStore):
                                f"{NEW_STORE_HINT}")
         if not self.read_only:
             (self.root / "vectors").mkdir(exist_ok=True)
-            self._open_graph()
-
-    def _open_graph(self) -> None:
-        """Open the ladybug graph for writing (its lock makes this the only writer); a graph that cannot be read
-        is derived data: it is rebuilt from SQLite."""
-        import ladybug
-
-        path = self.root / "graph.lbug"
-        try:
-            self._open_graph_db(ladybug, path)
-        except RuntimeError as e:
-            msg = str(e)
-            if "lock" in msg.lower():
-                raise StoreLocked(f"{self.root} is open for writing in another process ({msg})") from e
-            log.warning("graph %s cannot be read (%s); it is rebuilt from store.sqlite", path, msg)
-            self._close_graph()
-            for part in self.root.glob("graph.lbug*"):
+            for part in self.root.glob(f"{OLD_GRAPH}*"):
+                log.info("deleting %s: an older version's graph, which nothing reads", part)
                 shutil.rmtree(part) if part.is_dir() else part.unlink()
-            self._open_graph_db(ladybug, path)
 
-    def _open_graph_db(self, ladybug: Any, path: Path) -> None:
-        self._graph_db = ladybug.Database(str(path))
-        self._graphs = Pool(lambda: ladybug.Connection(self._graph_db), POOL_SIZE)
-        with self._graphs.lend() as conn:
-            for stmt in LADYBUG_SCHEMA:
-                conn.execute(stmt)
-
-    def _close_graph(self) -> None:
-        if self._graph_db is not None:
-            self._graphs.close()  # ladybug keeps its file lock while any connection lives
-            self._graph_db.close()
-            self._graph_db = None
+    def _lock_writer(self) -> None:
+        """Take the store's writer lock, or raise StoreLocked if another writer holds it."""
+        lock = FileLock(self.root / LOCK_FILE, timeout=0, thread_local=False)  # close() may run on any thread
+        try:
+            lock.acquire()
+        except Timeout:
+            raise StoreLocked(f"{self.root} is open for writing elsewhere (another process or store object)") \
+                from None
+        self._lock = lock
 
     def _connect(self) -> sqlite3.Connection:
         path = self.root / "store.sqlite"
@@ -300,45 +276,8 @@ class EmbeddedStore(KnowledgeStore):
         with self._write_lock:
             for tmp in (self.root / "vectors").glob("*.tmp"):  # left by a writer killed mid-flush
                 tmp.unlink()
-            self._sync_graph(check=True)
             for kind, name in self._db.execute("SELECT kind, name FROM collections").fetchall():
                 self._vector_index(kind, name).flush()
-
-    def _graph_extent(self, conn: Any) -> tuple[tuple[int, int], tuple[int, int]]:
-        """(count, highest id) of the graph's entities and of its edges."""
-        nodes = conn.execute("MATCH (e:Entity) RETURN count(e), coalesce(max(e.id), 0)").get_next()
-        edges = conn.execute("MATCH ()-[r:REL]->() RETURN count(r), coalesce(max(r.tid), 0)").get_next()
-        return (int(nodes[0]), int(nodes[1])), (int(edges[0]), int(edges[1]))
-
-    def _sync_graph(self, check: bool = False) -> None:
-        with self._graphs.lend() as conn:
-            (n_nodes, max_entity), (n_edges, max_triple) = self._graph_extent(conn)
-            if check and not (self._agrees("entities", n_nodes, max_entity)
-                              and self._agrees("triples", n_edges, max_triple)):
-                log.warning("graph %s disagrees with store.sqlite; it is rebuilt", self.root / "graph.lbug")
-                conn.execute("DROP TABLE REL")
-                conn.execute("DROP TABLE Entity")
-                for stmt in LADYBUG_SCHEMA:
-                    conn.execute(stmt)
-                max_entity = max_triple = 0
-            rows = self._db.execute(
-                "SELECT id, graph, name FROM entities WHERE id > ? ORDER BY id", (max_entity,)).fetchall()
-            if rows:
-                ids, graphs, names = zip(*rows)
-                nodes = pa.table({"key": [entity_key(g, n) for g, n in zip(graphs, names)],
-                                  "id": pa.array(ids, pa.int64()), "graph": list(graphs), "name": list(names)})
-                conn.execute("COPY Entity FROM $rows", {"rows": nodes})
-            rows = self._db.execute(
-                "SELECT t.id, t.graph, s.name, t.relation, o.name, t.subject FROM triples t "
-                "JOIN entities s ON s.id = t.subject JOIN entities o ON o.id = t.object "
-                "WHERE t.id > ? ORDER BY t.id", (max_triple,)).fetchall()
-            if rows:
-                tids, graphs, subjects, relations, objects, subject_ids = zip(*rows)
-                edges = pa.table({"from": [entity_key(g, s) for g, s in zip(graphs, subjects)],
-                                  "to": [entity_key(g, o) for g, o in zip(graphs, objects)],
-                                  "relation": list(relations), "tid": pa.array(tids, pa.int64()),
-                                  "src": pa.array(subject_ids, pa.int64())})
-                conn.execute("COPY REL FROM $rows", {"rows": edges})
 
     def _sync_vectors(self, kind: str, name: str, index: VectorIndex, check: bool = False) -> None:
         """Add the collection's rows above the index's highest id; with `check`, first rebuild an index that
@@ -375,7 +314,6 @@ class EmbeddedStore(KnowledgeStore):
                 added = db.executemany(
                     "INSERT OR IGNORE INTO triples(graph, subject, relation, object) VALUES (?, ?, ?, ?)",
                     [(graph, ids[s], r, ids[o]) for s, r, o in triples]).rowcount
-            self._sync_graph()
             self._flush_vectors("graph", graph)
         return added
 
@@ -536,4 +474,5 @@ class EmbeddedStore(KnowledgeStore):
             self._sqlite.close()
             if getattr(self, "_db", None) is not None:
                 self._db.close()
-            self._close_graph()
+            if self._lock is not None:
+                self._lock.release()
