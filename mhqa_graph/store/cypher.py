@@ -199,11 +199,16 @@ MATCH (e:Entity)
 WHERE e.graph = $graph AND e.folded = $folded
 RETURN e.name AS name
 LIMIT 2"""
-# At most $limit facts each way, so a hub entity costs $limit, not its degree; `degree` tells what was left out.
+# The first $limit facts each way in (relation, other name) order, as the embedded store's, so a hub entity
+# costs a top-N sort and $limit rows; `degree` tells what was left out. Neo4j orders strings by UTF-16 code unit,
+# SQLite by code point: the two differ only where one string has a character above U+FFFF and the other one of
+# U+E000-U+FFFF at the first place they differ, and so may cut a hub's facts differently there.
 NODE_INFO = """\
 MATCH (n:Entity {key: $key})
-RETURN COLLECT { MATCH (n)-[r:REL]->(m) RETURN {relation: r.relation, other: m.name, direction: 'out'} LIMIT $limit }
-     + COLLECT { MATCH (n)<-[r:REL]-(m) RETURN {relation: r.relation, other: m.name, direction: 'in'} LIMIT $limit }
+RETURN COLLECT { MATCH (n)-[r:REL]->(m) WITH r, m ORDER BY r.relation, m.name LIMIT $limit
+                 RETURN {relation: r.relation, other: m.name, direction: 'out'} }
+     + COLLECT { MATCH (n)<-[r:REL]-(m) WITH r, m ORDER BY r.relation, m.name LIMIT $limit
+                 RETURN {relation: r.relation, other: m.name, direction: 'in'} }
        AS facts,
        COUNT { (n)-[:REL]->() } + COUNT { (n)<-[:REL]-() } AS degree"""
 # Full-text: `$query` carries `+gid:<collection>`, so Lucene returns this collection's best $k.
