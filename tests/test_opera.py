@@ -142,7 +142,8 @@ def test_placeholder_to_future_step_is_left_as_written_with_the_question(store):
     assert out["answer"] == "London" and out["error"] is None
     assert out["steps"][1]["query"] == "Where was [Answer3] born?"  # never another step's answer
     assert out["steps"][1]["attempts"][0]["query"] == f"Where was [Answer3] born? (question: {QUESTION})"
-    assert "Current sub-goal: Where was [Answer3] born?\n" in roles["analysis"].calls[1][-1].text
+    # no placeholder ties the two sub-goals, so they run side by side: their analysis calls come in either order
+    assert any("Current sub-goal: Where was [Answer3] born?\n" in call[-1].text for call in roles["analysis"].calls)
     assert any("[Answer3]" in n and n.startswith("warning") for n in out["notes"])
     assert out["steps"][1]["warnings"] and out["placeholders"] == {"written": 1, "resolved": 0, "fill_rate": 0.0}
 
