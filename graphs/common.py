@@ -94,7 +94,7 @@ class AgentContext:
                             "constrained: the same, but a role whose backend constrains nothing is an error "
                             "(turns a backend cannot express still use the prompt); prompt: never constrain.")
     guards: str = setting("auto", help="Small-model guards to run (graphs/guards.py): auto (the default set), none, "
-                          "or comma-separated names.")
+                          "comma-separated names, or -name,+name to change the default set.")
     guard_mode: str = setting("enforce", help="enforce: a guard that fires changes the run; log: it is only "
                               "recorded in the run's guards list.")
 

@@ -1,8 +1,8 @@
 """Guards: rules that exist for a small model's sake, kept apart from the papers' mechanisms.
 
 Each guard has a name, the stage it acts at and the agents that have it. Two settings pick them:
-`guards` ("auto": the default set `AUTO`; "none"; a comma-separated list of names; or "-name,..." for the
-default set without those) and `guard_mode`
+`guards` ("auto": the default set `AUTO`; "none"; a comma-separated list of names; "-name,..." for the
+default set without those, "+name,..." for it with those) and `guard_mode`
 ("enforce": a firing changes the run; "log": it is only recorded). Every firing goes to the run's `guards`
 list (stage, guard, before, after, enforced), which traces, `mhqa eval` summaries and `bench/agents.py`
 read. A guard that raises is recorded with its error and skipped: the run goes on as if it had not fired.
@@ -34,13 +34,15 @@ class Guard:
     does: str  # one line: what it changes when it fires
     replaces_answer: bool = False  # it rewrites the model's final answer (a training target it touched is dropped)
     prompt_only: bool = False  # it only adds a hint to a prompt: the reply stays the model's own
+    default: bool = True  # in `AUTO`; off where the ablation on fresh questions (docs/benchmarks.md) showed no gain
 
 
 GUARDS: dict[str, Guard] = {g.name: g for g in (
     Guard("plan_runaway_cut", "plan", ("opera",),
           "a plan cut off by the token limit that repeats one sub-goal is cut before the repeats"),
     Guard("analysis_refusal", "analysis", ("opera",),
-          "an analysis answer that says there is none ('unknown', 'the passages do not mention') is no answer"),
+          "an analysis answer that says there is none ('unknown', 'the passages do not mention') is no answer",
+          default=False),
     Guard("analysis_grounded", "analysis", ("opera",),
           "a short analysis answer that no shown passage contains is marked insufficient (a rewrite follows)"),
     Guard("options_line", "conclusion", ("opera",),
@@ -57,39 +59,41 @@ GUARDS: dict[str, Guard] = {g.name: g for g in (
           "a worker answer that says there is none in other words than 'unknown' counts as unknown"),
     Guard("no_answer_fallback", "conclusion", ("mujica",),
           "a conclusion that says there is no answer becomes a worker's answer to the question itself",
-          replaces_answer=True),
+          replaces_answer=True, default=False),
     Guard("short_answer_reask", "conclusion", ("mujica",),
           "a conclusion that reads as a sentence and is no worker's answer is asked for again, short"),
     Guard("date_comparison", "conclusion", ("opera", "mujica"),
           "an 'X or Y, which came first?' answer is replaced by the option the found dates pick",
-          replaces_answer=True),
+          replaces_answer=True, default=False),
     Guard("option_answer", "conclusion", ("opera", "mujica"),
           "an answer naming what a step found about one option (its director) becomes that option",
-          replaces_answer=True),
+          replaces_answer=True, default=False),
     Guard("send_back_ungrounded", "tool answer", ("omne",),
           "an answer no fact of the run contains is sent back once, with the start entity's facts"),
     Guard("send_back_one_hop", "tool answer", ("omne",),
           "an answer one hop short (an entity with relations the question asks about) is sent back once"),
 )}
-AUTO = tuple(GUARDS)  # the default set; bench/agents.py --guards measures each against none
+AUTO = tuple(n for n, g in GUARDS.items() if g.default)  # bench/agents.py --guards each measures each one
 MODES = ("enforce", "log")
 
 
 def selected(spec: Any) -> frozenset[str]:
-    """The guard names a `guards` setting turns on: "auto", "none", names ("unecho,option_answer"), or names to
-    leave out of the default set ("-date_comparison,-option_answer"); InvalidInput for an unknown name."""
+    """The guard names a `guards` setting turns on: "auto", "none", names ("unecho,option_answer"), or changes to
+    the default set ("-unecho,+date_comparison"); InvalidInput for an unknown name."""
     if spec in (None, "", "auto"):
         return frozenset(AUTO)
     if spec == "none":
         return frozenset()
     names = [str(n).strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if str(n).strip()]
-    unknown = [n for n in names if n.removeprefix("-") not in GUARDS]
+    unknown = [n for n in names if n.removeprefix("-").removeprefix("+") not in GUARDS]
     if unknown:
         raise InvalidInput(f"unknown guard(s) {', '.join(map(repr, unknown))}; known: {', '.join(GUARDS)}")
-    left_out = {n[1:] for n in names if n.startswith("-")}
-    if left_out and any(not n.startswith("-") for n in names):
-        raise InvalidInput("guards: list names to turn on, or -names to leave out of the default set, not both")
-    return frozenset(AUTO) - left_out if left_out else frozenset(names)
+    changes = [n for n in names if n[0] in "+-"]
+    if not changes:
+        return frozenset(names)
+    if len(changes) < len(names):
+        raise InvalidInput("guards: list names to turn on, or +/-names to change the default set, not both")
+    return frozenset(AUTO) - {n[1:] for n in names if n[0] == "-"} | {n[1:] for n in names if n[0] == "+"}
 
 
 def check_settings(guards: Any, mode: Any) -> None:

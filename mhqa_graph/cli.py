@@ -261,7 +261,7 @@ def ask_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the answer and the run's trace as JSON.")] = False,
     trace: Annotated[Path | None, typer.Option("--trace", help="Write the run's trace (mhqa_graph.traces.Trace) "
                                                                 "as JSON to FILE.")] = None,
-    guards: Annotated[str | None, typer.Option("--guards", help="auto | none | comma-separated guard names "
+    guards: Annotated[str | None, typer.Option("--guards", help="auto | none | guard names | -name,+name "
                                                                 "(graphs/guards.py).")] = None,
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
     model_timeout: ModelTimeoutOpt = None,
@@ -318,7 +318,7 @@ def eval_cmd(
                                                                  "records).")] = False,
     decoding: Annotated[str | None, typer.Option("--decoding", help="auto | constrained | prompt: constrain "
                                                                     "replies to their format (default auto).")] = None,
-    guards: Annotated[str | None, typer.Option("--guards", help="auto | none | comma-separated guard names "
+    guards: Annotated[str | None, typer.Option("--guards", help="auto | none | guard names | -name,+name "
                                                                 "(graphs/guards.py).")] = None,
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
     model_timeout: ModelTimeoutOpt = None,

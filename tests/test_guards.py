@@ -44,7 +44,10 @@ def omne(store, **settings):
 
 
 def test_every_guard_is_named_with_its_stage_and_agents():
-    assert set(G.AUTO) == set(G.GUARDS) and len(G.GUARDS) == 15
+    assert len(G.GUARDS) == 15
+    # off by default: those that replace the model's answer, and one that changed no answer where it fired
+    assert set(G.GUARDS) - set(G.AUTO) == {"no_answer_fallback", "date_comparison", "option_answer",
+                                           "analysis_refusal"}
     assert {g.stage for g in G.GUARDS.values()} == {"plan", "analysis", "worker answer", "conclusion", "tool answer"}
     assert [n for n, g in G.GUARDS.items() if "omne" in g.agents] == ["send_back_ungrounded", "send_back_one_hop"]
     assert {n for n, g in G.GUARDS.items() if g.replaces_answer} == {"no_answer_fallback", "date_comparison",
@@ -56,6 +59,7 @@ def test_every_guard_is_named_with_its_stage_and_agents():
     ({"guard_mode": "dry-run"}, "guard_mode must be one of enforce, log"),
     ({"guards": 3}, "guards must be 'auto', 'none' or a list"),
     ({"guards": "unecho,-option_answer"}, "not both"),
+    ({"guards": "+unecho,option_answer"}, "not both"),
     ({"guards": "--unecho"}, "unknown guard"),
 ])
 def test_guard_settings_are_checked(settings, message):
@@ -64,7 +68,8 @@ def test_guard_settings_are_checked(settings, message):
 
 
 def test_a_guard_can_be_left_out_of_the_default_set():
-    assert G.selected("-date_comparison,-option_answer") == set(G.AUTO) - {"date_comparison", "option_answer"}
+    assert G.selected("-unecho,-options_line") == set(G.AUTO) - {"unecho", "options_line"}
+    assert G.selected("+date_comparison,-unecho") == set(G.AUTO) - {"unecho"} | {"date_comparison"}
     assert G.selected(["unecho"]) == {"unecho"} and G.selected("none") == set()
     assert G.selected("-unecho,-unecho") == set(G.AUTO) - {"unecho"}
 
@@ -146,11 +151,12 @@ def test_log_mode_follows_the_path_of_a_guard_that_is_off():
     reply = {"sufficient": True, "answer": "unknown"}
     for mode, firings, answer in (("enforce", ["analysis_refusal"], ""), ("log", ["analysis_refusal"], "unknown")):
         log: list[dict] = []
-        out = check_analysis(reply, ["a passage about films"], make_context("opera", llm="fake", guard_mode=mode), log)
+        on = make_context("opera", llm="fake", guards="+analysis_refusal", guard_mode=mode)
+        out = check_analysis(reply, ["a passage about films"], on, log)
         assert [f["guard"] for f in log] == firings and out["answer"] == answer
     off = check_analysis(reply, ["a passage about films"], make_context("opera", llm="fake", guards="none"), [])
-    assert off == check_analysis(reply, ["a passage about films"], make_context("opera", llm="fake", guard_mode="log"),
-                                 [])
+    logged = make_context("opera", llm="fake", guards="+analysis_refusal", guard_mode="log")
+    assert off == check_analysis(reply, ["a passage about films"], logged, [])
 
 
 def test_a_plan_at_the_grammar_cap_that_repeats_itself_is_cut(store):

@@ -380,11 +380,12 @@ def test_an_unknown_subquestion_asked_again_unchanged_under_a_new_id_is_dropped(
 def test_unknown_from_the_planner_gives_way_to_a_workers_answer_to_the_question_itself(store):
     question = "What is the capital of France?"
     plan = planner([{"subquestions": [subq("q1", question)]}, {"answer": "unknown"}])
-    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, answering_worker()))
+    on = {"guards": "+no_answer_fallback"}  # off by default: it replaces the model's answer
+    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, answering_worker(), **on))
     assert out["answer"] == "Paris" and out["error"] is None
     assert "NoAnswer: the planner concluded 'unknown'; a worker answered the question itself" in out["notes"]
     plan = planner([{"subquestions": [subq("q1", "What is the capital city of France?")]}, {"answer": "unknown"}])
-    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, answering_worker()))
+    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, answering_worker(), **on))
     assert out["answer"] == "unknown"  # no worker answered the question itself
 
 
@@ -458,7 +459,7 @@ def test_a_date_comparison_is_settled_in_code_over_the_planners_answer(store):
     work = worker_saying({"Who directed Casablanca": '{"relevant": [1], "answer": "Michael Curtiz"}',
                           "When was Michael Curtiz": '{"relevant": [1], "answer": "December 24, 1886"}',
                           "When was Christopher Nolan": '{"relevant": [1], "answer": "30 July 1970"}'})
-    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, work))
+    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, work, guards="+date_comparison"))
     assert out["answer"] == "Casablanca" and out["error"] is None
     assert ("DateComparison: settled in code (Inception: 1970-7-30; Casablanca: 1886-12-24); "
             "the planner concluded 'Michael Curtiz'") in out["notes"]
@@ -469,7 +470,7 @@ def test_an_answer_a_worker_found_about_one_option_becomes_that_option(store):
     plan = planner([{"subquestions": [subq("q1", "Who directed Inception?"), subq("q2", "Who directed Casablanca?")]},
                     {"answer": "Michael Curtiz"}])
     work = worker_saying({"Who directed Casablanca": '{"relevant": [1], "answer": "Michael Curtiz"}'})
-    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, work))
+    out = mujica.graph.invoke({"question": question}, context=ctx(store, plan, work, guards="+option_answer"))
     assert out["answer"] == "Casablanca" and out["error"] is None
     assert "OptionAnswer: 'Michael Curtiz' answers step 2, about 'Casablanca'" in out["notes"]
 

@@ -108,7 +108,8 @@ def test_parsers_accept_common_shapes_and_reject_others():
             check_plan(bad)
     assert check_analysis({"status": "yes", "answer": "Answer: Nolan", "analysis": "r"}) == \
         {"reasoning": "r", "sufficient": True, "answer": "Nolan", "flag": None}
-    assert check_analysis({"sufficient": "true", "answer": "unknown"})["sufficient"] is False
+    refusal_on = OperaContext(guards="+analysis_refusal")
+    assert check_analysis({"sufficient": "true", "answer": "unknown"}, ctx=refusal_on)["sufficient"] is False
     with pytest.raises(ValueError):
         check_analysis({"verdict": "yes"})
     assert parse_rewrite('{"query": "Inception director"}') == "Inception director"
@@ -152,7 +153,7 @@ def test_refusal_is_insufficient_and_never_filled_into_the_next_subgoal(store):
     refusal = ('<think>The passages talk about films.</think>\n{"reasoning": "No passage names him.", '
                '"sufficient": true, "answer": "The passages do not mention who directed Inception."}')
     roles = models(analysis=[refusal, refusal, said("London")], rewrite=['{"query": "Inception director"}'])
-    out = run(store, roles, max_rewrites=1)
+    out = run(store, roles, max_rewrites=1, guards="+analysis_refusal")
     first, second = out["steps"]
     assert [a["analysis"]["answer"] for a in first["attempts"]] == ["", ""]
     assert [a["analysis"]["flag"] for a in first["attempts"]] == ["no answer", "no answer"]
@@ -465,7 +466,8 @@ def test_a_date_comparison_is_settled_in_code(store, word, winner):
                                                   "Which film came out first?"]})],
                    answer=["Interstellar is newer"])
     roles["analysis"] = FakeChatModel(respond=_released)
-    out = run(store, roles, question=f"Which film came out {word}, Inception or Interstellar?")
+    out = run(store, roles, question=f"Which film came out {word}, Inception or Interstellar?",
+              guards="+date_comparison")
     assert out["answer"] == winner and out["error"] is None and len(roles["answer"].calls) == 1
     assert ("DateComparison: settled in code (Inception: 2010-0-0; Interstellar: 2014-0-0); the synthesis said "
             "'Interstellar is newer'") in out["notes"]
@@ -475,7 +477,7 @@ def test_a_date_comparison_is_settled_in_code(store, word, winner):
 
 
 @pytest.mark.parametrize("settings", [{"guards": "none"}, {"guards": "options_line,option_answer"},
-                                      {"guard_mode": "log"}])
+                                      {"guards": "+date_comparison", "guard_mode": "log"}])
 def test_the_date_comparison_guard_can_be_switched_off_or_logged(store, settings):
     roles = models(plan=[json.dumps({"subgoals": ["When was Inception released?", "When was Interstellar released?",
                                                   "Which film came out first?"]})],
@@ -522,7 +524,7 @@ def test_a_synthesis_naming_what_a_step_found_about_one_option_gives_that_option
     roles["analysis"] = FakeChatModel(respond=lambda m: said("Hans Zimmer") if "of Inception?" in m[-1].text
                                       else said("", False))
     out = run(store, roles, question="Which film has the composer born earlier, Inception or Interstellar?",
-              max_rewrites=0)
+              max_rewrites=0, guards="+option_answer")
     assert out["answer"] == "Inception" and out["error"] is None
     assert "OptionAnswer: 'Hans Zimmer' answers step 1, about 'Inception'" in out["notes"]
 
