@@ -71,6 +71,18 @@ def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
     return agent, settings
 
 
+def split_agents(text: str) -> list[str]:
+    """`rag,opera:guards=-unecho,-options_line` -> ["rag", "opera:guards=-unecho,-options_line"]: a comma starts a
+    new variant only where an agent's name follows it."""
+    variants: list[str] = []
+    for part in (p.strip() for p in text.split(",")):
+        if variants and part.partition(":")[0] not in AGENTS:
+            variants[-1] += "," + part
+        elif part:
+            variants.append(part)
+    return variants
+
+
 def run_dir(out: Path, llm: str, env: str, agent: str) -> Path:
     return out / "runs" / re.sub(r"[^\w.-]+", "_", llm) / env / re.sub(r"[^\w.=;,-]+", "_", agent)
 
@@ -318,7 +330,7 @@ def main() -> None:
     if args.quick:
         envs, args.limit = list(QUICK[0]), QUICK[1]
     args.store = args.store or f"embedded://{(args.out / 'store').resolve()}"
-    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    agents = split_agents(args.agents)
     if args.guards and args.guards != "each":
         agents += [f"{a}:guards={args.guards}" for a in agents if ":" not in a and a not in ("rag", "direct")]
     try:

@@ -68,6 +68,8 @@ def test_report_only_writes_the_table_and_the_plot(folders, monkeypatch, capsys)
 def test_variants_and_intervals():
     assert bench.parse_variant("omne:guards=none;guard_mode=log") == ("omne", {"guards": "none", "guard_mode": "log"})
     assert bench.parse_variant("rag") == ("rag", {})
+    assert bench.split_agents("rag, opera:guards=-unecho,-options_line,omne") == [
+        "rag", "opera:guards=-unecho,-options_line", "omne"]
     for bad in ("omne:tools=x", "gpt", "rag:decoding"):
         with pytest.raises(ValueError, match="bad agent"):
             bench.parse_variant(bad)
