@@ -105,7 +105,8 @@ def guards_off(variant: str) -> tuple[str, frozenset[str]] | None:
     if "guards" not in settings or settings.get("guard_mode", "enforce") != "enforce":
         return None
     rest = {k: v for k, v in settings.items() if k != "guards"}
-    off = frozenset(n for n in selected("auto") - selected(settings["guards"]) if agent in GUARDS[n].agents)
+    turned_off = selected("auto", agent) - selected(settings["guards"], agent)
+    off = frozenset(n for n in turned_off if agent in GUARDS[n].agents)
     if not off:
         return None
     return agent + (":" + ";".join(f"{k}={v}" for k, v in rest.items()) if rest else ""), off

@@ -10,6 +10,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from difflib import get_close_matches
 from typing import (
     Any,
+    ClassVar,
     NotRequired,  # pydantic needs these on Python 3.11
     TypeVar,
 )
@@ -67,6 +68,8 @@ def setting(default: Any = MISSING, *, help: str, default_factory: Any = MISSING
 class AgentContext:
     """Run settings. LangGraph Studio shows them as a form; in Python, `llm`, `role_llms` values and
     `store` may also be objects (a chat model, a KnowledgeStore)."""
+
+    agent: ClassVar[str] = ""  # the agent these settings are of: its default guards (graphs/guards.py)
 
     llm: str = setting("auto", help="Model spec of every role: a pack name (qwen2.5-coder-1.5b), "
                        "llamacpp:<pack>, hf:<folder>, openai:<url>#<model> or fake:[\"reply\", ...]; "

@@ -1,8 +1,8 @@
 """Guards: rules that exist for a small model's sake, kept apart from the papers' mechanisms.
 
 Each guard has a name, the stage it acts at and the agents that have it. Two settings pick them:
-`guards` ("auto": the default set `AUTO`; "none"; a comma-separated list of names; "-name,..." for the
-default set without those, "+name,..." for it with those) and `guard_mode`
+`guards` ("auto": the agent's default set, `defaults(agent)`; "none"; a comma-separated list of names;
+"-name,..." for the default set without those, "+name,..." for it with those) and `guard_mode`
 ("enforce": a firing changes the run; "log": it is only recorded). Every firing goes to the run's `guards`
 list (stage, guard, before, after, enforced), which traces, `mhqa eval` summaries and `bench/agents.py`
 read. A guard that raises is recorded with its error and skipped: the run goes on as if it had not fired.
@@ -34,7 +34,8 @@ class Guard:
     does: str  # one line: what it changes when it fires
     replaces_answer: bool = False  # it rewrites the model's final answer (a training target it touched is dropped)
     prompt_only: bool = False  # it only adds a hint to a prompt: the reply stays the model's own
-    default: bool = True  # in `AUTO`; off where the ablation on fresh questions (docs/benchmarks.md) showed no gain
+    default: tuple[str, ...] | None = None  # the agents it is on for by default (None: all of `agents`); the
+    # ablation on fresh questions (docs/benchmarks.md) decides: an answer-replacing guard is on only where it paid
 
 
 GUARDS: dict[str, Guard] = {g.name: g for g in (
@@ -58,29 +59,35 @@ GUARDS: dict[str, Guard] = {g.name: g for g in (
           "a worker answer that says there is none in other words than 'unknown' counts as unknown"),
     Guard("no_answer_fallback", "conclusion", ("mujica",),
           "a conclusion that says there is no answer becomes a worker's answer to the question itself",
-          replaces_answer=True, default=False),
+          replaces_answer=True, default=()),
     Guard("short_answer_reask", "conclusion", ("mujica",),
           "a conclusion that reads as a sentence and is no worker's answer is asked for again, short"),
     Guard("date_comparison", "conclusion", ("opera", "mujica"),
           "an 'X or Y, which came first?' answer is replaced by the option the found dates pick",
-          replaces_answer=True, default=False),
+          replaces_answer=True, default=("mujica",)),
     Guard("option_answer", "conclusion", ("opera", "mujica"),
           "an answer naming what a step found about one option (its director) becomes that option",
-          replaces_answer=True, default=False),
+          replaces_answer=True, default=("mujica",)),
     Guard("send_back_ungrounded", "tool answer", ("omne",),
           "an answer no fact of the run contains is sent back once, with the start entity's facts"),
     Guard("send_back_one_hop", "tool answer", ("omne",),
           "an answer one hop short (an entity with relations the question asks about) is sent back once"),
 )}
-AUTO = tuple(n for n, g in GUARDS.items() if g.default)  # bench/agents.py --guards each measures each one
+
+
+def defaults(agent: str | None = None) -> frozenset[str]:
+    """The default set ("auto") of `agent`, or of any agent."""
+    return frozenset(n for n, g in GUARDS.items() if (g.agents if g.default is None else g.default)
+                     and (agent is None or agent in (g.agents if g.default is None else g.default)))
+
 MODES = ("enforce", "log")
 
 
-def selected(spec: Any) -> frozenset[str]:
+def selected(spec: Any, agent: str | None = None) -> frozenset[str]:
     """The guard names a `guards` setting turns on: "auto", "none", names ("unecho,option_answer"), or changes to
-    the default set ("-unecho,+date_comparison"); InvalidInput for an unknown name."""
+    `agent`'s default set ("-unecho,+date_comparison"); InvalidInput for an unknown name."""
     if spec in (None, "", "auto"):
-        return frozenset(AUTO)
+        return defaults(agent)
     if spec == "none":
         return frozenset()
     names = [str(n).strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if str(n).strip()]
@@ -92,7 +99,7 @@ def selected(spec: Any) -> frozenset[str]:
         return frozenset(names)
     if len(changes) < len(names):
         raise InvalidInput("guards: list names to turn on, or +/-names to change the default set, not both")
-    return frozenset(AUTO) - {n[1:] for n in names if n[0] == "-"} | {n[1:] for n in names if n[0] == "+"}
+    return defaults(agent) - {n[1:] for n in names if n[0] == "-"} | {n[1:] for n in names if n[0] == "+"}
 
 
 def check_settings(guards: Any, mode: Any) -> None:
@@ -120,7 +127,7 @@ def firing(name: str, before: Any, after: Any, enforced: bool, error: str | None
 
 def is_on(ctx: Any, name: str) -> bool:
     """Whether guard `name` runs in this context (in either mode)."""
-    return name in selected(getattr(ctx, "guards", "auto"))
+    return name in selected(getattr(ctx, "guards", "auto"), getattr(ctx, "agent", None))
 
 
 def enforced(ctx: Any, name: str) -> bool:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, NotRequired
+from typing import Annotated, Any, ClassVar, Literal, NotRequired
 
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
@@ -97,6 +97,7 @@ EARLIER_FIELDS = ("attempt", "question", "query", "retrieved", "answer", "status
 
 @dataclass
 class MujicaContext(AgentContext):
+    agent: ClassVar[str] = "mujica"
     max_subquestions: int = setting(12, help="Sub-questions asked per run, re-asks included; more are dropped "
                                     "with a note.")
     source: Literal["auto", "corpus", "graph"] = setting("auto", help="Where workers retrieve: corpus or graph; "

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import (
     Annotated,
     Any,
+    ClassVar,
     NotRequired,  # pydantic needs these on 3.11 (Studio schemas)
 )
 
@@ -98,6 +99,7 @@ PREVIEW_CHARS = 200
 
 @dataclass
 class OmneContext(AgentContext):
+    agent: ClassVar[str] = "omne"
     max_calls_per_round: int = setting(5, help="Tool calls run per model turn; further calls get an error result.")
     tool_mode: str = setting("auto", help="native: the model's own tool calling (bind_tools); text: the "
                              "<tool_call> protocol; auto: native when the model supports it.")

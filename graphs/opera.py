@@ -30,7 +30,7 @@ Replies each role is expected to give (what `fake_llms` scripts; `opera_prompts`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
@@ -70,6 +70,8 @@ RECURSION_LIMIT = 1000  # graph steps; a chain of n sub-goals takes 2 + n * (3 *
 @dataclass
 class OperaContext(AgentContext):
     """OPERA settings: `max_rounds` caps the number of sub-goals, `max_rewrites` the rewrites per sub-goal."""
+
+    agent: ClassVar[str] = "opera"
 
     topk_schedule: tuple[int, ...] = setting((), help="Top-k of retrieval attempt 1, 2, ... of a sub-goal; "
                                              "empty = top_k, 2*top_k, 3*top_k, ...")
