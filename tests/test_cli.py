@@ -253,8 +253,10 @@ def test_eval_announces_its_ingest_and_uses_a_given_corpus(filled, tmp_path):
 
 
 CHILD = """
+import signal
 import sys
 import mhqa_graph.models.factory as factory
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as in a terminal, even if our launcher ignores it
 from mhqa_graph.testing.fakes import FakeChatModel
 # every model call takes 0.5 s, so the run is still going when the test interrupts it
 factory.load_chat_model = lambda spec, **kw: FakeChatModel(responses=["<answer>Tulsa</answer>"], latency=0.5)

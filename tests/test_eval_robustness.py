@@ -158,9 +158,12 @@ def test_a_stalled_model_call_times_out_and_is_retried(tmp_path):
 
 
 
-def test_ctrl_c_amid_many_questions_leaves_no_task_pending_and_resumes(tmp_path, caplog):
+def test_ctrl_c_amid_many_questions_leaves_no_task_pending_and_resumes(tmp_path, caplog, request):
     """SIGINT while 16 questions run: EvalInterrupted, and no task is left pending for asyncio to complain about
     when it is collected (LangGraph's clean-ups of the cancelled runs); the rerun asks only the rest."""
+    # Ctrl-C as in a terminal, even where the test runner was started with SIGINT ignored (a background job)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, previous))
     data = write_dataset(tmp_path / "q.jsonl", {f"q{i}": (f"Where is town {i}?", "Tulsa", "bridge", None)
                                                 for i in range(400)})
     calls = itertools.count()
