@@ -17,12 +17,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.messages import convert_to_messages
 
 from mhqa_graph.models.factory import load_chat_model
 
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "recorded"
-MESSAGE = {"system": SystemMessage, "user": HumanMessage, "assistant": AIMessage}
 
 
 def transcript_calls(folder: Path, only: set[str]) -> dict[str, list[dict]]:
@@ -42,8 +41,8 @@ def replay(spec: str, calls: list[dict]) -> dict:
     model.invoke("Hi", max_new_tokens=1)  # loaded before the clock starts
     started, prompt, prefilled, replies = time.perf_counter(), 0, 0, []
     for call in calls:
-        messages = [MESSAGE[m["role"]](m["content"]) for m in call["messages"]]
-        reply = model.invoke(messages, stop=call["stop"] or None, max_new_tokens=max(1, call["output_tokens"]))
+        reply = model.invoke(convert_to_messages(call["messages"]), stop=call["stop"] or None,
+                             max_new_tokens=max(1, call["output_tokens"]))
         usage = reply.usage_metadata
         prompt += usage["input_tokens"]
         prefilled += usage["input_tokens"] - usage["input_token_details"]["cache_read"]

@@ -37,6 +37,10 @@ class Guard:
     default: tuple[str, ...] | None = None  # the agents it is on for by default (None: all of `agents`); the
     # ablation on fresh questions (docs/benchmarks.md) decides: an answer-replacing guard is on only where it paid
 
+    @property
+    def on_by_default(self) -> tuple[str, ...]:
+        return self.agents if self.default is None else self.default
+
 
 GUARDS: dict[str, Guard] = {g.name: g for g in (
     Guard("plan_runaway_cut", "plan", ("opera",),
@@ -77,8 +81,7 @@ GUARDS: dict[str, Guard] = {g.name: g for g in (
 
 def defaults(agent: str | None = None) -> frozenset[str]:
     """The default set ("auto") of `agent`, or of any agent."""
-    return frozenset(n for n, g in GUARDS.items() if (g.agents if g.default is None else g.default)
-                     and (agent is None or agent in (g.agents if g.default is None else g.default)))
+    return frozenset(n for n, g in GUARDS.items() if g.on_by_default and (agent is None or agent in g.on_by_default))
 
 MODES = ("enforce", "log")
 

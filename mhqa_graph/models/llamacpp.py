@@ -124,7 +124,7 @@ class LlamaCppChatModel(BaseChatModel):
         if found and found[2] >= held + MIN_RESTORE:
             tokens, state, shared = found
             llm._ctx.kv_cache_seq_rm(-1, 0, -1)
-            if api.llama_state_seq_set_data(llm._ctx.ctx, (ctypes.c_uint8 * len(state)).from_buffer_copy(state),
+            if api.llama_state_seq_set_data(llm._ctx.ctx, (ctypes.c_uint8 * len(state)).from_buffer(state),
                                             len(state), 0):
                 llm.input_ids[:len(tokens)] = tokens
                 llm.n_tokens, llm._requires_eval, held = len(tokens), True, shared
@@ -138,12 +138,14 @@ class LlamaCppChatModel(BaseChatModel):
         from llama_cpp import llama_cpp as api
 
         llm = self._llm
-        size = api.llama_state_seq_get_size(llm._ctx.ctx, 0)
-        if self._cache is None or not llm.n_tokens or size > self._cache.capacity:
+        if self._cache is None or not llm.n_tokens:
             return
-        buffer = (ctypes.c_uint8 * size)()
-        written = api.llama_state_seq_get_data(llm._ctx.ctx, buffer, size, 0)
-        self._cache.put(llm.input_ids[:llm.n_tokens].tolist(), bytes(buffer)[:written])
+        size = api.llama_state_seq_get_size(llm._ctx.ctx, 0)
+        if size > self._cache.capacity:
+            return
+        state = bytearray(size)  # restored in place later (ctypes from_buffer), so copied once only
+        written = api.llama_state_seq_get_data(llm._ctx.ctx, (ctypes.c_uint8 * size).from_buffer(state), size, 0)
+        self._cache.put(llm.input_ids[:llm.n_tokens].tolist(), state[:written] if written < size else state)
 
     def _tokens(self, formatter: Any, chat: list[dict[str, str]]) -> list[int]:
         text = formatter(messages=chat).prompt

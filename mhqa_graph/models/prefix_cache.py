@@ -24,18 +24,19 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class PrefixCache:
-    """Token sequence -> saved state (bytes), at most `capacity` bytes in all; least recently used out first.
+    """Token sequence -> saved state (a bytearray, which ctypes lends to llama.cpp without a copy), at most
+    `capacity` bytes in all; least recently used out first.
     A sequence that is a prefix of a newer one is dropped: the newer one serves every prompt it would."""
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.size = 0
-        self._states: OrderedDict[tuple[int, ...], bytes] = OrderedDict()
+        self._states: OrderedDict[tuple[int, ...], bytearray] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._states)
 
-    def longest(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], bytes, int] | None:
+    def longest(self, tokens: Sequence[int]) -> tuple[tuple[int, ...], bytearray, int] | None:
         """(the cached sequence sharing the longest prefix with `tokens`, its state, that prefix's length),
         or None if none shares a token; the one found becomes the most recently used."""
         best, shared = None, 0
@@ -48,7 +49,7 @@ class PrefixCache:
         self._states.move_to_end(best)
         return best, self._states[best], shared
 
-    def put(self, tokens: Sequence[int], state: bytes) -> None:
+    def put(self, tokens: Sequence[int], state: bytearray) -> None:
         key = tuple(tokens)
         if not key or len(state) > self.capacity:
             return
