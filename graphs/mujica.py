@@ -22,8 +22,9 @@ Departures from the paper:
   before that, a round that asks nothing sends the question itself to a worker.
 - Guards (graphs/guards.py, each switchable and recorded in `guards`): on the plan `unecho`,
   `plan_off_topic`, `plan_made_up_entity`, `plan_example_copy` (`mujica_plan`); on worker answers
-  `worker_refusal`; on the conclusion `no_answer_fallback`, `short_answer_reask`, `date_comparison`,
-  `option_answer` (`mujica_conclusion`).
+  `worker_refusal` and `unknown_contexts` (a sub-question without an answer is reported with the contexts
+  the worker retrieved, so the planner can ask on about the entities they name); on the conclusion
+  `no_answer_fallback`, `short_answer_reask`, `date_comparison`, `option_answer` (`mujica_conclusion`).
 - On graph facts the worker's prompt names relation synonyms (released: publication date).
 
 Replies each role is expected to give (what `fake_llms` scripts; `mujica_prompts` holds their formats):
@@ -380,6 +381,10 @@ def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
     if answer and (answer.lower().strip(" .!\"'") == "unknown" or check(
             ctx, "worker_refusal", lambda: is_no_answer(answer), f"{sub['id']}: {answer}", "unknown", firings)):
         record["status"] = UNKNOWN
+        if not record["evidence"] and check(ctx, "unknown_contexts", lambda: bool(contexts), f"{sub['id']}: unknown",
+                                            f"{min(len(contexts), EVIDENCE_CONTEXTS)} retrieved contexts", firings):
+            record["evidence"] = [cap_text(c.text, EVIDENCE_CHARS) for c in contexts[:EVIDENCE_CONTEXTS]]
+            record["retrieved_shown"] = True
     elif answer:
         record.update(answer=answer, status=ANSWERED)
     return {"results": {sub["id"]: record}, "guards": firings}

@@ -47,15 +47,17 @@ def best_effort(results: dict[str, dict]) -> str:
 
 # -- the planner's conversation --------------------------------------------------------------
 def report(results: dict[str, dict], since_wave: int) -> tuple[str, str]:
-    """The workers' answers since wave `since_wave`, with the contexts they selected, and the same without
-    the contexts (how older rounds are summarised)."""
+    """The workers' answers since wave `since_wave`, with the contexts they selected (or, for a sub-question
+    they could not answer, retrieved: the `unknown_contexts` guard), and the same without the contexts (how
+    older rounds are summarised)."""
     full, brief = [], []
     for r in results.values():
         if r["wave"] <= since_wave:
             continue
         line = f"{r['id']}: {r['query']} -> {outcome(r)}"
         brief.append(line)
-        full += [line] + [f"  context: {e}" for e in r.get("evidence", [])]
+        label = P.RETRIEVED if r.get("retrieved_shown") else P.SELECTED
+        full += [line] + [f"  {label}: {e}" for e in r.get("evidence", [])]
     if not brief:
         return "", ""
     return P.REPORT.format(answers="\n".join(full)), P.REPORT.format(answers="\n".join(brief))

@@ -94,6 +94,8 @@ NO_PROGRESS = "(none yet)"
 WAITING = "(not answered yet)"
 BLOCKED = "(blocked: {ids} has no answer)"
 UNKNOWN = "unknown (not in the worker's contexts)"
+SELECTED = "context"  # a context the worker selected, under its answer
+RETRIEVED = "retrieved"  # a context retrieved for a sub-question the worker could not answer
 FAILED = "failed (the worker gave no usable answer)"
 
 WORKER_SYSTEM = """You answer one simple question from numbered contexts. Pick the contexts that \

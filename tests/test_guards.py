@@ -44,7 +44,7 @@ def omne(store, **settings):
 
 
 def test_every_guard_is_named_with_its_stage_and_agents():
-    assert len(G.GUARDS) == 15
+    assert len(G.GUARDS) == 16
     # off by default: those that replace the model's answer (the ablation did not justify them)
     # answer-replacing guards are on by default only where the ablation showed they paid (Mujica's option guards)
     assert set(G.GUARDS) - G.defaults("opera") - G.defaults("mujica") - G.defaults("omne") == {"no_answer_fallback"}

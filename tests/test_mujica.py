@@ -211,6 +211,18 @@ def test_a_subquestion_without_an_answer_blocks_its_dependents_and_is_reported(s
     assert 'answer "unknown"' in work.calls[0][0].text and "best guess" not in work.calls[0][0].text
 
 
+@pytest.mark.parametrize("guards, shown", [("auto", True), ("-unknown_contexts", False)])
+def test_a_subquestion_without_an_answer_is_reported_with_the_contexts_its_worker_retrieved(store, guards, shown):
+    plan = planner([CHAIN, {"answer": "I do not know"}])
+    work = worker_saying({"made Inception": '{"relevant": [], "answer": "unknown"}'})
+    out = mujica.graph.invoke({"question": "Where was the maker of Inception born?"},
+                              context=ctx(store, plan, work, guards=guards))
+    retrieved = [line for line in plan.calls[1][-1].text.splitlines() if line.startswith("  retrieved: ")]
+    assert len(retrieved) == (mujica_chat.EVIDENCE_CONTEXTS if shown else 0)
+    assert any("directed by Christopher Nolan" in line for line in retrieved) == shown
+    assert [f["guard"] for f in out["guards"]] == (["unknown_contexts"] if shown else [])
+
+
 def test_the_planner_re_asks_a_subquestion_without_an_answer(store):
     retry = {"subquestions": [subq("q1", "Who directed Inception?")]}
     plan = planner([CHAIN, retry, {"answer": "London"}])
