@@ -4,6 +4,7 @@
     python bench/agents.py --env pq2h --env hotpot --limit 20 [--start 0] [--agents rag,omne]
                            [--llm llamacpp:qwen2.5-coder-1.5b] [--jobs 2] [--out bench/out]
     python bench/agents.py --start 100 --limit 40 --agents rag,rag:decoding=prompt,omne,omne:guards=none
+    python bench/agents.py --start 100 --limit 40 --summary [--out bench/out]   # the tables across environments
 
 An agent may carry settings after a colon (`omne:guards=none`, `mujica:guards=unecho;guard_mode=log`,
 `rag:decoding=prompt`): each such variant is a row of its own, with its own run folder. `--guards X`
@@ -25,12 +26,18 @@ health (the agent acted as designed, invented tool results, malformed runs, repa
 answers, empty or over-long answers) and the failure classes of the misses (eval/diagnostics.py).
 They go to stdout and `OUT/agents.md`; `OUT/agents.png` plots F1 and EM, ΔF1, seconds and calls per
 question, and how often each agent acted as designed.
+
+`--summary` runs nothing and prints, from the run folders, the tables across environments that
+docs/benchmarks.md opens with (also to `OUT/summary.md`): F1 and ΔF1 against `rag` per environment and agent,
+what each guards-off variant's guards carry pooled over the environments of a kind, the targets met or missed,
+and seconds, calls and tokens per question.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -40,7 +47,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from mhqa_graph.graphs.common import is_retry
 from mhqa_graph.graphs.guards import GUARDS, selected
+from mhqa_graph.graphs.omne_prompts import is_send_back
 
 from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
@@ -98,15 +107,27 @@ def eval_command(args: argparse.Namespace, env: str, variant: str) -> list[str]:
             "--concurrency", "1", *flags, "--out", str(run_dir(args.out, args.llm, env, variant))]
 
 
+def _all_guards(agent: str) -> frozenset[str]:
+    return frozenset(n for n, g in GUARDS.items() if agent in g.agents)
+
+
 def guards_off(variant: str) -> tuple[str, frozenset[str]] | None:
     """(the variant this one differs from only in guards, the guards it turns off), if it only turns
-    guards off; None otherwise (it turns none off, or logs instead of enforcing)."""
+    guards off; None otherwise (it turns none off, or logs instead of enforcing). `none` and `-name,...` are
+    read against the default run, whatever the default set was when the two ran (run folders outlive a change
+    of the default set): `none` turns off every guard of the agent, `-name` that guard."""
     agent, settings = parse_variant(variant)
     if "guards" not in settings or settings.get("guard_mode", "enforce") != "enforce":
         return None
     rest = {k: v for k, v in settings.items() if k != "guards"}
-    turned_off = selected("auto", agent) - selected(settings["guards"], agent)
-    off = frozenset(n for n in turned_off if agent in GUARDS[n].agents)
+    names = [n.strip() for n in settings["guards"].split(",") if n.strip()]
+    if settings["guards"] == "none":
+        turned_off = _all_guards(agent)
+    elif names and all(n[0] in "+-" for n in names):
+        turned_off = {n[1:] for n in names if n[0] == "-"}
+    else:
+        turned_off = selected("auto", agent) - selected(settings["guards"], agent)
+    off = frozenset(n for n in turned_off if n in GUARDS and agent in GUARDS[n].agents)
     if not off:
         return None
     return agent + (":" + ";".join(f"{k}={v}" for k, v in rest.items()) if rest else ""), off
@@ -234,12 +255,19 @@ def _guards_share(variant: str, by_id: dict, records: dict, ids: list[str]) -> d
     found = guards_off(variant)
     if not found or found[0] not in records:
         return None
-    diffs = [records[found[0]][i]["f1"] - by_id[i]["f1"] for i in ids]
-    return {"off": ", ".join(sorted(found[1])), "base": found[0], "df1": 100 * _mean(diffs),
-            "ci": paired_interval(diffs), "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs),
-            "reasked": sum(1 for i in ids if not by_id[i].get("carried")),
-            "calls": _mean([records[found[0]][i]["llm_calls"] - by_id[i]["llm_calls"] for i in ids]),
-            "tokens": _mean([records[found[0]][i]["tokens"]["total"] - by_id[i]["tokens"]["total"] for i in ids])}
+    return {"off": ", ".join(sorted(found[1])), "base": found[0],
+            **_share([(records[found[0]][i], by_id[i]) for i in ids])}
+
+
+def _share(pairs: list[tuple[dict, dict]]) -> dict:
+    """What guards add, from (guards on, guards off) records of the same questions: ΔF1 with its interval,
+    questions better and worse with them, questions re-asked without them, calls and tokens per question."""
+    diffs = [on["f1"] - off["f1"] for on, off in pairs]
+    return {"n": len(pairs), "df1": 100 * _mean(diffs), "ci": paired_interval(diffs),
+            "better": sum(d > 0 for d in diffs), "worse": sum(d < 0 for d in diffs),
+            "reasked": sum(1 for _, off in pairs if not off.get("carried")),
+            "calls": _mean([on["llm_calls"] - off["llm_calls"] for on, off in pairs]),
+            "tokens": _mean([on["tokens"]["total"] - off["tokens"]["total"] for on, off in pairs])}
 
 
 def _fill(records: list[dict]) -> str:
@@ -260,9 +288,7 @@ def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for r in rows:
-        df1 = "-" if r["df1"] is None or r["agent"] == "rag" else f"{r['df1']:+.1f}"
-        if r["df1_ci"] and r["agent"] != "rag":
-            df1 += f" [{r['df1_ci'][0]:+.1f}, {r['df1_ci'][1]:+.1f}]"
+        df1 = "-" if r["df1"] is None or r["agent"] == "rag" else f"{r['df1']:+.1f}{_interval(r['df1_ci'])}"
         recall = "-" if r["recall"] is None else f"{100 * r['recall']:.0f}%"
         misses = "/".join(str(r["failures"][k]) for k in FAILURE_CLASSES[:4])
         lines.append(f"| {r['agent']} | {r['em']:.1f} | {r['f1']:.1f} | {df1} | {r['sec']:.1f} | {r['calls']:.1f} | "
@@ -275,14 +301,247 @@ def markdown(env: str, n: int, rows: list[dict], llm: str) -> str:
                   "(the rest carried over) | calls/q, tokens/q they add |", "|---|---|---|---|---|"]
         for r in shares:
             g = r["guards_share"]
-            ci = f" [{g['ci'][0]:+.1f}, {g['ci'][1]:+.1f}]" if g["ci"] else ""
-            lines.append(f"| {g['base']}: {g['off']} | {g['df1']:+.1f}{ci} | {g['better']} / {g['worse']} | "
-                         f"{g['reasked']} | {g['calls']:+.2f}, {g['tokens']:+.0f} |")
+            lines.append(f"| {g['base']}: {g['off']} | {g['df1']:+.1f}{_interval(g['ci'])} | "
+                         f"{g['better']} / {g['worse']} | {g['reasked']} | {g['calls']:+.2f}, {g['tokens']:+.0f} |")
     fired = sorted({name for r in rows for name in r["fired"]})
     if fired:  # questions each guard fired in, per variant
         lines += ["", "| agent | " + " | ".join(fired) + " |", "|---|" + "---|" * len(fired)]
         lines += [f"| {r['agent']} | " + " | ".join(str(r["fired"].get(n, 0)) for n in fired) + " |" for r in rows]
     return head + "\n".join(lines) + "\n"
+
+
+def _interval(ci: tuple[float, float] | None) -> str:
+    return f" [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else ""
+
+
+# -- summary across environments -------------------------------------------------------------------
+DESIGNS = ("opera", "mujica", "omne")  # the agents the targets are about; rag is their baseline
+KG_GAIN, TEXT_GAIN, MAX_PROTOCOL_SHARE = 10.0, 5.0, 1.0  # issue 25: every design >= rag + 10 F1 on each KG
+# environment, the best design >= rag + 5 on each text one; malformed runs and format repairs <= 1%
+
+
+def variants(args: argparse.Namespace, env: str) -> dict[str, Path]:
+    """The variants with a run folder for `env`, named as `--agents` names them (from each folder's run.json)."""
+    found = {}
+    for path in sorted(run_dir(args.out, args.llm, env, "rag").parent.glob("*/run.json")):
+        try:
+            run = json.loads(path.read_text(encoding="utf-8"))
+            settings = ";".join(f"{k}={v}" for k, v in (run.get("settings") or {}).items())
+            variant = run["agent"] + (":" + settings if settings else "")
+            parse_variant(variant)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        found[variant] = path.parent
+    return found
+
+
+def _fired(record: dict) -> set[str]:
+    return set((record.get("health") or {}).get("guards") or {})
+
+
+def default_records(agent: str, runs: dict[str, dict[str, dict]]) -> tuple[dict[str, dict], dict[str, int]]:
+    """The agent's records with today's default guards, by id, and how many came from each other run. They are
+    its default run's, except on a question where a guard outside today's default set fired (the run was made
+    under an older default set): that record comes from a run of the agent with those guards off and no default
+    one off, if there is one; else the question is left out."""
+    on, records, taken = selected("auto", agent), {}, {}
+    for qid, record in runs.get(agent, {}).items():
+        extra = _fired(record) - on
+        if not extra:
+            records[qid] = record
+            continue
+        for variant, other in sorted(runs.items()):
+            found = guards_off(variant)
+            if (found and found[0] == agent and extra <= found[1] and not found[1] & on and qid in other
+                    and not _fired(other[qid]) - on):
+                records[qid], taken[variant] = other[qid], taken.get(variant, 0) + 1
+                break
+    return records, taken
+
+
+def _last_user(call: dict) -> str:
+    return next((m.get("content") or "" for m in reversed(call.get("messages") or []) if m.get("role") != "assistant"),
+                "")
+
+
+def format_repairs(record: dict) -> int:
+    """Model calls of the record that answered a format repair or a nudge (not a send-back guard)."""
+    texts = [_last_user(c) for c in (record.get("trace") or {}).get("llm_calls") or []]
+    return sum(is_retry(t) and not is_send_back(t) for t in texts)
+
+
+def _prefilled(record: dict) -> float | None:
+    """Prompt tokens the model computed (not read from its prefix cache), if the record counts them."""
+    tokens = record.get("tokens") or {}
+    return tokens["input"] - tokens["cache_read"] if "cache_read" in tokens else None
+
+
+def _cell(agent: str, env: str, asked: set[str], runs: dict[str, dict[str, dict]]) -> dict:
+    """One agent on one environment, over the asked questions its default records answer (k of n)."""
+    if agent in KG_ONLY and DEV_ENVIRONMENTS[env].kind != "kg":
+        return {"agent": agent, "env": env, "k": 0, "n": len(asked), "applies": False}
+    records, taken = default_records(agent, runs)
+    recs = [records[i] for i in sorted(records)]
+    prefilled = [_prefilled(r) for r in recs]
+    return {"agent": agent, "env": env, "k": len(recs), "n": len(asked), "applies": True, "records": records,
+            "taken": taken, "f1": 100 * _mean([r["f1"] for r in recs]), "sec": _mean([r["latency"] for r in recs]),
+            "calls": _mean([r["llm_calls"] for r in recs]), "tokens": _mean([r["tokens"]["total"] for r in recs]),
+            "prefilled": None if None in prefilled else _mean(prefilled),
+            "malformed": sum(bool((r.get("health") or {}).get("malformed")) for r in recs),
+            "llm_calls": sum(r["llm_calls"] for r in recs), "repairs": sum(format_repairs(r) for r in recs)}
+
+
+def summary_envs(args: argparse.Namespace, envs: list[str], agents: list[str]) -> dict[str, dict]:
+    """Per environment: the asked ids, every variant's records of them ("runs"), and per agent a cell of its
+    default records, their F1 and costs, and ΔF1 against rag with its paired-bootstrap interval where both
+    answered every asked question ("cells")."""
+    out = {}
+    for env in envs:
+        asked = asked_ids(args, env)
+        runs = {v: {r["id"]: r for r in read_records(folder / RESULTS) if r["id"] in asked}
+                for v, folder in variants(args, env).items()}
+        cells = {a: _cell(a, env, asked, runs) for a in agents}
+        rag = cells.get("rag")
+        for cell in cells.values():
+            if rag and cell["agent"] != "rag" and cell["k"] == rag["k"] == len(asked) > 0:
+                diffs = [cell["records"][i]["f1"] - rag["records"][i]["f1"] for i in sorted(asked)]
+                cell["df1"], cell["ci"] = 100 * _mean(diffs), paired_interval(diffs)
+        out[env] = {"asked": asked, "runs": runs, "cells": cells}
+    return out
+
+
+def _status(cell: dict) -> str | None:
+    """"-" (the agent does not run there), "not run", "k of n", or None when every asked question is answered."""
+    if not cell["applies"]:
+        return "-"
+    return "not run" if not cell["k"] else None if cell["k"] == cell["n"] else f"{cell['k']} of {cell['n']}"
+
+
+def matrix_table(by_env: dict[str, dict], agents: list[str]) -> str:
+    lines = ["| environment | " + " | ".join(agents) + " |", "|---|" + "---|" * len(agents)]
+    notes = []
+    for env, found in by_env.items():
+        shown = []
+        for cell in (found["cells"][a] for a in agents):
+            text = _status(cell) or f"{cell['f1']:.1f}"
+            shown.append(text + (f" ({cell['df1']:+.1f}{_interval(cell['ci'])})" if "df1" in cell else ""))
+            notes += [f"- {cell['agent']} on {env}: {k} of {cell['n']} questions from `{v}` (a guard outside "
+                      "today's default set fired on them in the default run)" for v, k in cell.get("taken", {}).items()]
+        lines.append(f"| {env} | " + " | ".join(shown) + " |")
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def cost_table(by_env: dict[str, dict], agents: list[str]) -> str:
+    lines = ["| environment | agent | questions | s/q | LLM calls/q | tokens/q | tokens prefilled/q |",
+             "|---|---|---|---|---|---|---|"]
+    cells = [found["cells"][a] for found in by_env.values() for a in agents if found["cells"][a]["k"]]
+    for c in cells:
+        prefilled = "-" if c["prefilled"] is None else f"{c['prefilled']:.0f}"
+        lines.append(f"| {c['env']} | {c['agent']} | {_status(c) or c['n']} | {c['sec']:.1f} | {c['calls']:.1f} | "
+                     f"{c['tokens']:.0f} | {prefilled} |")
+    if any(c["prefilled"] is None for c in cells):
+        lines += ["", "Tokens prefilled (prompt tokens not read from the prefix cache): \"-\" where the records do "
+                  "not count the prompt tokens read from the cache (`tokens.cache_read`)."]
+    return "\n".join(lines) + "\n"
+
+
+def guards_table(by_env: dict[str, dict]) -> str | None:
+    """Per guards-off variant, its share (guards on minus off) on each environment and pooled over their questions:
+    an environment where its default run is complete and none of those guards fired counts as 0 on each question
+    ("did not fire"); one without a complete pair of runs is left out of the pool."""
+    keys = sorted({found for env in by_env.values() for v in env["runs"] if (found := guards_off(v))},
+                  key=lambda k: (AGENTS.index(parse_variant(k[0])[0]), k[0], k[1] != _all_guards(k[0]), sorted(k[1])))
+    if not keys:
+        return None
+    lines = ["| guards off | " + " | ".join(by_env) + " | pooled: share [95% CI], better / worse, questions | "
+             "calls/q, tokens/q they add |", "|---|" + "---|" * (len(by_env) + 2)]
+    for base, off in keys:
+        shown, pairs = [], []
+        for found in by_env.values():
+            runs, ids = found["runs"], sorted(found["asked"])
+            on = runs.get(base, {})
+            variant = next((v for v in sorted(runs) if guards_off(v) == (base, off)), None)
+            without = runs.get(variant, {})
+            if len(on) < len(ids):
+                shown.append(f"default run {len(on)} of {len(ids)}" if on else "not run")
+            elif not variant and not off & set().union(*map(_fired, on.values())):
+                shown.append("did not fire")
+                pairs += [(on[i], on[i] | {"carried": base}) for i in ids]
+            elif len(without) < len(ids):
+                shown.append(f"{len(without)} of {len(ids)}" if without else "not run")
+            else:
+                share = _share([(on[i], without[i]) for i in ids])
+                shown.append(f"{share['df1']:+.1f} ({share['better']}/{share['worse']}, {share['reasked']} re-asked)")
+                pairs += [(on[i], without[i]) for i in ids]
+        g = _share(pairs) if pairs else None
+        pooled = (f"{g['df1']:+.1f}{_interval(g['ci'])}, {g['better']} / {g['worse']}, {g['n']} | "
+                  f"{g['calls']:+.2f}, {g['tokens']:+.0f}") if g else "- | -"
+        label = "all" if off == _all_guards(base) else ", ".join(sorted(off))
+        lines.append(f"| {base}: {label} | " + " | ".join(shown) + f" | {pooled} |")
+    return "\n".join(lines) + "\n"
+
+
+def _gain_target(cells: list[dict], gain: float) -> tuple[str, str]:
+    """Every cell ΔF1 >= gain: the verdict, and where each cell stands."""
+    def said(c: dict) -> str:
+        if "df1" not in c:
+            return f"{c['agent']} on {c['env']} {_status(c) or 'without a complete rag run'}"
+        return f"{c['agent']} on {c['env']} {c['df1']:+.1f} (by {abs(c['df1'] - gain):.1f})"
+
+    met = [c for c in cells if c.get("df1", -math.inf) >= gain]
+    missed = [c for c in cells if c.get("df1", math.inf) < gain]
+    rest = [c for c in cells if "df1" not in c]
+    verdict = "missed" if missed else "not measured" if rest or not cells else "met"
+    parts = [f"met {len(met)} of {len(met) + len(missed)} measured" * bool(met or missed),
+             "met: " * bool(met) + ", ".join(map(said, met)), "missed: " * bool(missed) + ", ".join(map(said, missed)),
+             "not measured: " * bool(rest) + ", ".join(map(said, rest))]
+    return verdict, "; ".join(p for p in parts if p)
+
+
+def targets_table(by_env: dict[str, dict], agents: list[str]) -> str:
+    """The targets of issue 25, met or missed and by how much."""
+    designs = [a for a in DESIGNS if a in agents]
+    kg = [found["cells"][a] for env, found in by_env.items() for a in designs if DEV_ENVIRONMENTS[env].kind == "kg"]
+    rows = [("every design ≥ `rag` + 10 F1 on each KG environment", *_gain_target(kg, KG_GAIN))]
+    best = []  # per text environment, its best measured design, else every design that applies there
+    for env, found in by_env.items():
+        if DEV_ENVIRONMENTS[env].kind == "text":
+            cells = [found["cells"][a] for a in designs if found["cells"][a]["applies"]]
+            done = [c for c in cells if "df1" in c]
+            best += [max(done, key=lambda c: c["df1"])] if done else cells
+    if best:
+        rows.append(("best design ≥ `rag` + 5 F1 on each text environment", *_gain_target(best, TEXT_GAIN)))
+    runs = [c for found in by_env.values() for c in found["cells"].values() if c["k"]]
+    ok = all(100 * c["malformed"] <= MAX_PROTOCOL_SHARE * c["k"] and
+             100 * c["repairs"] <= MAX_PROTOCOL_SHARE * c["llm_calls"] for c in runs)
+    worst = max(runs, key=lambda c: c["repairs"] / max(c["llm_calls"], 1), default=None)
+    per_agent = {a: [c for c in runs if c["agent"] == a] for a in agents}
+    repairs = [f"{a} {sum(c['repairs'] for c in cs)} of {sum(c['llm_calls'] for c in cs)}"
+               for a, cs in per_agent.items() if cs]
+    stands = (f"malformed runs: {sum(c['malformed'] for c in runs)} of {sum(c['k'] for c in runs)} questions; "
+              f"format-repair calls: {', '.join(repairs)}")
+    if worst:
+        stands += (f"; the highest share in one run: {worst['agent']} on {worst['env']}, {worst['repairs']} of "
+                   f"{worst['llm_calls']} ({100 * worst['repairs'] / max(worst['llm_calls'], 1):.1f}%)")
+    rows.append(("malformed runs and format-repair calls ≤ 1% (each run)", "met" if ok else "missed", stands))
+    return "\n".join(["| target | verdict | where it stands |", "|---|---|---|"] +
+                     [f"| {t} | **{v}** | {s} |" for t, v, s in rows]) + "\n"
+
+
+def summary(args: argparse.Namespace, envs: list[str], agents: list[str]) -> str:
+    """The tables that docs/benchmarks.md opens with, from the run folders of `args.out`; runs no model."""
+    by_env = summary_envs(args, envs, agents)
+    agents = [a for a in agents if a == "rag" or a in DESIGNS or any(f["cells"][a]["k"] for f in by_env.values())]
+    text = [f"## Across environments: `{args.llm}`, questions {args.start}..{args.start + args.limit - 1}\n",
+            "### Which agent where\n", "F1, and ΔF1 against `rag` [95% paired-bootstrap interval], with the default "
+            "guards; a run that has not answered every question says how many it has.\n", matrix_table(by_env, agents)]
+    for kind in ("kg", "text"):
+        table = guards_table({e: f for e, f in by_env.items() if DEV_ENVIRONMENTS[e].kind == kind})
+        if table:
+            text += [f"### What the guards carry: {kind} environments\n", "Guards on minus off, per question; "
+                     "re-asked: the questions asked again without them (the rest carried over).\n", table]
+    text += ["### Targets\n", targets_table(by_env, agents), "### Cost per question\n", cost_table(by_env, agents)]
+    return "\n".join(text)
 
 
 PANELS = (("F1 (%)", "f1"), ("ΔF1 vs rag", "df1"), ("seconds per question", "sec"),
@@ -324,6 +583,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out")
     parser.add_argument("--report-only", action="store_true", help="tables from finished runs, run nothing")
+    parser.add_argument("--summary", action="store_true", help="the cross-environment tables of docs/benchmarks.md "
+                        "(agent matrix, what the guards carry, targets, cost) from finished runs, to OUT/summary.md")
     parser.add_argument("--guards", default=None, help="also run every agent with these guards (e.g. none), "
                         "or 'each': every guard that fired, alone off")
     args = parser.parse_args()
@@ -332,6 +593,12 @@ def main() -> None:
         envs, args.limit = list(QUICK[0]), QUICK[1]
     args.store = args.store or f"embedded://{(args.out / 'store').resolve()}"
     agents = split_agents(args.agents)
+    if args.summary:
+        report = summary(args, envs, [a for a in agents if ":" not in a])
+        print(report)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "summary.md").write_text(report, encoding="utf-8")
+        return
     if args.guards and args.guards != "each":
         agents += [f"{a}:guards={args.guards}" for a in agents if ":" not in a and a not in ("rag", "direct")]
     try:

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from mhqa_graph.graphs.common import REPAIR_PREFIX
 
 from mhqa_graph.eval.report import RESULTS
 
@@ -125,3 +126,157 @@ def test_a_guards_off_variant_reasks_only_where_one_of_its_guards_fired(folders)
     assert share["omne:guards=none"]["reasked"] == 4 and round(share["omne:guards=none"]["df1"], 1) == 16.7
     table = bench.markdown("pq2h", n, rows, LLM)
     assert "| omne: send_back_one_hop, send_back_ungrounded | +16.7 [" in table and "| 2 / 1 | 4 | +0.67, +3 |" in table
+
+
+# -- --summary: the cross-environment tables, from synthetic run folders ----------------------------------------
+IDS = {env: [f"{env}-{n}" for n in range(4)] for env in ("pq2h", "pq3h", "hotpot")}
+
+
+def record(qid: str, f1: float, *, calls: int = 2, guards: dict | None = None, carried: str | None = None,
+           malformed: bool = False, repaired: int = 0) -> dict:
+    """An eval record; `repaired` of its model calls answer a format repair."""
+    asks = [REPAIR_PREFIX + ": give the answer." if n < repaired else "question" for n in range(calls)]
+    return {"id": qid, "f1": f1, "em": f1, "latency": 3.0, "llm_calls": calls, "tokens": {"input": 8, "total": 10},
+            "health": {"guards": guards or {}, "malformed": malformed},
+            "trace": {"llm_calls": [{"messages": [{"role": "user", "content": a}]} for a in asks]}} | (
+        {"carried": carried} if carried else {})
+
+
+def write_run(args: argparse.Namespace, env: str, variant: str, records: list[dict]) -> None:
+    agent, settings = bench.parse_variant(variant)
+    folder = bench.run_dir(args.out, LLM, env, variant)
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"agent": agent, "settings": settings}), encoding="utf-8")
+    (folder / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def scored(env: str, f1s: list[float], **extra) -> list[dict]:
+    return [record(qid, f1, **extra) for qid, f1 in zip(IDS[env], f1s)]
+
+
+@pytest.fixture
+def summary_args(tmp_path: Path, monkeypatch) -> argparse.Namespace:
+    monkeypatch.setattr(bench, "asked_ids", lambda args, env: set(IDS[env][args.start:args.start + args.limit]))
+    return argparse.Namespace(out=tmp_path / "out", llm=LLM, start=0, limit=4)
+
+
+def test_the_matrix_gives_f1_and_the_paired_interval_against_rag_or_says_what_is_missing(summary_args):
+    write_run(summary_args, "pq2h", "rag", scored("pq2h", [1, 0, 0, 0]))
+    write_run(summary_args, "pq2h", "opera", scored("pq2h", [1, 1, 0, 0]))
+    write_run(summary_args, "pq2h", "omne", scored("pq2h", [1, 1]))  # stopped after two questions
+    write_run(summary_args, "pq3h", "rag", scored("pq3h", [0, 0, 0, 0]))
+    # opera's default run was made when date_comparison was on by default; it fired on question 0 (and turned it
+    # wrong): that question comes from the run without it, as today's default would have run it
+    pq3h = scored("pq3h", [0, 1, 1, 1])
+    pq3h[0]["health"]["guards"] = {"date_comparison": 1}
+    write_run(summary_args, "pq3h", "opera", pq3h)
+    write_run(summary_args, "pq3h", "opera:guards=-date_comparison", [record("pq3h-0", 1.0)] + [
+        r | {"carried": "opera"} for r in pq3h[1:]])
+    write_run(summary_args, "pq3h", "opera:guards=none", [record("pq3h-0", 0.5)])  # turns default guards off too
+    write_run(summary_args, "hotpot", "rag", scored("hotpot", [1, 1, 0, 0]))
+    by_env = bench.summary_envs(summary_args, ["pq2h", "pq3h", "hotpot"], list(bench.AGENTS))
+    table = bench.matrix_table(by_env, ["rag", "opera", "mujica", "omne"])
+
+    assert "| pq2h | 25.0 | 50.0 (+25.0 [+0.0, +75.0]) | not run | 2 of 4 |" in table
+    assert "| pq3h | 0.0 | 100.0 (+100.0 [+100.0, +100.0]) | not run | not run |" in table
+    assert "| hotpot | 50.0 | not run | not run | - |" in table  # omne needs a knowledge graph
+    assert "- opera on pq3h: 1 of 4 questions from `opera:guards=-date_comparison`" in table
+    assert by_env["pq2h"]["cells"]["omne"]["k"] == 2 and "df1" not in by_env["pq2h"]["cells"]["omne"]
+
+    # without the run that turned that guard alone off, that question is left out of opera's default records
+    (bench.run_dir(summary_args.out, LLM, "pq3h", "opera:guards=-date_comparison") / RESULTS).unlink()
+    by_env = bench.summary_envs(summary_args, ["pq3h"], ["rag", "opera"])
+    assert "| pq3h | 0.0 | 3 of 4 |" in bench.matrix_table(by_env, ["rag", "opera"])
+
+    summary_args.start, summary_args.limit = 2, 2  # the asked range decides what complete means
+    by_env = bench.summary_envs(summary_args, ["pq2h"], ["rag", "opera", "omne"])
+    assert "| pq2h | 0.0 | 0.0 (+0.0 [+0.0, +0.0]) | not run |" in bench.matrix_table(by_env, ["rag", "opera", "omne"])
+
+
+def test_the_guard_table_pools_a_paired_bootstrap_over_the_questions_of_every_environment(summary_args):
+    sent_back = {"send_back_ungrounded": 1}
+    write_run(summary_args, "pq2h", "omne", scored("pq2h", [1, 1, 0, 1], guards=sent_back))
+    write_run(summary_args, "pq2h", "omne:guards=none", scored("pq2h", [0, 1, 0, 1], calls=1))
+    write_run(summary_args, "pq3h", "omne", scored("pq3h", [1, 0, 1, 1], guards=sent_back))
+    write_run(summary_args, "pq3h", "omne:guards=none", scored("pq3h", [1, 1, 0, 1], calls=1))
+    write_run(summary_args, "pq2h", "opera", scored("pq2h", [1, 1, 1, 1]))  # options_line never fired here
+    opera = scored("pq3h", [1, 0, 0, 0])
+    opera[0]["health"]["guards"] = {"options_line": 1}
+    write_run(summary_args, "pq3h", "opera", opera)
+    write_run(summary_args, "pq3h", "opera:guards=-options_line", [record("pq3h-0", 0.0)] + [
+        r | {"carried": "opera"} for r in opera[1:]])
+    write_run(summary_args, "pq2h", "mujica", scored("pq2h", [1, 1, 0, 0]))
+    write_run(summary_args, "pq2h", "mujica:guards=-date_comparison", scored("pq2h", [1, 0, 0, 0]))
+    table = bench.guards_table(bench.summary_envs(summary_args, ["pq2h", "pq3h"], ["rag"]))
+
+    lines = table.splitlines()
+    assert lines[0].startswith("| guards off | pq2h | pq3h | pooled: share [95% CI], better / worse, questions |")
+    assert [line.split(" |")[0] for line in lines[2:]] == [
+        "| opera: options_line", "| mujica: date_comparison", "| omne: all"]
+    # the per-question differences of both environments resampled together: 1, 0, 0, 0 and 0, -1, 1, 0
+    assert lines[4] == ("| omne: all | +25.0 (1/0, 4 re-asked) | +0.0 (1/1, 4 re-asked) | "
+                        "+12.5 [-25.0, +50.0], 2 / 1, 8 | +1.00, +0 |")
+    # on pq2h none of opera's options_line fired: 0 on each of its questions, none asked again
+    assert lines[2] == ("| opera: options_line | did not fire | +25.0 (1/0, 1 re-asked) | "
+                        "+12.5 [+0.0, +37.5], 1 / 0, 8 | +0.00, +0 |")
+    assert lines[3].startswith("| mujica: date_comparison | +25.0 (1/0, 4 re-asked) | not run | +25.0 [")
+    assert lines[3].endswith(", 1 / 0, 4 | +0.00, +0 |")  # pq3h has no mujica runs: left out of the pool
+
+    # a guards-off run still going: its environment says how far it is and stays out of the pool
+    folder = bench.run_dir(summary_args.out, LLM, "pq3h", "omne:guards=none")
+    (folder / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in scored("pq3h", [1, 1])), encoding="utf-8")
+    table = bench.guards_table(bench.summary_envs(summary_args, ["pq2h", "pq3h"], ["rag"]))
+    assert "| omne: all | +25.0 (1/0, 4 re-asked) | 2 of 4 | +25.0 [+0.0, +75.0], 1 / 0, 4 | +1.00, +0 |" in table
+
+    # a guard named off against the default run, even one today's default set leaves out
+    assert bench.guards_off("opera:guards=-date_comparison") == ("opera", frozenset({"date_comparison"}))
+    assert bench.guards_off("opera:guards=none")[1] == frozenset(
+        n for n, g in bench.GUARDS.items() if "opera" in g.agents)
+
+
+def test_targets_say_met_or_missed_and_by_how_much(summary_args):
+    write_run(summary_args, "pq2h", "rag", scored("pq2h", [0, 0, 0, 0]))
+    write_run(summary_args, "pq2h", "omne", scored("pq2h", [1, 0, 0, 0]))  # +25: met by 15
+    write_run(summary_args, "pq2h", "opera", scored("pq2h", [0, 0, 0, 0.4]))  # +10: met by 0.0
+    write_run(summary_args, "pq2h", "mujica", scored("pq2h", [0, 0, 0, 0.2]))  # +5: missed by 5
+    write_run(summary_args, "hotpot", "rag", scored("hotpot", [1, 0, 0, 0], repaired=1))
+    write_run(summary_args, "hotpot", "mujica", scored("hotpot", [1, 1, 0, 0]))  # +25 over rag
+    write_run(summary_args, "hotpot", "opera", scored("hotpot", [1, 0, 0, 0.2]))  # +5: met by 0.0
+    by_env = bench.summary_envs(summary_args, ["pq2h", "hotpot"], ["rag", "opera", "mujica", "omne"])
+    rows = bench.targets_table(by_env, ["rag", "opera", "mujica", "omne"]).splitlines()
+
+    assert rows[2] == ("| every design ≥ `rag` + 10 F1 on each KG environment | **missed** | met 2 of 3 measured; "
+                       "met: opera on pq2h +10.0 (by 0.0), omne on pq2h +25.0 (by 15.0); "
+                       "missed: mujica on pq2h +5.0 (by 5.0) |")
+    assert rows[3] == ("| best design ≥ `rag` + 5 F1 on each text environment | **met** | met 1 of 1 measured; "
+                       "met: mujica on hotpot +25.0 (by 20.0) |")
+    # on hotpot rag answered a format repair on each of its 4 questions: 4 of 8 calls
+    assert rows[4].startswith("| malformed runs and format-repair calls ≤ 1% (each run) | **missed** | "
+                              "malformed runs: 0 of 28 questions; format-repair calls: rag 4 of 16, opera 0 of 16, "
+                              "mujica 0 of 16, omne 0 of 8;")
+    assert rows[4].endswith("the highest share in one run: rag on hotpot, 4 of 8 (50.0%) |")
+
+    (bench.run_dir(summary_args.out, LLM, "hotpot", "rag") / RESULTS).write_text(
+        "".join(json.dumps(r) + "\n" for r in scored("hotpot", [1, 0, 0, 0])), encoding="utf-8")
+    (bench.run_dir(summary_args.out, LLM, "pq2h", "mujica") / RESULTS).write_text(
+        "".join(json.dumps(r) + "\n" for r in scored("pq2h", [1, 1, 1, 0], malformed=True)), encoding="utf-8")
+    rows = bench.targets_table(bench.summary_envs(summary_args, ["pq2h", "hotpot"], ["rag", "opera", "mujica"]),
+                               ["rag", "opera", "mujica"]).splitlines()
+    assert "| **missed** | malformed runs: 4 of 24 questions; format-repair calls: rag 0 of 16," in rows[4]
+    assert "| **met** | met 2 of 2 measured; met: opera on pq2h +10.0 (by 0.0), mujica on pq2h +75.0 (by 65.0) |" \
+        in rows[2]
+
+
+def test_summary_reads_the_run_folders_and_writes_summary_md(summary_args, monkeypatch, capsys):
+    write_run(summary_args, "pq2h", "rag", scored("pq2h", [1, 0, 0, 0]))
+    write_run(summary_args, "pq2h", "omne", scored("pq2h", [1, 1, 0, 0]) + [record("pq2h-9", 1.0)])  # out of range
+    monkeypatch.setattr(bench, "run_all", lambda *a: pytest.fail("--summary runs no eval"))
+    monkeypatch.setattr("sys.argv", ["agents.py", "--summary", "--env", "pq2h", "--env", "hotpot", "--llm", LLM,
+                                     "--limit", "4", "--out", str(summary_args.out)])
+    bench.main()
+    text = (summary_args.out / "summary.md").read_text(encoding="utf-8")
+    assert capsys.readouterr().out.strip() == text.strip()
+    assert "| environment | rag | opera | mujica | omne |" in text  # direct has no run: no column
+    assert "| pq2h | 25.0 | not run | not run | 50.0 (+25.0 [" in text
+    assert "| hotpot | not run | not run | not run | - |" in text
+    assert "| pq2h | omne | 4 | 3.0 | 2.0 | 10 | - |" in text and "What the guards carry" not in text
