@@ -371,9 +371,9 @@ def format_repairs(record: dict) -> int:
 
 
 def _prefilled(record: dict) -> float | None:
-    """Prompt tokens the model computed (not read from its prefix cache), if the record counts them."""
+    """Prompt tokens the model computed (not read from its prefix cache), if the record counts the cached ones."""
     tokens = record.get("tokens") or {}
-    return tokens["input"] - tokens["cache_read"] if "cache_read" in tokens else None
+    return tokens["input"] - tokens["cached"] if "cached" in tokens else None
 
 
 def _cell(agent: str, env: str, asked: set[str], runs: dict[str, dict[str, dict]]) -> dict:
@@ -441,7 +441,7 @@ def cost_table(by_env: dict[str, dict], agents: list[str]) -> str:
                      f"{c['tokens']:.0f} | {prefilled} |")
     if any(c["prefilled"] is None for c in cells):
         lines += ["", "Tokens prefilled (prompt tokens not read from the prefix cache): \"-\" where the records do "
-                  "not count the prompt tokens read from the cache (`tokens.cache_read`)."]
+                  "not count the prompt tokens read from the cache (`tokens.cached`)."]
     return "\n".join(lines) + "\n"
 
 

@@ -280,3 +280,9 @@ def test_summary_reads_the_run_folders_and_writes_summary_md(summary_args, monke
     assert "| pq2h | 25.0 | not run | not run | 50.0 (+25.0 [" in text
     assert "| hotpot | not run | not run | not run | - |" in text
     assert "| pq2h | omne | 4 | 3.0 | 2.0 | 10 | - |" in text and "What the guards carry" not in text
+
+    # records that count the prompt tokens read from the prefix cache: the tokens prefilled per question
+    write_run(summary_args, "pq3h", "rag", [r | {"tokens": {"input": 8, "cached": 2 * n, "total": 10}}
+                                            for n, r in enumerate(scored("pq3h", [1, 0, 0, 0]))])
+    cells = bench.summary_envs(summary_args, ["pq3h"], ["rag"])
+    assert "| pq3h | rag | 4 | 3.0 | 2.0 | 10 | 5 |" in bench.cost_table(cells, ["rag"])
