@@ -63,6 +63,7 @@ class LLMCall(BaseModel):
     error: str | None = None
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens a cache held, so not prefilled (usage input_token_details.cache_read)
     truncated_tokens: int = 0  # prompt tokens the model cut to fit its context window
     clipped_chars: int = 0  # characters of its messages and reply the trace did not keep (MAX_TRACE_TEXT)
     decoding: str = "prompt"  # grammar | json_schema (the reply was constrained to its format) | prompt
@@ -121,6 +122,7 @@ class Trace(BaseModel):
     llm_calls: list[LLMCall] = Field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0
+    cached_tokens: int = 0  # of input_tokens, not prefilled
     latency: float = 0.0  # seconds, whole run
     design: dict[str, Any] = Field(default_factory=dict)  # the agent's own final-state fields, as JSON
     clipped_chars: int = 0  # characters the trace did not keep, LLM calls included (MAX_TRACE_TEXT)
@@ -128,7 +130,8 @@ class Trace(BaseModel):
     def usage(self) -> dict[str, Any]:
         """LLM calls and tokens, as the eval records count them."""
         return {"llm_calls": len(self.llm_calls), "tokens": {
-            "input": self.input_tokens, "output": self.output_tokens, "total": self.input_tokens + self.output_tokens}}
+            "input": self.input_tokens, "output": self.output_tokens, "total": self.input_tokens + self.output_tokens,
+            "cached": self.cached_tokens}}
 
 
 # -- reading final states ----------------------------------------------------------------------
@@ -237,20 +240,22 @@ def _role(tags: list[str] | None, metadata: dict[str, Any] | None) -> str:
     return next((t[len(ROLE_TAG):] for t in tags or [] if t.startswith(ROLE_TAG)), "unknown")
 
 
-def _usage(response: LLMResult) -> tuple[str, int, int, int]:
-    """The reply text, its input/output token counts (usage metadata, else the provider's llm_output) and
-    the prompt tokens cut to fit the context window."""
+def _usage(response: LLMResult) -> tuple[str, int, int, int, int]:
+    """The reply text, its input/output token counts (usage metadata, else the provider's llm_output), the
+    prompt tokens a cache held and the prompt tokens cut to fit the context window."""
     gen = response.generations[0][0] if response.generations and response.generations[0] else None
-    text, n_in, n_out, cut = (gen.text if gen else ""), 0, 0, 0
+    text, n_in, n_out, cached, cut = (gen.text if gen else ""), 0, 0, 0, 0
     message = getattr(gen, "message", None)
     if isinstance(message, AIMessage):
         text, cut = message.text, int(message.response_metadata.get("truncated_tokens") or 0)
         if message.usage_metadata:
             n_in, n_out = message.usage_metadata["input_tokens"], message.usage_metadata["output_tokens"]
+            cached = int((message.usage_metadata.get("input_token_details") or {}).get("cache_read") or 0)
     if not (n_in or n_out):
         usage = (response.llm_output or {}).get("token_usage") or {}
         n_in, n_out = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    return text, n_in, n_out, cut
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    return text, n_in, n_out, cached, cut
 
 
 class TraceRecorder(BaseCallbackHandler):
@@ -293,13 +298,14 @@ class TraceRecorder(BaseCallbackHandler):
             self._pending[run_id] = (call, now)
 
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
-        output, n_in, n_out, cut = _usage(response)
+        output, n_in, n_out, cached, cut = _usage(response)
         gen = response.generations[0][0] if response.generations and response.generations[0] else None
         said = getattr(getattr(gen, "message", None), "response_metadata", {})
         extra = {"decoding": said["decoding"]} if said.get("decoding") else {}  # what the backend did
         if said.get("decoding_error"):  # a grammar it rejected
             extra["decoding_error"] = str(said["decoding_error"])
-        self._finish(run_id, output=output, input_tokens=n_in, output_tokens=n_out, truncated_tokens=cut, **extra)
+        self._finish(run_id, output=output, input_tokens=n_in, output_tokens=n_out, cached_tokens=cached,
+                     truncated_tokens=cut, **extra)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._finish(run_id, error=f"{type(error).__name__}: {error}")
@@ -358,7 +364,8 @@ class TraceRecorder(BaseCallbackHandler):
                       corpus=get("corpus"), graph=get("graph"), answer=state.get("answer") or "",
                       error=state.get("error") or error, plan=plan, steps=steps, tool_calls=tools or state_tools,
                       llm_calls=calls, input_tokens=sum(c.input_tokens for c in calls),
-                      output_tokens=sum(c.output_tokens for c in calls), latency=round(time.monotonic() - self.t0, 6),
+                      output_tokens=sum(c.output_tokens for c in calls),
+                      cached_tokens=sum(c.cached_tokens for c in calls), latency=round(time.monotonic() - self.t0, 6),
                       design=jsonable({k: v for k, v in state.items() if k not in _COMMON_KEYS}))
         data = trace.model_dump()
         calls = [call | {"clipped_chars": cut} for call, cut in map(kept, data.pop("llm_calls"))]

@@ -121,9 +121,11 @@ def test_fake_chat_model_scripts_and_records():
     model = FakeChatModel(responses=["one two", "three"], cycle=False)
     reply = model.invoke([SystemMessage("be brief"), HumanMessage("count to three")])
     assert reply.content == "one two"
-    assert reply.usage_metadata == {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}
+    assert reply.usage_metadata == {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7,
+                                    "input_token_details": {"cache_read": 0}}
     assert reply.response_metadata["finish_reason"] == "stop"
-    assert model.invoke("again").content == "three"
+    again = model.invoke([SystemMessage("be brief"), HumanMessage("count again")])
+    assert again.content == "three" and again.usage_metadata["input_token_details"]["cache_read"] == 3
     with pytest.raises(ModelError, match="exhausted"):
         model.invoke("more")
     assert len(model.calls) == 3 and model.calls[0][1].content == "count to three"

@@ -19,6 +19,7 @@ from mhqa_graph.graphs.opera import OperaContext
 
 from mhqa_graph import Passage, open_store
 from mhqa_graph.errors import InvalidQuestion
+from mhqa_graph.eval.report import prefilled_per_question
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.traces import (
     SCHEMA_VERSION,
@@ -154,8 +155,18 @@ def test_tokens_are_summed_over_calls(store):
         i, o = fake_tokens(model, replies)
         n_in, n_out = n_in + i, n_out + o
     assert trace.input_tokens == n_in > 0 and trace.output_tokens == n_out > 0
-    assert trace.usage() == {"llm_calls": 6, "tokens": {"input": n_in, "output": n_out, "total": n_in + n_out}}
+    cached = sum(c.cached_tokens for c in trace.llm_calls)
+    assert trace.usage() == {"llm_calls": 6, "tokens": {"input": n_in, "output": n_out, "total": n_in + n_out,
+                                                        "cached": cached}}
     assert all(c.input_tokens > 0 and c.output_tokens > 0 for c in trace.llm_calls)
+    assert 0 < trace.cached_tokens == cached < n_in  # OPERA's calls of one role share their system prompt
+
+
+def test_prompt_tokens_a_cache_held_reach_the_eval_summary():
+    first = {"tokens": {"input": 100, "output": 5, "total": 105, "cached": 60}}
+    second = {"tokens": {"input": 50, "output": 5, "total": 55, "cached": 0}}
+    assert prefilled_per_question([first, second]) == (40 + 50) / 2
+    assert prefilled_per_question([first, {"tokens": {"input": 50, "output": 5, "total": 55}}]) is None
 
 
 def test_schema_round_trips_through_json(store):

@@ -68,6 +68,7 @@ class Summary:
     latency_p50: float = 0.0
     latency_p90: float = 0.0
     tokens_per_question: float = 0.0
+    prefilled_per_question: float | None = None  # prompt tokens no cache held; None: records predate the count
     llm_calls_per_question: float = 0.0
     agent: str | None = None
     llm: str | None = None
@@ -105,6 +106,13 @@ def _mean(records: list[dict], key: str) -> float:
     return sum(r[key] for r in records) / len(records) if records else 0.0
 
 
+def prefilled_per_question(records: list[dict]) -> float | None:
+    """Mean prompt tokens prefilled (not read from a cache) per question; None if a record has no cache count."""
+    if not records or any("cached" not in (r.get("tokens") or {}) for r in records):
+        return None
+    return sum(r["tokens"]["input"] - r["tokens"]["cached"] for r in records) / len(records)
+
+
 def summarize(records: list[dict], **meta: Any) -> Summary:
     """The metrics of `records`; `meta` fills agent, llm, dataset, file, environment, wall_time."""
     latencies = [r["latency"] for r in records]
@@ -115,6 +123,7 @@ def summarize(records: list[dict], **meta: Any) -> Summary:
         by_type=_groups(records, "type"), by_hops=_groups(records, "hops"),
         latency_p50=percentile(latencies, 50), latency_p90=percentile(latencies, 90),
         tokens_per_question=sum(r["tokens"]["total"] for r in records) / len(records) if records else 0.0,
+        prefilled_per_question=prefilled_per_question(records),
         llm_calls_per_question=_mean(records, "llm_calls"),
         diagnostics=failure_summary(records),
         health=health_summary(r.get("health") for r in records),
@@ -139,9 +148,15 @@ def summary_table(summary: Summary, title: str | None = None) -> Table:
             table.add_row(f"{label}={name}", str(g.n), _pct(g.em), _pct(g.f1))
     table.caption = (f"failures {summary.failures}, with error {summary.with_error}, latency p50 "
                      f"{summary.latency_p50:.2f}s p90 {summary.latency_p90:.2f}s, "
-                     f"{summary.tokens_per_question:.0f} tokens and {summary.llm_calls_per_question:.1f} "
-                     "LLM calls per question" + _diagnostics_caption(summary) + _guards_caption(summary))
+                     f"{summary.tokens_per_question:.0f} tokens{_prefilled(summary)} and "
+                     f"{summary.llm_calls_per_question:.1f} LLM calls per question"
+                     + _diagnostics_caption(summary) + _guards_caption(summary))
     return table
+
+
+def _prefilled(summary: Summary) -> str:
+    n = summary.prefilled_per_question
+    return "" if n is None else f" ({n:.0f} prompt tokens prefilled)"
 
 
 def _guards_caption(summary: Summary) -> str:
@@ -204,6 +219,8 @@ def compare_table(summaries: dict[str, Summary]) -> Table:
     table.add_row("failures", *[str(s.failures) for s in runs])
     table.add_row("latency p50 / p90 (s)", *[f"{s.latency_p50:.2f} / {s.latency_p90:.2f}" for s in runs])
     table.add_row("tokens / question", *[f"{s.tokens_per_question:.0f}" for s in runs])
+    table.add_row("prompt tokens prefilled / question", *["-" if s.prefilled_per_question is None
+                                                          else f"{s.prefilled_per_question:.0f}" for s in runs])
     if any(s.diagnostics.get("questions") for s in runs):
         table.add_row("gold evidence seen %", *["-" if s.diagnostics.get("evidence_recall") is None
                                                  else _pct(s.diagnostics["evidence_recall"]) for s in runs])

@@ -19,7 +19,8 @@ from ..errors import ModelError
 
 class FakeChatModel(BaseChatModel):
     """Replies from `responses` in order (cycled, or ModelError when exhausted and `cycle` is False),
-    else from `respond(messages)`, else echoes the last message."""
+    else from `respond(messages)`, else echoes the last message. Usage counts words as tokens, and the
+    words a prompt shares at its start with the previous call's as read from a cache."""
 
     responses: list[str] | None = None
     respond: Callable[[list[BaseMessage]], str] | None = None
@@ -31,6 +32,7 @@ class FakeChatModel(BaseChatModel):
 
     _index: int = PrivateAttr(default=0)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _previous: list[str] = PrivateAttr(default_factory=list)  # the last prompt's words
 
     @property
     def _llm_type(self) -> str:
@@ -48,16 +50,20 @@ class FakeChatModel(BaseChatModel):
         return text
 
     def _reply(self, messages: list[BaseMessage], grammar: str | None = None) -> ChatResult:
+        words = [w for m in messages for w in m.text.split()]  # a fake token is a word
         with self._lock:
+            cached = next((i for i, (a, b) in enumerate(zip(words, self._previous)) if a != b),
+                          min(len(words), len(self._previous)))  # a cache of the previous call's prompt
+            self._previous = words
             self.calls.append(list(messages))
             self.grammars.append(grammar)
             text = self._next_scripted() if self.responses is not None else None
         if text is None:
             text = self.respond(messages) if self.respond else (messages[-1].text if messages else "")
-        n_in = sum(len(m.text.split()) for m in messages)
-        n_out = len(text.split())
+        n_in, n_out = len(words), len(text.split())
         message = AIMessage(content=text,
-                            usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out},
+                            usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out,
+                                            "input_token_details": {"cache_read": cached}},
                             response_metadata={"model_name": "fake", "finish_reason": "stop"})
         return ChatResult(generations=[ChatGeneration(message=message)])
 
