@@ -3,10 +3,18 @@ and on, in one run: prompt tokens prefilled, wall time and whether the greedy re
 
     python bench/serving.py                                   # tests/recorded/*.json, ~15 min on 2 cores
     python bench/serving.py --llm llamacpp:qwen2.5-coder-0.5b --only mujica
+    python bench/serving.py --parallel                        # Mujica's worker rounds: llama-server, N slots vs 1
 
 Each agent's transcripts (several questions each) run in recorded order through a freshly loaded model,
 once with `cache=0` (llama.cpp reuses the previous call's prefix only) and once with the default prefix
 cache. A call's reply is capped at the length recorded for it, so both runs decode the same amount.
+
+`--parallel` takes the worker calls of each Mujica planner round that sent several (the calls LangGraph's
+`Send` makes at once) and sends each round's calls at the same time to llama.cpp's server (`--llm` with
+`slots=N`, see mhqa_graph.models.server), once with one slot (the calls wait their turn) and once with as
+many slots as the largest round has workers (decoded together in one batch): wall time and whether the
+greedy replies are the same. They need not be: how calls share a batch changes the arithmetic, and with it
+a near tie between two tokens (with several slots, even two runs of the same command may differ).
 """
 
 from __future__ import annotations
@@ -15,9 +23,11 @@ import argparse
 import json
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from langchain_core.messages import convert_to_messages
+from mhqa_graph.graphs.mujica_prompts import GRAPH_WORKER_SYSTEM, WORKER_SYSTEM
 
 from mhqa_graph.models.factory import load_chat_model
 
@@ -35,14 +45,35 @@ def transcript_calls(folder: Path, only: set[str]) -> dict[str, list[dict]]:
     return dict(calls)
 
 
-def replay(spec: str, calls: list[dict]) -> dict:
-    """Run `calls` through a model loaded from `spec`; totals and the replies."""
+def worker_rounds(calls: list[dict]) -> list[list[dict]]:
+    """The runs of consecutive Mujica worker calls (one planner round's `Send`s) that hold several calls."""
+    rounds: list[list[dict]] = [[]]
+    for call in calls:
+        if call["messages"][0]["content"] in (WORKER_SYSTEM, GRAPH_WORKER_SYSTEM):
+            rounds[-1].append(call)
+        elif rounds[-1]:
+            rounds.append([])
+    return [r for r in rounds if len(r) > 1]
+
+
+def ask(model, call: dict):
+    """One recorded call, its reply capped at the recorded length."""
+    return model.invoke(convert_to_messages(call["messages"]), stop=call["stop"] or None,
+                        max_new_tokens=max(1, call["output_tokens"]))
+
+
+def loaded(spec: str):
     model = load_chat_model(spec)
     model.invoke("Hi", max_new_tokens=1)  # loaded before the clock starts
+    return model
+
+
+def replay(spec: str, calls: list[dict]) -> dict:
+    """Run `calls` through a model loaded from `spec`; totals and the replies."""
+    model = loaded(spec)
     started, prompt, prefilled, replies = time.perf_counter(), 0, 0, []
     for call in calls:
-        reply = model.invoke(convert_to_messages(call["messages"]), stop=call["stop"] or None,
-                             max_new_tokens=max(1, call["output_tokens"]))
+        reply = ask(model, call)
         usage = reply.usage_metadata
         prompt += usage["input_tokens"]
         prefilled += usage["input_tokens"] - usage["input_token_details"]["cache_read"]
@@ -50,13 +81,45 @@ def replay(spec: str, calls: list[dict]) -> dict:
     return {"seconds": time.perf_counter() - started, "prompt": prompt, "prefilled": prefilled, "replies": replies}
 
 
+def replay_rounds(spec: str, rounds: list[list[dict]]) -> dict:
+    """Each round's calls sent at once to a model loaded from `spec`, round after round; wall time and replies."""
+    from mhqa_graph.models.server import stop_all
+
+    model = loaded(spec)
+    try:
+        started, replies = time.perf_counter(), []
+        for calls in rounds:
+            with ThreadPoolExecutor(len(calls)) as pool:
+                replies += [r.text for r in pool.map(lambda call: ask(model, call), calls)]
+        return {"seconds": time.perf_counter() - started, "replies": replies}
+    finally:
+        stop_all()  # one model process at a time
+
+
+def parallel(args: argparse.Namespace, sep: str) -> None:
+    rounds = worker_rounds(transcript_calls(args.recorded, {"mujica"}).get("mujica", []))
+    if not rounds:
+        raise SystemExit(f"no Mujica round with several workers in {args.recorded}")
+    calls, slots = sum(len(r) for r in rounds), max(len(r) for r in rounds)
+    one = replay_rounds(f"{args.llm}{sep}slots=1", rounds)
+    many = replay_rounds(f"{args.llm}{sep}slots={slots}", rounds)
+    same = sum(a == b for a, b in zip(one["replies"], many["replies"]))
+    print(f"| rounds | worker calls | s, 1 slot | s, {slots} slots | speed-up | same replies |\n"
+          f"|---|---|---|---|---|---|\n| {len(rounds)} | {calls} | {one['seconds']:.1f} | {many['seconds']:.1f} | "
+          f"{one['seconds'] / many['seconds']:.2f}x | {same}/{calls} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llm", default="llamacpp:qwen2.5-coder-1.5b?threads=1")
     parser.add_argument("--only", default="", help="comma-separated agents")
     parser.add_argument("--recorded", type=Path, default=RECORDED)
+    parser.add_argument("--parallel", action="store_true", help="Mujica's worker rounds through llama-server, "
+                                                                   "as many slots as workers vs one")
     args = parser.parse_args()
     sep = "&" if "?" in args.llm else "?"
+    if args.parallel:
+        return parallel(args, sep)
     rows = ["| agent | calls | prompt tokens | prefilled, cache off | prefilled, cache on | s, off | s, on | "
             "speed-up | same replies |", "|---|---|---|---|---|---|---|---|---|"]
     for agent, calls in transcript_calls(args.recorded, set(filter(None, args.only.split(",")))).items():

@@ -14,16 +14,21 @@ stamp=".venv/.mhqa-installed-${extras//,/_}"
 wanted="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
   echo "set-up: .venv already has mhqa-graph[$extras]"
-  exit 0
+else
+  echo "set-up: installing mhqa-graph[$extras] into .venv (first run only; pip shows its progress)"
+  python -m pip install -q --upgrade pip
+  # torch first. A CPU build is taken where pip finds one (a local wheel in PIP_FIND_LINKS, or
+  # MHQA_TORCH_INDEX=https://download.pytorch.org/whl/cpu); else PyPI's Linux wheel, a CUDA build that pulls
+  # ~2.7 GB of nvidia packages and runs on the CPU as well.
+  python -m pip install --progress-bar on ${MHQA_TORCH_INDEX:+--index-url "$MHQA_TORCH_INDEX"} torch==2.13.0
+  # llama-cpp-python (the llamacpp extra, and a dependency of the SmolLM2 pack's wheel) is built from source
+  # once (several minutes); its default build crashes on CPUs with AMX units.
+  export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF}"
+  python -m pip install --progress-bar on -e ".[$extras]"
+  echo "$wanted" > "$stamp"
 fi
-echo "set-up: installing mhqa-graph[$extras] into .venv (first run only; pip shows its progress)"
-python -m pip install -q --upgrade pip
-# torch first. A CPU build is taken where pip finds one (a local wheel in PIP_FIND_LINKS, or
-# MHQA_TORCH_INDEX=https://download.pytorch.org/whl/cpu); else PyPI's Linux wheel, a CUDA build that pulls
-# ~2.7 GB of nvidia packages and runs on the CPU as well.
-python -m pip install --progress-bar on ${MHQA_TORCH_INDEX:+--index-url "$MHQA_TORCH_INDEX"} torch==2.13.0
-# llama-cpp-python (the llamacpp extra, and a dependency of the SmolLM2 pack's wheel) is built from source
-# once (several minutes); its default build crashes on CPUs with AMX units.
-export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF}"
-python -m pip install --progress-bar on -e ".[$extras]"
-echo "$wanted" > "$stamp"
+# llama.cpp's own server, for `llamacpp:<pack>?slots=N` (several calls decoded in one batch), with the extras
+# that use it: built once into the user cache (scripts/llama_server.sh; ~10 min on 2 cores), then found there.
+if [[ ",$extras," == *,openai,* && ",$extras," == *,llamacpp,* ]]; then
+  bash scripts/llama_server.sh
+fi

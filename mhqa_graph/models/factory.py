@@ -1,9 +1,17 @@
 """Turn a model spec string into a LangChain chat model or embeddings object.
 
 Chat specs: a pack name ("smollm2-135m"), "hf:<folder or cached hub id>",
-"llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&cache=MB&lora=<adapter .gguf>]" (llama.cpp;
+"llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&cache=MB&lora=<adapter .gguf>&slots=N]" (llama.cpp;
 needs the `llamacpp` extra; faster than transformers on the CPU), "openai:<base url>[#model]",
 "fake" or "fake:<json list of responses>". `check_chat_spec` validates a spec without loading it.
+
+A `llamacpp:` spec runs the model in this process, one call at a time, unless it has `slots=N`: then the
+model runs in llama.cpp's own server (`models.server.LlamaServer`, one shared per distinct settings in the
+process, on 127.0.0.1, stopped at exit), which decodes up to N calls at once in one batch, each slot with
+`ctx` tokens and its own prompt cache (`cache`: its RAM cache of further prompt states, MB). The model is a
+`ChatOpenAI` on that server, constrained by the same grammars; it needs the `openai` extra and the
+`llama-server` binary (`bash scripts/llama_server.sh`). `LlamaServer(...).spec` gives the `openai:` spec of
+a server started by hand.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ from .packs import PACKS, check_chat_pack, gguf_path, pack_installed, pack_path
 
 CHAT_PREFERENCE = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m")
 REQUEST_TIMEOUT_S = 60.0  # per HTTP request to an openai-compatible server
-LLAMACPP_OPTIONS = {"threads": "n_threads", "ctx": "n_ctx", "cache": "prompt_cache_mb"}  # spec query -> field
+LLAMACPP_OPTIONS = {"threads": "n_threads", "ctx": "n_ctx", "cache": "prompt_cache_mb",  # spec query -> field
+                    "slots": "slots"}  # slots: llama-server (models.server)
 MAY_BE_ZERO = {"cache"}  # 0 turns it off
 LLAMACPP_FILE_OPTIONS = {"lora": "lora_path"}  # the same, for options naming a file
 OPENAI_HINT = "openai-compatible servers need langchain-openai; pip install 'mhqa-graph[openai]'"
@@ -51,14 +60,21 @@ def check_chat_spec(spec: Any, model: str = "") -> None:
     elif scheme == "hf" and rest:
         _hf_location(rest)
     elif scheme == "llamacpp":
-        ref, _ = _llamacpp_options(rest)
+        ref, options = _llamacpp_options(rest)
         _llamacpp_ref(ref)
+        if "slots" in options:
+            if importlib.util.find_spec("langchain_openai") is None:
+                raise ModelNotInstalled(OPENAI_HINT)
+            from .server import find_binary
+
+            find_binary()
     elif spec in PACKS:
         check_chat_pack(spec)
     else:
         raise ModelError(f"unknown chat model spec {spec!r}; use a pack name ({', '.join(CHAT_PREFERENCE)}), "
                          "'hf:<folder or hub id>', "
-                         "'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&cache=MB&lora=<adapter .gguf>]', "
+                         "'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&cache=MB&lora=<adapter .gguf>"
+                         "&slots=N]', "
                          "'openai:<base url>#<model>' or 'fake[:<json list>]'")
 
 
@@ -152,9 +168,13 @@ def _llamacpp_ref(ref: str) -> None:
 
 
 def _llamacpp(rest: str, **kwargs: Any) -> BaseChatModel:
-    """'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&cache=MB&lora=<adapter .gguf>]'; a pack's GGUF is
-    assembled and kept once."""
+    """'llamacpp:<pack name or .gguf file>[?threads=N&ctx=N&cache=MB&lora=<adapter .gguf>&slots=N]'; a pack's
+    GGUF is assembled and kept once. With slots, a ChatOpenAI on the shared llama-server of these settings."""
     ref, options = _llamacpp_options(rest)
+    if "slots" in options:
+        from .server import shared_server
+
+        return shared_server(ref if ref in PACKS else Path(ref).expanduser(), **options).chat_model(**kwargs)
     kwargs.update(options)
     if ref in PACKS:
         path = gguf_path(ref)
