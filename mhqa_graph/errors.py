@@ -98,5 +98,20 @@ class ChecksumMismatch(ModelError):
     """An assembled model file does not have its pinned sha256."""
 
 
+class ModelNotFound(ModelError):
+    """A model name is not an installed pack, not a local folder, and cannot be had from the Hugging Face Hub
+    (not there, not reachable, or not in the cache while HF_HUB_OFFLINE is set)."""
+
+
+class DeviceError(ModelError):
+    """A local model failed on its device or dtype: tensors on two devices, a dtype the device cannot
+    compute in, a CUDA error or no memory left on it."""
+
+
+class TrainingError(MhqaError):
+    """A training run stopped because what it would learn from is unsound: e.g. the policy failed on its
+    device during a rollout, which would otherwise be scored as a wrong answer and trained on."""
+
+
 class InvalidQuestion(MhqaError):
     """A question that cannot be asked: not a string, empty after cleaning, or too long."""

@@ -7,7 +7,9 @@ agent graphs with the model under training.
     metrics = evaluate_dev(rollout, DevConfig(path=...), llm, "runs/mygo/dev0")   # dev F1, calls, ...
 
 Every trainer config has a `dev` slice of held-out questions; `check_disjoint` refuses one that shares a
-question with the training slice.
+question with the training slice. The policy is a chat pack, a local folder or a Hugging Face Hub id, placed
+on this process's GPU if there is one (training/devices.py); under several processes, rollouts, dev runs,
+checkpoints and log lines are the main process's.
 """
 
 from __future__ import annotations
@@ -15,15 +17,20 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
+import shutil
 import typing
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mhqa_graph.errors import InvalidInput, ModelNotInstalled
+from mhqa_graph.errors import InvalidInput, ModelError, ModelNotFound, ModelNotInstalled, TrainingError
 from mhqa_graph.eval.report import RESULTS, read_records
-from mhqa_graph.models.chat import TransformersChatModel
+from mhqa_graph.models.chat import TransformersChatModel, model_device
 
+from .devices import is_main_process, on_main_process, policy_device, policy_dtype, world_size
 from .lora_gguf import supports, write_lora_gguf
 
 LOG = "log.jsonl"  # every trainer's JSON-lines log in its output_dir; curve.png beside it plots it
@@ -32,7 +39,8 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass
 class ModelConfig:
-    """The policy: a chat pack name, a transformers folder, or "tiny" (a random tiny Qwen2, for tests)."""
+    """The policy: a chat pack name, a transformers folder, a Hugging Face Hub id, or "tiny" (a random tiny
+    Qwen2, for tests)."""
 
     name: str = "qwen2.5-coder-0.5b"
     lora: bool = True  # False: full fine-tuning
@@ -40,7 +48,7 @@ class ModelConfig:
     lora_alpha: int = 32
     lora_dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: list(LORA_TARGETS))
-    dtype: str = "float32"  # float32 trains and generates fastest on CPUs; bfloat16 on GPUs
+    dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32 (fastest on CPUs); or float32, ...
     seed: int = 0
     inference: str = "auto"  # rollouts and dev runs: llamacpp | transformers | auto (llamacpp when it can serve)
 
@@ -127,7 +135,8 @@ def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: An
 
 def serves_with_llamacpp(model: Any, config: ModelConfig) -> bool:
     """Whether `policy_chat_model` serves `model` with llama.cpp: always for `inference: llamacpp` (InvalidInput
-    if it can't), for "auto" when the policy is a LoRA adapter over a Qwen2 pack and llama-cpp-python is in."""
+    if it can't), for "auto" when the policy is a LoRA adapter over a Qwen2 pack on the CPU and llama-cpp-python
+    is in (a policy on a GPU generates there)."""
     from mhqa_graph.models.packs import PACKS
 
     if config.inference not in ("auto", "llamacpp", "transformers"):
@@ -137,7 +146,8 @@ def serves_with_llamacpp(model: Any, config: ModelConfig) -> bool:
     if config.inference == "llamacpp" and not possible:
         raise InvalidInput("model.inference: llamacpp needs a LoRA policy over a Qwen2 chat pack and "
                            "llama-cpp-python (pip install 'mhqa-graph[llamacpp]')")
-    return possible and config.inference != "transformers"
+    on_cpu = getattr(model_device(model), "type", "cpu") == "cpu"
+    return possible and (config.inference == "llamacpp" or (config.inference == "auto" and on_cpu))
 
 
 def policy_chat_model(model: Any, tokenizer: Any, config: ModelConfig, folder: str | Path,
@@ -148,8 +158,9 @@ def policy_chat_model(model: Any, tokenizer: Any, config: ModelConfig, folder: s
     by transformers."""
     if not serves_with_llamacpp(model, config):
         return chat_model_for(model, tokenizer, temperature, max_new_tokens)
-    return llamacpp_policy(config.name, write_lora_gguf(model, Path(folder) / f"{adapter or 'adapter'}.gguf", adapter),
-                           temperature, max_new_tokens)
+    path = Path(folder) / f"{adapter or 'adapter'}.gguf"
+    on_main_process(lambda: write_lora_gguf(model, path, adapter))
+    return llamacpp_policy(config.name, path, temperature, max_new_tokens)
 
 
 def llamacpp_policy(pack: str, adapter: Path | None, temperature: float, max_new_tokens: int) -> Any:
@@ -161,27 +172,64 @@ def llamacpp_policy(pack: str, adapter: Path | None, temperature: float, max_new
                            model_name=f"{pack}+{adapter.stem}" if adapter else pack)
 
 
+def hub_offline() -> bool:
+    """Whether the Hugging Face Hub may not be asked (HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set)."""
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_OFFLINE or any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
+                                           for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def policy_source(name: str) -> tuple[str, bool]:
+    """Where the policy `name` loads from, and whether from local files only: a chat pack's converted folder
+    or a local folder; else a Hugging Face Hub id, downloaded into the HF cache (only the cache when
+    `hub_offline`). ModelNotFound when `name` can be none of these."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    from mhqa_graph.models.packs import PACKS, pack_path
+
+    if name in PACKS:
+        return str(pack_path(name)), True
+    if Path(name).expanduser().is_dir():
+        return str(Path(name).expanduser()), True
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        chat = ", ".join(n for n, p in PACKS.items() if p.kind == "chat")
+        raise ModelNotFound(f"model {name!r} is neither a chat pack ({chat}), a model folder, nor a Hugging Face "
+                            "Hub id (owner/name)") from None
+    return name, hub_offline()
+
+
 def load_model(config: ModelConfig) -> tuple[Any, Any]:
-    """(model, tokenizer) ready to train: wrapped in a PEFT LoRA adapter when `config.lora`."""
+    """(model, tokenizer) ready to train, on this process's device (`devices.policy_device`) in `config.dtype`:
+    wrapped in a PEFT LoRA adapter when `config.lora`."""
     try:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
         raise ModelNotInstalled(f"training needs torch and transformers ({exc}); "
                                 "pip install 'mhqa-graph[train]'") from None
+    device = policy_device()
+    dtype = policy_dtype(config.dtype, device)
     if config.name == "tiny":
         from .tiny import tiny_model_and_tokenizer
 
         model, tokenizer = tiny_model_and_tokenizer(seed=config.seed)
+        model = model.to(device=device, dtype=dtype)
     else:
-        from mhqa_graph.models.packs import PACKS, pack_path
-
-        path = str(pack_path(config.name)) if config.name in PACKS else config.name
-        if not Path(path).is_dir():
-            raise InvalidInput(f"model {config.name!r} is neither a chat pack nor a model folder")
+        source, local = policy_source(config.name)
         torch.manual_seed(config.seed)
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, config.dtype), local_files_only=True)
+        placed = {} if device.type == "cpu" else {"device_map": {"": device}}
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
+            model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, local_files_only=local, **placed)
+        except OSError as exc:
+            if Path(source).is_dir():
+                raise ModelError(f"cannot load the policy from {source}: {exc}") from exc
+            hub = "has no copy in the local cache (HF_HUB_OFFLINE is set)" if local else "gave none"
+            raise ModelNotFound(f"model {config.name!r} is not a chat pack or a model folder, and the Hugging Face "
+                                f"Hub {hub}: {exc}") from exc
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     if config.lora:
@@ -213,17 +261,80 @@ def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: di
         model.eval()
     overrides = {**config.context, "llm": llm, "max_new_tokens": config.max_new_tokens,
                  **({"role_llms": role_llms} if role_llms else {})}
-    records = []
-    for j in range(config.samples):
-        out = Path(out_dir) / f"sample{j}"
-        run_eval(config.agent, config.dataset, config.path, llm, config.store, out, limit=config.limit,
-                 start=config.start, concurrency=1, context_overrides=overrides, progress=False, force_new=force_new)
-        records += [r | {"sample": j} for r in read_records(out / RESULTS)]
-    return records
+    folders = [Path(out_dir) / f"sample{j}" for j in range(config.samples)]
+
+    def run() -> None:
+        for out in folders:
+            run_eval(config.agent, config.dataset, config.path, llm, config.store, out, limit=config.limit,
+                     start=config.start, concurrency=1, context_overrides=overrides, progress=False,
+                     force_new=force_new)
+            check_device_faults([llm, *(role_llms or {}).values()], out)
+
+    on_main_process(run)  # under several processes the main one rolls out, the others read its records
+    return [r | {"sample": j} for j, out in enumerate(folders) for r in read_records(out / RESULTS)]
+
+
+def check_device_faults(models: Iterable[Any], folder: Path | None = None) -> None:
+    """TrainingError when one of `models` (chat models over the policy) failed on its device or dtype
+    (`TransformersChatModel.device_fault`): the agent recorded those calls as failed, their answers scored 0,
+    and training on them would learn nothing true. The rollout `folder` is first moved aside to
+    `<folder>.device-error` (replacing an older one), so that a rerun rolls out afresh instead of resuming it."""
+    fault = next((f for m in models if (f := getattr(m, "device_fault", None))), None)
+    if fault is None:
+        return
+    kept = ""
+    if folder is not None and folder.exists():
+        aside = folder.with_name(folder.name + ".device-error")
+        shutil.rmtree(aside, ignore_errors=True)
+        folder.rename(aside)
+        kept = f"; its records are in {aside}, and a rerun rolls out afresh"
+    raise TrainingError(f"the policy failed on its device or dtype during a rollout ({fault}); training stops "
+                        f"rather than score those answers 0 and learn from them{kept}")
+
+
+@contextmanager
+def rollout_store(rollout: RolloutConfig) -> Iterator[Any]:
+    """The rollouts' store, for what searches it during training (Omne's episodes). With one process it is
+    opened for writing (the dataset's environment is ingested if missing); with several, the main process
+    ingests what is missing and then every process opens it read-only (a reader takes no lock)."""
+    from mhqa_graph.eval.environments import open_environment
+    from mhqa_graph.store import open_store
+
+    if world_size() == 1:
+        with open_store(rollout.store) as store:
+            yield store
+        return
+
+    def ingest() -> None:
+        with open_environment(rollout.store, rollout.dataset, rollout.path):
+            pass
+
+    on_main_process(ingest)
+    with open_store(rollout.store, read_only=True) as store:
+        yield store
+
+
+def plot_curve(out_dir: Path, title: str) -> str:
+    """`out_dir/curve.png` of `out_dir/log.jsonl`, drawn by the main process; returns its path."""
+    from .curve import plot_log
+
+    return str(on_main_process(lambda: plot_log(out_dir / LOG, out_dir / "curve.png", title), share=True))
+
+
+def save_policy(model: Any, tokenizer: Any, path: str | Path) -> str:
+    """The weights (or adapters) and the tokenizer saved to `path` by the main process; returns the path."""
+    def save() -> None:
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+
+    on_main_process(save)
+    return str(path)
 
 
 def write_log(path: Path, entry: dict[str, Any]) -> None:
-    """Append `entry` as one JSON line to a trainer's log.jsonl."""
+    """Append `entry` as one JSON line to a trainer's log.jsonl (the main process's only)."""
+    if not is_main_process():
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as f:
         f.write(json.dumps(entry, ensure_ascii=False, default=float) + "\n")

@@ -75,17 +75,20 @@ from .common import (
     DevConfig,
     ModelConfig,
     RolloutConfig,
+    check_device_faults,
     check_disjoint,
     evaluate_dev,
     jsonl_log,
     llamacpp_policy,
     load_model,
+    plot_curve,
     policy_chat_model,
     rollouts,
+    save_policy,
     serves_with_llamacpp,
     write_log,
 )
-from .curve import plot_log
+from .devices import barrier, on_main_process, precision_args
 from .rewards import (
     AnalysisRewardConfig,
     PlanRewardConfig,
@@ -122,9 +125,10 @@ class MAPGRPOConfig:
 
 
 def grpo_args(config: MAPGRPOConfig, output_dir: str | Path) -> GRPOConfig:
-    """GRPOConfig from `config.grpo` over CPU-friendly defaults; bad arguments raise InvalidInput."""
-    defaults = dict(use_cpu=not torch.cuda.is_available(), bf16=False, report_to=[], save_strategy="no",
-                    logging_steps=1, disable_tqdm=True, gradient_checkpointing=False, seed=config.model.seed)
+    """GRPOConfig from `config.grpo` over CPU-friendly defaults, use_cpu and bf16 from the policy's device
+    (`devices.precision_args`); bad arguments raise InvalidInput."""
+    defaults = dict(report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
+                    gradient_checkpointing=False, seed=config.model.seed, **precision_args(config.grpo))
     try:
         return GRPOConfig(**(defaults | config.grpo | {"output_dir": str(output_dir)}))
     except (TypeError, ValueError) as exc:
@@ -409,13 +413,15 @@ class RoleRewards:
         return make_context("opera", store=self.store, **(self.settings | settings))
 
     def execution(self, question: str, answers: list[str], plan: str) -> float:
-        """F1 of the answer OPERA reaches with `plan` as the Plan agent's reply."""
+        """F1 of the answer OPERA reaches with `plan` as the Plan agent's reply; TrainingError if the policy
+        playing the other roles failed on its device or dtype (the F1 would be a 0 that says nothing of `plan`)."""
         key = (question, plan)
         if self.config.execution_cache and key in self.cache:
             return self.cache[key]
         ctx = self.context(llm=self.executor, role_llms=self.executor_roles | {"plan": FakeChatModel(responses=[plan])})
         with evaluating(self.model):
             result = self.graph.invoke({"question": question}, context=ctx)
+        check_device_faults([self.executor, *self.executor_roles.values()])
         self.executions += 1
         self.cache[key] = score(result.get("answer") or "", answers)[1]
         return self.cache[key]
@@ -513,13 +519,14 @@ class MAPGRPOTrainer:
         if args.beta == 0:
             return build()
         path, name = stage / "reference", self.model.config._name_or_path
-        self.model.save_pretrained(path)
+        on_main_process(lambda: self.model.save_pretrained(path))
         self.model.config._name_or_path = str(path)
         try:
             return build()
         finally:
             self.model.config._name_or_path = name
-            shutil.rmtree(path)
+            barrier()  # every process has loaded the reference
+            on_main_process(lambda: shutil.rmtree(path))
 
     def dev(self, name: str) -> dict[str, Any]:
         """Dev metrics of OPERA with every role as trained so far (greedy), logged as event `dev`."""
@@ -575,9 +582,7 @@ class MAPGRPOTrainer:
         for role in self.config.roles:
             summary["roles"][role] = self.train_role(role)
             dev[role] = self.dev(role)
-        final = out / "final"
-        self.model.save_pretrained(final)
-        self.tokenizer.save_pretrained(final)
-        write_log(out / LOG, {"event": "saved", "final": str(final)})
-        return summary | {"dev": dev if self.config.dev.path else {}, "final": str(final),
-                          "curve": str(plot_log(out / LOG, out / "curve.png", "MAPGRPO"))}
+        final = save_policy(self.model, self.tokenizer, out / "final")
+        write_log(out / LOG, {"event": "saved", "final": final})
+        return summary | {"dev": dev if self.config.dev.path else {}, "final": final,
+                          "curve": plot_curve(out, "MAPGRPO")}

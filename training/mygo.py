@@ -36,18 +36,20 @@ from .common import (
     check_disjoint,
     jsonl_log,
     load_model,
+    plot_curve,
     policy_chat_model,
     policy_dev,
     rollouts,
+    save_policy,
     write_log,
 )
-from .curve import plot_log
+from .devices import on_main_process, precision_args
 from .rewards import keep, next_tau
 
 SFT_DEFAULTS: dict[str, Any] = {"learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 1,
                                 "gradient_accumulation_steps": 4, "max_length": 2048, "logging_steps": 1,
-                                "report_to": [], "save_strategy": "no", "bf16": False,
-                                "gradient_checkpointing": False}  # use_cpu: when there is no CUDA device
+                                "report_to": [], "save_strategy": "no",
+                                "gradient_checkpointing": False}  # use_cpu and bf16: from the device (devices.py)
 
 
 @dataclass
@@ -115,12 +117,11 @@ class MyGOTrainer:
 
     def sft(self, rows: list[dict[str, Any]], out_dir: Path, phase: str) -> float:
         """One plain-SFT pass over `rows`, its steps logged with `phase`; returns the mean training loss."""
-        import torch
         from datasets import Dataset
 
         from .weighted_sft import WeightedSFTConfig, WeightedSFTTrainer
 
-        defaults = SFT_DEFAULTS | {"use_cpu": not torch.cuda.is_available()}
+        defaults = SFT_DEFAULTS | precision_args(self.config.sft)
         args = WeightedSFTConfig(output_dir=str(out_dir), think_weight=1.0, **(defaults | self.config.sft))
         dataset = Dataset.from_list([{"messages": r["messages"]} for r in rows])
         log = jsonl_log(self.out / LOG, phase=phase)
@@ -129,10 +130,14 @@ class MyGOTrainer:
         return float(trainer.train().training_loss)
 
     def save(self, k: int) -> None:
-        """The weights and τ after iteration `k` (0: the warm-up), in `iter{k}/checkpoint`."""
+        """The weights and τ after iteration `k` (0: the warm-up), in `iter{k}/checkpoint` (by the main process)."""
         path = self.out / f"iter{k}" / CHECKPOINT
-        self.model.save_pretrained(path)
-        (path / STATE).write_text(json.dumps({"iteration": k, "tau": self.tau}), encoding="utf-8")
+
+        def save() -> None:
+            self.model.save_pretrained(path)
+            (path / STATE).write_text(json.dumps({"iteration": k, "tau": self.tau}), encoding="utf-8")
+
+        on_main_process(save)
 
     def resume(self) -> int:
         """Load the last saved checkpoint (weights and τ); returns its iteration, -1 if there is none."""
@@ -185,7 +190,8 @@ class MyGOTrainer:
     def train(self) -> dict[str, Any]:
         cfg = self.config
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2), encoding="utf-8")
+        on_main_process(lambda: (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2),
+                                                                      encoding="utf-8"))
         history = []
         done = self.resume()
         untrained = self.dev("untrained")  # resumable: a finished dev run is read back, not redone
@@ -203,7 +209,6 @@ class MyGOTrainer:
             write_log(self.out / LOG, row)
             history.append(row)
         history += [self.iteration(k) for k in range(max(1, done + 1), cfg.iterations + 1)]
-        self.model.save_pretrained(self.out / "final")
-        self.tokenizer.save_pretrained(self.out / "final")
-        return {"iterations": history, "tau": self.tau, "dev_untrained": untrained, "final": str(self.out / "final"),
-                "curve": str(plot_log(self.out / LOG, self.out / "curve.png", "MyGO"))}
+        final = save_policy(self.model, self.tokenizer, self.out / "final")
+        return {"iterations": history, "tau": self.tau, "dev_untrained": untrained, "final": final,
+                "curve": plot_curve(self.out, "MyGO")}

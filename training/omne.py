@@ -41,12 +41,11 @@ from mhqa_graph.graphs import omne_prompts as P
 from mhqa_graph.graphs.omne_protocol import canonical_reply
 from pydantic import PrivateAttr
 
-from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
+from mhqa_graph.errors import InvalidInput, MhqaError, ModelError, TrainingError
 from mhqa_graph.eval.environments import environment_name, prepare
 from mhqa_graph.eval.runner import RunMismatch, load_questions
 from mhqa_graph.export import THINK_WEIGHT, sft_rows, weighted_message
-from mhqa_graph.models.chat import TransformersChatModel, chat_dicts
-from mhqa_graph.store import open_store
+from mhqa_graph.models.chat import TransformersChatModel, chat_dicts, model_device
 
 from .common import (
     LOG,
@@ -56,12 +55,15 @@ from .common import (
     check_disjoint,
     jsonl_log,
     load_model,
+    plot_curve,
     policy_chat_model,
     policy_dev,
+    rollout_store,
     rollouts,
+    save_policy,
     write_log,
 )
-from .curve import plot_log
+from .devices import on_main_process, precision_args
 from .rewards import OmneRewardConfig, format_reward, omne_reward, repetition_penalty, tool_calls
 
 STAGES = {1: "grpo", 2: "sft", 3: "grpo"}
@@ -168,6 +170,8 @@ class EpisodeModel(TransformersChatModel):
     def episode(self) -> dict[str, Any]:
         """prompt_ids, completion_ids, env_mask, the reply texts (`turns`) and whether the budget forced
         the last answer (`forced`)."""
+        if self.device_fault:
+            raise TrainingError(f"the policy failed on its device or dtype during an episode ({self.device_fault})")
         if self._fault:
             raise MhqaError(f"cannot train on this episode: {self._fault}")
         return {"prompt_ids": list(self._prompt), "completion_ids": list(self._completion),
@@ -251,9 +255,9 @@ class EpisodeModel(TransformersChatModel):
         self._mask += [0] * len(added)
         self._closed = self._forced
         stops = [s for s in (stop or self.stop or []) if s]
-        ids = torch.tensor([self._prompt + self._completion])
-        out = self._model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
-                                   stop_strings=stops or None, tokenizer=self._tokenizer)
+        ids = torch.tensor([self._prompt + self._completion], device=model_device(self._model))
+        out = self.generate_ids(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                                stop_strings=stops or None, tokenizer=self._tokenizer)
         new = out[0, ids.shape[1]:].tolist()
         self._reply_start = len(self._completion)
         self._completion += new
@@ -394,7 +398,7 @@ def format_stop(patience: int, stage: int) -> Any:
             if not logs or "episodes/format" not in logs:
                 return
             self.zeros = self.zeros + 1 if logs["episodes/format"] == 0 else 0
-            if patience and self.zeros >= patience:
+            if patience and on_main_process(lambda: self.zeros >= patience, share=True):  # one decision for all
                 self.message = (f"stage {stage} stopped at step {state.global_step}: the format reward stayed 0 for "
                                 f"{self.zeros} steps (no episode followed the tool protocol), so every advantage was "
                                 "0; warm-start the policy on teacher trajectories (teacher + warm_start: true) or "
@@ -443,7 +447,7 @@ class OmneTrainer:
 
     def _trl_args(self, cls: type, defaults: dict, args: dict, stage: int, **fixed: Any) -> Any:
         try:
-            return cls(**{**defaults, "seed": self.config.model.seed, **args, **fixed,
+            return cls(**{**defaults, "seed": self.config.model.seed, **precision_args(args), **args, **fixed,
                           "output_dir": str(self.out / f"stage{stage}")})
         except (TypeError, ValueError) as exc:
             raise InvalidInput(f"stage {stage} TRL arguments: {exc}") from None
@@ -461,7 +465,7 @@ class OmneTrainer:
 
     def _grpo(self, stage: int, log: Any) -> Any:
         stop = format_stop(self.config.format_patience, stage)
-        with open_store(self.config.rollout.store) as store:
+        with rollout_store(self.config.rollout) as store:
             trainer = self.grpo_trainer(stage, OmneEnvironment(self.config.rollout, store), [log, stop])
             trainer.train()
         if stop.message:
@@ -552,9 +556,6 @@ class OmneTrainer:
             summary["dev"][f"stage{stage}"] = self.dev(f"stage{stage}")
         if not self.config.dev.path:
             summary["dev"] = {}
-        final = self.out / "final"
-        self.model.save_pretrained(final)
-        self.tokenizer.save_pretrained(final)
-        summary["final"] = str(final)
-        summary["curve"] = str(plot_log(self.out / LOG, self.out / "curve.png", "Omne"))
+        summary["final"] = save_policy(self.model, self.tokenizer, self.out / "final")
+        summary["curve"] = plot_curve(self.out, "Omne")
         return summary

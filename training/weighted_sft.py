@@ -105,7 +105,9 @@ class WeightedSFTTrainer(SFTTrainer):
         weights = inputs.pop("loss_weights")[:, 1:]
         outputs = model(**inputs, use_cache=False, fused_lm_head=True)  # SFTTrainer's chunked LM head
         num_tokens = outputs.label_mask.sum() if num_items_in_batch is None else num_items_in_batch
-        loss = (-outputs.log_probs * weights.to(outputs.log_probs)).sum() / torch.as_tensor(num_tokens).clamp(min=1)
+        log_probs = outputs.log_probs
+        count = torch.as_tensor(num_tokens, device=log_probs.device).clamp(min=1)
+        loss = (-log_probs * weights.to(log_probs)).sum() / count
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())  # as SFTTrainer: DDP averages
         num_valid = outputs.label_mask.sum()

@@ -1,7 +1,8 @@
-"""A LangChain chat model running a local transformers causal LM on the CPU."""
+"""A LangChain chat model running a local transformers causal LM; its inputs are built on the model's device."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +14,30 @@ from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import PrivateAttr
 
-from ..errors import ModelError, ModelNotInstalled
+from ..errors import DeviceError, ModelError, ModelNotInstalled
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 CUT_MARKER = "\n[...]\n"  # stands where a prompt too long for the context window was cut
+
+
+# what torch says when a model fails on its device or dtype (not on the prompt): two devices, a dtype the
+# device has no kernel for, CUDA, cuBLAS or cuDNN errors, no memory left
+_DEVICE_FAULT = re.compile(r"device|dtype|scalar type|cuda|cublas|cudnn|nccl|out of memory|not implemented for "
+                           r"'(?:Half|BFloat16)'|type \(torch\.[\w.]*Tensor\)", re.IGNORECASE)
+
+
+def device_fault(exc: BaseException) -> bool:
+    """Whether `exc`, raised by a model's forward or generate, is a failure of its device or dtype."""
+    return isinstance(exc, RuntimeError) and bool(_DEVICE_FAULT.search(str(exc)))
+
+
+def model_device(model: Any) -> Any:
+    """Where `model`'s inputs go: the device of its input embeddings (also right for a model spread over
+    several GPUs, whose first layer takes the ids), else `model.device`; None if it has neither."""
+    try:
+        return model.get_input_embeddings().weight.device
+    except (AttributeError, NotImplementedError, TypeError):
+        return getattr(model, "device", None)
 
 
 def chat_dicts(messages: list[BaseMessage]) -> list[dict[str, str]]:
@@ -72,6 +93,14 @@ class TransformersChatModel(BaseChatModel):
     _model: Any = PrivateAttr(default=None)
     _tokenizer: Any = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _device_fault: str | None = PrivateAttr(default=None)
+
+    @property
+    def device_fault(self) -> str | None:
+        """The first failure of the model on its device or dtype (see `generate_ids`), None if there was none.
+        Such a call raises DeviceError, which an agent graph records as a failed model call; a trainer
+        checks this after its rollouts instead of scoring those answers."""
+        return self._device_fault
 
     @property
     def _llm_type(self) -> str:
@@ -109,6 +138,18 @@ class TransformersChatModel(BaseChatModel):
             raise ModelError(f"cannot load chat model {self.model_path!r}: {exc}") from exc
         self._model = model.eval()
 
+    def generate_ids(self, **kwargs: Any) -> Any:
+        """`generate(**kwargs)` of the model; a failure of its device or dtype is remembered in `device_fault`
+        and raised as DeviceError."""
+        try:
+            return self._model.generate(**kwargs)
+        except RuntimeError as exc:
+            if not device_fault(exc):
+                raise
+            self._device_fault = f"{type(exc).__name__}: {exc}"
+            raise DeviceError(f"{self._name} failed on its device or dtype ({model_device(self._model)}): "
+                              f"{self._device_fault}") from exc
+
     def _window(self) -> int | None:
         """The context window: `context_window`, else the smaller of the model's position limit and the
         tokenizer's max length (when set; an unset one is a huge placeholder); None if unknown."""
@@ -141,13 +182,13 @@ class TransformersChatModel(BaseChatModel):
                 self._load()
             tok = self._tokenizer
             ids, cut = self._prompt_ids(chat, max_new)
-            input_ids = torch.tensor([ids])
+            input_ids = torch.tensor([ids], device=model_device(self._model))
             inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
             sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
             pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
             with torch.inference_mode():
-                out = self._model.generate(**inputs, max_new_tokens=max_new, pad_token_id=pad,
-                                           stop_strings=stops or None, tokenizer=tok, **sampling)
+                out = self.generate_ids(**inputs, max_new_tokens=max_new, pad_token_id=pad,
+                                        stop_strings=stops or None, tokenizer=tok, **sampling)
             eos = self._model.generation_config.eos_token_id
         n_in = len(ids)
         new = out[0, n_in:].tolist()

@@ -1,0 +1,144 @@
+"""One short step of each training method on the tiny random model (training/tiny.py), on this process's GPU:
+MyGO (a warm-up SFT on a scripted model's answers, one iteration of rollouts and SFT, dev runs), MAPGRPO (one
+GRPO step of the plan role, whose reward executes plans, and one of the analysis role) and Omne (one GRPO
+step of stage 1 and one SFT step of stage 2). Each checks that the policy sits on the GPU in the dtype `auto`
+gives and that no rollout failed on its device. Run by scripts/gpu_check.sh, alone or under
+`accelerate launch` (then each process uses its own GPU and the main one rolls out).
+
+    python scripts/gpu_check.py OUT_DIR [--allow-cpu]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))  # the tiny datasets and scripted models of the trainer tests
+
+import torch  # noqa: E402
+from mhqa_graph.training.common import DevConfig, ModelConfig, RolloutConfig, load_config  # noqa: E402
+from mhqa_graph.training.devices import is_main_process, on_main_process, policy_device, policy_dtype  # noqa: E402
+from test_eval import scripted, write_dataset  # noqa: E402
+from test_mygo import YES  # noqa: E402
+from test_omne_training import TINY_GRPO, TINY_SFT, YAML, wiki_row  # noqa: E402
+
+from mhqa_graph.eval import environment_name, prepare, run_eval  # noqa: E402
+from mhqa_graph.export import weighted_message  # noqa: E402
+from mhqa_graph.models.chat import model_device  # noqa: E402
+from mhqa_graph.store import open_store  # noqa: E402
+
+CPU_ONLY = ("use_cpu", "bf16")  # the trainer tests pin these; here they follow the device
+
+
+def check_policy(model: object, where: str, allow_cpu: bool) -> None:
+    device, dtype = model_device(model), model.get_input_embeddings().weight.dtype
+    if device != policy_device() or dtype != policy_dtype("auto"):
+        raise SystemExit(f"{where}: the policy is on {device} in {dtype}, not on {policy_device()} in "
+                         f"{policy_dtype('auto')}")
+    if device.type != "cuda" and not allow_cpu:
+        raise SystemExit(f"{where}: the policy is on {device}, not on a GPU")
+
+
+def no_failed_calls(folder: Path) -> int:
+    """How many rollout records under `folder` there are; SystemExit if one holds a device error."""
+    records = [json.loads(line) for path in folder.rglob("results.jsonl") for line in path.read_text().splitlines()]
+    bad = [r["error"] for r in records if "DeviceError" in str(r.get("error"))]
+    if bad:
+        raise SystemExit(f"{folder}: {len(bad)} rollout(s) failed on the device: {bad[0]}")
+    return len(records)
+
+
+def mygo(out: Path, data: Path, store: str, allow_cpu: bool) -> dict:
+    from mhqa_graph.training.mygo import MyGOConfig, MyGOTrainer
+
+    rollout = RolloutConfig(agent="rag", dataset="hotpotqa", path=str(data), store=store, limit=3, samples=2,
+                            temperature=0.0, max_new_tokens=12)
+    warm = out / "warm"
+    on_main_process(lambda: run_eval("rag", "hotpotqa", str(data), None, store, warm, progress=False,
+                                     context_overrides={"llm": scripted(YES)}))
+    sft = {"learning_rate": 1e-2, "max_length": 512, "num_train_epochs": 20, "gradient_accumulation_steps": 1}
+    dev = DevConfig(path=str(data), start=3, limit=2)
+    config = MyGOConfig(model=ModelConfig(name="tiny"), rollout=rollout, dev=dev, iterations=1,
+                        warmup_run=str(warm), sft=sft, output_dir=str(out / "run"))
+    trainer = MyGOTrainer(config)
+    check_policy(trainer.model, "MyGO, loaded", allow_cpu)
+    summary = trainer.train()
+    check_policy(trainer.model, "MyGO, trained", allow_cpu)
+    return {"iterations": [{k: r.get(k) for k in ("iteration", "kept", "sft_rows", "loss", "dev_f1")}
+                           for r in summary["iterations"]], "records": no_failed_calls(out / "run")}
+
+
+def mapgrpo(out: Path, data: Path, store: str, allow_cpu: bool) -> dict:
+    from mhqa_graph.training.mapgrpo import MAPGRPOConfig, MAPGRPOTrainer
+
+    rollout = RolloutConfig(agent="opera", dataset="hotpotqa", path=str(data), store=store, limit=2,
+                            max_new_tokens=12, context={"max_rounds": 2, "max_rewrites": 1})
+    config = MAPGRPOConfig(model=ModelConfig(name="tiny", lora_r=4), rollout=rollout, roles=["plan", "analysis"],
+                           grpo={"num_generations": 2, "beta": 0.04, "per_device_train_batch_size": 2, "max_steps": 1,
+                                 "learning_rate": 0.05, "max_completion_length": 12},
+                           dev=DevConfig(path=str(data), start=3, limit=1), output_dir=str(out / "run"))
+    trainer = MAPGRPOTrainer(config)
+    check_policy(trainer.model, "MAPGRPO, loaded", allow_cpu)
+    summary = trainer.train()
+    check_policy(trainer.model, "MAPGRPO, trained", allow_cpu)
+    return {"roles": {r: {"steps": v["steps"], "plan_executions": v.get("plan_executions")}
+                      for r, v in summary["roles"].items()}, "records": no_failed_calls(out / "run")}
+
+
+def omne(out: Path, allow_cpu: bool) -> dict:
+    from mhqa_graph.training.omne import OmneConfig, OmneTrainer
+
+    wiki = out / "dev_evidences.json"
+    out.mkdir(parents=True, exist_ok=True)
+    on_main_process(lambda: wiki.write_text(json.dumps([wiki_row(str(i)) for i in range(1, 5)])))
+    sft_data = out / "sft.jsonl"
+    on_main_process(lambda: sft_data.write_text("".join(json.dumps({"messages": [  # rows as `mhqa export sft` writes
+        weighted_message("user", f"Who is the father of Ann {i}?"),
+        weighted_message("assistant", f"<think>It is known.</think><answer>Bob {i}</answer>")]}) + "\n"
+        for i in range(1, 5))))
+    base = load_config(OmneConfig, YAML)
+    rollout = dataclasses.replace(base.rollout, path=str(wiki), store=f"embedded://{out}/s?embedder=hash", limit=2,
+                                  start=0, max_new_tokens=24)
+    grpo = {k: v for k, v in TINY_GRPO.items() if k not in CPU_ONLY} | {"max_completion_length": 256}
+    sft = {k: v for k, v in TINY_SFT.items() if k not in CPU_ONLY} | {"max_steps": 1}
+    config = dataclasses.replace(base, model=ModelConfig(name="tiny"), rollout=rollout, stages=[1, 2],
+                                 dev=DevConfig(path=str(wiki), start=2, limit=1), output_dir=str(out / "run"),
+                                 grpo=grpo, grpo_stage3={}, sft=sft, sft_data=str(sft_data), sft_min_reward=None,
+                                 episode_reserve=32)
+    trainer = OmneTrainer(config)
+    check_policy(trainer.model, "Omne, loaded", allow_cpu)
+    summary = trainer.train()
+    check_policy(trainer.model, "Omne, trained", allow_cpu)
+    return {"steps": {s["stage"]: s["steps"] for s in summary["stages"]}, "records": no_failed_calls(out / "run")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--allow-cpu", action="store_true", help="run on the CPU too (to check this script)")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+
+    def hotpot() -> tuple[Path, str]:
+        args.out.mkdir(parents=True, exist_ok=True)
+        data = write_dataset(args.out / "tiny.jsonl")
+        store = f"embedded://{args.out}/hotpot?embedder=hash"
+        with open_store(store) as opened:
+            prepare(opened, "hotpotqa", data, environment_name("hotpotqa", data))
+        return data, store
+
+    data, store = on_main_process(hotpot, share=True)
+    results = {"device": str(policy_device()), "dtype": str(policy_dtype("auto")),
+               "mygo": mygo(args.out / "mygo", data, store, args.allow_cpu),
+               "mapgrpo": mapgrpo(args.out / "mapgrpo", data, store, args.allow_cpu),
+               "omne": omne(args.out / "omne", args.allow_cpu)}
+    if is_main_process():
+        print(json.dumps(results, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
