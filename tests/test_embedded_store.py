@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -122,6 +123,20 @@ def test_read_only_store_refuses_writes(tmp_path):
         assert len(store.search("docs", "Passage", k=2)) == 2
         with pytest.raises(StoreLocked):
             store.add_passages("docs", PASSAGES[5:6])
+
+
+def test_a_store_written_before_the_incoming_fact_index_reads_and_gets_it_from_its_next_writer(tmp_path):
+    with open_store(_uri(tmp_path)) as store:
+        store.add_triples("kg", [("Inception", "directed by", "Christopher Nolan")])
+    with sqlite3.connect(tmp_path / "store.sqlite") as db:
+        db.execute("DROP INDEX triples_object")
+    with open_store(_uri(tmp_path), read_only=True) as store:  # a reader cannot add it
+        facts = store.node_info("kg", "Christopher Nolan").facts
+        assert [(f.relation, f.other, f.direction) for f in facts] == [("directed by", "Inception", "in")]
+    with open_store(_uri(tmp_path)):
+        pass
+    with sqlite3.connect(tmp_path / "store.sqlite") as db:
+        assert db.execute("SELECT 1 FROM sqlite_master WHERE name = 'triples_object'").fetchone()
 
 
 def test_concurrent_readers_see_the_same_answers(tmp_path):

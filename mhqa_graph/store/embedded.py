@@ -99,6 +99,8 @@ SQL_FACTS = {
           "ON t.graph = e.graph AND t.object = e.id JOIN entities s ON s.id = t.subject "
           "WHERE e.graph = ? AND e.name = ? ORDER BY t.relation, s.name LIMIT ?",
 }
+# a store written before triples_object existed, opened read-only (a writer adds the index on opening)
+SQL_FACTS_UNINDEXED = SQL_FACTS | {"in": SQL_FACTS["in"].replace(" INDEXED BY triples_object", "")}
 # what each kind of vector index embeds: (table, collection column, text)
 VECTOR_SOURCES = {"graph": ("entities", "graph", "name"), "corpus": ("passages", "corpus", "title || ': ' || text")}
 # Entity matching queries only the rarest words: a word in more than 2% of names (and at least
@@ -208,6 +210,8 @@ class EmbeddedStore(KnowledgeStore):
         if fmt != FORMAT_VERSION:
             raise CorruptStore(f"{self.root}: store format {fmt!r}, this version reads {FORMAT_VERSION!r}; "
                                f"{NEW_STORE_HINT}")
+        indexed = self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'triples_object'")
+        self._facts_sql = SQL_FACTS if indexed.fetchone() else SQL_FACTS_UNINDEXED
         if not self.read_only:
             (self.root / "vectors").mkdir(exist_ok=True)
             for part in self.root.glob(f"{OLD_GRAPH}*"):
@@ -393,7 +397,7 @@ class EmbeddedStore(KnowledgeStore):
     def _node_info(self, graph: str, name: str) -> NodeInfo:
         with self._sqlite.lend() as db:
             facts = [Fact(relation=r, other=o, direction=way)  # type: ignore[arg-type]
-                     for way, sql in SQL_FACTS.items() for r, o in db.execute(sql, (graph, name, MAX_NODE_FACTS))]
+                     for way, sql in self._facts_sql.items() for r, o in db.execute(sql, (graph, name, MAX_NODE_FACTS))]
             if not facts:
                 found = db.execute("SELECT name FROM entities WHERE graph = ? AND folded = ? LIMIT 2",
                                    (graph, name.casefold())).fetchall()
