@@ -39,7 +39,6 @@ import argparse
 import json
 import math
 import os
-import random
 import re
 import subprocess
 import sys
@@ -47,13 +46,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from mhqa_graph.graphs.common import is_retry
 from mhqa_graph.graphs.guards import GUARDS, selected
-from mhqa_graph.graphs.omne_prompts import is_send_back
 
 from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
-from mhqa_graph.eval.health import health_summary
+from mhqa_graph.eval.health import format_repairs, health_summary
+from mhqa_graph.eval.paired import paired_interval
 from mhqa_graph.eval.report import RESULTS, read_records
 from mhqa_graph.eval.runner import load_questions
 from mhqa_graph.plots import pyplot, save_png
@@ -195,15 +193,6 @@ def _run(cmd: list[str], folder: Path) -> None:
 # -- tables ----------------------------------------------------------------------------------
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
-
-
-def paired_interval(diffs: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
-    """The 95% paired-bootstrap interval of the mean of per-question differences, in F1 points."""
-    if len(diffs) < 2:
-        return None
-    rng = random.Random(seed)
-    means = sorted(_mean(rng.choices(diffs, k=len(diffs))) for _ in range(resamples))
-    return 100 * means[int(0.025 * resamples)], 100 * means[int(0.975 * resamples) - 1]
 
 
 def asked_ids(args: argparse.Namespace, env: str) -> set[str]:
@@ -357,17 +346,6 @@ def default_records(agent: str, runs: dict[str, dict[str, dict]]) -> tuple[dict[
                 records[qid], taken[variant] = other[qid], taken.get(variant, 0) + 1
                 break
     return records, taken
-
-
-def _last_user(call: dict) -> str:
-    return next((m.get("content") or "" for m in reversed(call.get("messages") or []) if m.get("role") != "assistant"),
-                "")
-
-
-def format_repairs(record: dict) -> int:
-    """Model calls of the record that answered a format repair or a nudge (not a send-back guard)."""
-    texts = [_last_user(c) for c in (record.get("trace") or {}).get("llm_calls") or []]
-    return sum(is_retry(t) and not is_send_back(t) for t in texts)
 
 
 def _prefilled(record: dict) -> float | None:

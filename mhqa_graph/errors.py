@@ -113,5 +113,10 @@ class TrainingError(MhqaError):
     device during a rollout, which would otherwise be scored as a wrong answer and trained on."""
 
 
+class DevSliceError(InvalidInput):
+    """A trainer's dev slice cannot measure it: it shares questions with the training slice, or holds fewer
+    questions than the config asks for (`dev.min_questions`)."""
+
+
 class InvalidQuestion(MhqaError):
     """A question that cannot be asked: not a string, empty after cleaning, or too long."""

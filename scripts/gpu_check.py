@@ -61,7 +61,7 @@ def mygo(out: Path, data: Path, store: str, allow_cpu: bool) -> dict:
     on_main_process(lambda: run_eval("rag", "hotpotqa", str(data), None, store, warm, progress=False,
                                      context_overrides={"llm": scripted(YES)}))
     sft = {"learning_rate": 1e-2, "max_length": 512, "num_train_epochs": 20, "gradient_accumulation_steps": 1}
-    dev = DevConfig(path=str(data), start=3, limit=2)
+    dev = DevConfig(path=str(data), start=3, limit=2, min_questions=2)
     config = MyGOConfig(model=ModelConfig(name="tiny"), rollout=rollout, dev=dev, iterations=1,
                         warmup_run=str(warm), sft=sft, output_dir=str(out / "run"))
     trainer = MyGOTrainer(config)
@@ -80,7 +80,8 @@ def mapgrpo(out: Path, data: Path, store: str, allow_cpu: bool) -> dict:
     config = MAPGRPOConfig(model=ModelConfig(name="tiny", lora_r=4), rollout=rollout, roles=["plan", "analysis"],
                            grpo={"num_generations": 2, "beta": 0.04, "per_device_train_batch_size": 2, "max_steps": 1,
                                  "learning_rate": 0.05, "max_completion_length": 12},
-                           dev=DevConfig(path=str(data), start=3, limit=1), output_dir=str(out / "run"))
+                           dev=DevConfig(path=str(data), start=3, limit=1, min_questions=1),
+                           output_dir=str(out / "run"))
     trainer = MAPGRPOTrainer(config)
     check_policy(trainer.model, "MAPGRPO, loaded", allow_cpu)
     summary = trainer.train()
@@ -106,7 +107,8 @@ def omne(out: Path, allow_cpu: bool) -> dict:
     grpo = {k: v for k, v in TINY_GRPO.items() if k not in CPU_ONLY} | {"max_completion_length": 256}
     sft = {k: v for k, v in TINY_SFT.items() if k not in CPU_ONLY} | {"max_steps": 1}
     config = dataclasses.replace(base, model=ModelConfig(name="tiny"), rollout=rollout, stages=[1, 2],
-                                 dev=DevConfig(path=str(wiki), start=2, limit=1), output_dir=str(out / "run"),
+                                 dev=DevConfig(path=str(wiki), start=2, limit=1, min_questions=1),
+                                 output_dir=str(out / "run"),
                                  grpo=grpo, grpo_stage3={}, sft=sft, sft_data=str(sft_data), sft_min_reward=None,
                                  episode_reserve=32)
     trainer = OmneTrainer(config)

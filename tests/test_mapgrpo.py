@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("trl")
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from mhqa_graph.training import mapgrpo  # noqa: E402
+from mhqa_graph.training import common, mapgrpo  # noqa: E402
 from mhqa_graph.training.common import DevConfig, RolloutConfig, load_config, rollouts  # noqa: E402
 from mhqa_graph.training.mapgrpo import (  # noqa: E402
     ExpertGRPOTrainer,
@@ -133,10 +133,28 @@ def test_example_config_loads_with_the_issue_weights():
     ({"inject_roles": ["answer"]}, "inject_roles"),
     ({"expert": "/no/such/folder"}, "expert"),
     ({"executor": ""}, "executor"),
+    ({"heldout": -1}, "heldout"),
+    ({"heldout_every": 0}, "heldout_every"),
+    ({"heldout": 1}, "leaves no rollout question"),  # the rollouts have one question
 ])
 def test_bad_configs_raise_invalid_input(env, tmp_path, change, message):
     with pytest.raises(InvalidInput, match=message):
         MAPGRPOTrainer(config(env, tmp_path, **change))
+
+
+@pytest.mark.parametrize("name", ["mapgrpo-analysis", "mapgrpo-plan"])
+def test_the_learning_configs_see_several_prompts_per_step_and_hold_prompts_back(name):
+    cfg = load_config(MAPGRPOConfig, YAML.parent / "learn" / f"{name}.yaml")
+    args = grpo_args(cfg, "/tmp/unused", heldout=True)
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps // args.num_generations >= 4
+    assert args.generation_batch_size == args.per_device_train_batch_size * args.gradient_accumulation_steps
+    assert args.max_steps >= 20 and cfg.heldout >= 4 and args.eval_strategy == "steps"
+    assert args.eval_steps == cfg.heldout_every and args.per_device_eval_batch_size % args.num_generations_eval == 0
+    assert cfg.dev.limit >= 100 and cfg.rollout.limit > cfg.heldout
+    if name == "mapgrpo-plan":  # the paper's high-score sample selection: an expert plan in each group
+        assert cfg.roles == ["plan"] and cfg.expert and cfg.inject_roles == ["plan"] and not cfg.expert_gradient
+    else:
+        assert cfg.roles == ["analysis"]
 
 
 def test_bad_yaml_raises_invalid_input(env, tmp_path):
@@ -331,7 +349,7 @@ def test_progressive_lora_training_end_to_end(env, expert_dir, tmp_path, monkeyp
     out = tmp_path / "run"
     cfg = config(env, out, expert=str(expert_dir), expert_min_score=1.0)
     cfg.grpo["beta"] = 0.04  # KL to TRL's "ref" copy of the adapter, dropped after each stage
-    cfg.dev = DevConfig(path=str(env["data"]), start=4, limit=1)
+    cfg.dev = DevConfig(path=str(env["data"]), start=4, limit=1, min_questions=1)
     # the tiny model's own analyses all score 0 and its rewrites are noise that ranks the gold passage alike
     # (no JSON, so no format share either): the experts' completions give each group a signal
     cfg.inject_roles = ["plan", "analysis", "rewrite"]
@@ -341,15 +359,15 @@ def test_progressive_lora_training_end_to_end(env, expert_dir, tmp_path, monkeyp
     def snapshot() -> dict:
         return {k: v.detach().clone() for k, v in trainer.model.named_parameters() if "lora_B" in k}
 
-    def watched(cfg, llm, out_dir, role_llms=None):  # the weights each stage's rollouts run with
+    def watched(cfg, llm, out_dir, role_llms=None, **kwargs):  # the weights each stage's rollouts run with
         assert llm._model is trainer.model and cfg.agent == "opera"
         assert {r: m.adapter for r, m in role_llms.items()} == {"plan": "plan", "analysis": "analysis",
                                                                "rewrite": "rewrite", "answer": None}
         seen.append(snapshot())
-        return rollouts(cfg, llm, out_dir, role_llms)
+        return rollouts(cfg, llm, out_dir, role_llms, **kwargs)
 
     monkeypatch.setattr(mapgrpo, "rollouts", watched)
-    monkeypatch.setattr(mapgrpo, "evaluate_dev", lambda *args: dev_runs.append(args[4]) or {"dev_f1": 0.0})
+    monkeypatch.setattr(common, "rollouts", lambda cfg, llm, out, role_llms=None, **_: dev_runs.append(role_llms) or [])
     dev_runs = []
     summary = trainer.train()
     seen.append(snapshot())
@@ -420,7 +438,6 @@ def test_full_finetuning_with_kl_end_to_end(env, expert_dir, tmp_path):
 
 
 def test_role_models_served_by_llamacpp_write_one_adapter_per_role(env, tmp_path, monkeypatch):
-    from mhqa_graph.training import common, mapgrpo
     from mhqa_graph.training.mapgrpo import OPERA_ROLES
 
     trainer = MAPGRPOTrainer(config(env, tmp_path / "run"))
@@ -437,3 +454,49 @@ def test_role_models_served_by_llamacpp_write_one_adapter_per_role(env, tmp_path
     assert {role: roles[role] for role in OPERA_ROLES} == {r: f"llamacpp:tiny?lora={f}" for r, f in files.items()}
     contents = {f.read_bytes() for f in files.values()}
     assert len(contents) == len(OPERA_ROLES)  # each role's own weights
+
+
+def test_held_back_prompts_are_never_trained_on_and_their_reward_is_logged(env, tmp_path, monkeypatch):
+    """mapgrpo-analysis.yaml with the tiny policy on the tiny file: 4 prompts per step, 2 steps, the last question
+    held back; the scripted expert answered it too, and its completion must never reach a held-back group."""
+    out = tmp_path / "run"
+    expert_cfg = RolloutConfig(agent="opera", dataset="hotpotqa", path=str(env["data"]), store=env["store"], start=3,
+                               limit=2, context=CONTEXT)
+    rollouts(expert_cfg, expert_model(), tmp_path / "expert_run")
+    export(tmp_path / "expert_run" / "sample0", "roles", tmp_path / "expert")
+    cfg = load_config(MAPGRPOConfig, YAML.parent / "learn" / "mapgrpo-analysis.yaml")
+    cfg.model.name, cfg.model.lora_r, cfg.dev, cfg.output_dir = "tiny", 4, DevConfig(), str(out)
+    cfg.rollout.dataset, cfg.rollout.path, cfg.rollout.store = "hotpotqa", str(env["data"]), env["store"]
+    cfg.rollout.limit, cfg.rollout.start, cfg.rollout.max_new_tokens, cfg.rollout.context = 5, 0, 12, dict(CONTEXT)
+    cfg.rollout.samples = 2  # more distinct prompts: 4 per step
+    cfg.grpo |= {"max_steps": 2, "max_completion_length": 12}
+    cfg.heldout, cfg.heldout_every, cfg.expert, cfg.inject_roles = 1, 1, str(tmp_path / "expert"), ["analysis"]
+    trainer = MAPGRPOTrainer(cfg)
+    scored = []  # (whether the policy was training, the prompts scored)
+    original = RoleRewards.analysis
+
+    def analysis(self, prompts, completions, **kwargs):  # TRL names the reward by the function
+        scored.append((trainer.model.training, {prompt_key(p) for p in prompts}))
+        return original(self, prompts, completions, **kwargs)
+
+    monkeypatch.setattr(RoleRewards, "analysis", analysis)
+    summary = trainer.train()
+    info = summary["roles"]["analysis"]
+    assert info["steps"] == 2 and info["heldout_prompts"] > 0 and info["prompts"] > 0
+    held = set().union(*(keys for training, keys in scored if not training))
+    trained = set().union(*(keys for training, keys in scored if training))
+    assert len(held) == info["heldout_prompts"] and not held & trained
+    experts = load_expert(tmp_path / "expert", "analysis")  # q4's and q5's: q5's are held back, never injected
+    assert info["expert_prompts"] < len(experts) and held & set(experts)
+    logs = log_entries(out)
+    curve = [e for e in logs if e.get("role") == "analysis" and "eval_rewards/analysis/mean" in e]
+    assert [e["step"] for e in curve] == [0, 1, 2]  # before the first step, then every step
+    assert all("eval_reward" in e and e["eval_expert/injected"] == 0 for e in curve)  # no expert in a held group
+    rollout = next(e for e in logs if e.get("event") == "rollouts")
+    assert rollout["heldout_prompts"] == info["heldout_prompts"] and rollout["prompts_per_step"] == 4
+    png = Path(summary["curve"])
+    assert png.is_file()
+    from mhqa_graph.training.curve import read_log, step_series
+
+    assert [s for s, _ in step_series(read_log(out / "log.jsonl"))["analysis held-back rewards/analysis/mean"]] == \
+        [0, 1, 2]

@@ -77,7 +77,8 @@ def test_example_configs_train_and_evaluate_on_disjoint_slices(path, data_dir, t
     module, config_cls, _ = TRAINERS[path.stem.split("-")[0]]
     cls = getattr(importlib.import_module(f"mhqa_graph.training.{module}"), config_cls)
     config = load_config(cls, path)
-    assert config.dev.path and config.dev.start == 0 and config.dev.limit <= 100  # within the usual eval slice
+    assert config.dev.path and config.dev.start == 0  # the usual eval slice
+    assert config.dev.limit >= config.dev.min_questions >= 100  # an interval on ΔF1 that says something
     root = CONFIG.parents[2]  # paths in the configs are relative to the repository root
     rollout = dataclasses.replace(config.rollout, path=str(root / config.rollout.path))
     dev = dataclasses.replace(config.dev, path=str(root / config.dev.path))
@@ -87,10 +88,14 @@ def test_example_configs_train_and_evaluate_on_disjoint_slices(path, data_dir, t
         check_disjoint(dataclasses.replace(rollout, path=dev.path, start=dev.start), dev)
 
 
+DEV = {"d1": ("Is Eta a river?", "yes", "comparison", ""), "d2": ("Is Theta older than Iota?", "no", "comparison", "")}
+
+
 def test_each_iteration_is_saved_and_a_rerun_resumes_after_the_last(tmp_path):
     import torch
 
     config = tiny_config(tmp_path, iterations=1)
+    config.dev = DevConfig(path=str(write_dataset(tmp_path / "dev.jsonl", DEV)), min_questions=2)
     first = MyGOTrainer(config)
     first.train()
     assert (Path(config.output_dir) / "iter1" / "checkpoint" / "adapter_model.safetensors").is_file()
@@ -109,6 +114,12 @@ def test_each_iteration_is_saved_and_a_rerun_resumes_after_the_last(tmp_path):
     assert [r["iteration"] for r in summary["iterations"]] == [2] and summary["tau"] >= 0.7
     log = [json.loads(line) for line in (Path(config.output_dir) / "log.jsonl").read_text().splitlines()]
     assert {"event": "resumed", "after_iteration": 1, "tau": 0.7} in log
+    untrained = [e for e in log if e.get("after") == "untrained"]  # the first training's: the rerun resumed
+    assert len(untrained) == 1 and not untrained[0]["dev_reused"] and untrained[0]["dev_questions"] == 2
+    assert summary["dev_untrained"]["dev_reused"]  # the rerun read the untrained run back from the cache
+    assert Path(summary["dev_untrained"]["dev_run"]).parent == tmp_path / "untrained"
+    for row in [e for e in log if "iteration" in e]:  # each iteration's dev line against the untrained run
+        assert row["dev_paired"] == 2 and row["dev_better"] + row["dev_worse"] <= 2 and 0 < row["dev_sign_p"] <= 1
     assert json.loads((Path(config.output_dir) / "iter2" / "checkpoint" / "state.json").read_text())["iteration"] == 2
 
 

@@ -4,29 +4,35 @@ agent graphs with the model under training.
     model, tokenizer = load_model(ModelConfig(name="qwen2.5-coder-0.5b", lora=True))
     llm = chat_model_for(model, tokenizer, temperature=0.7)          # the agents' `llm`, current weights
     records = rollouts(RolloutConfig(agent="mujica", dataset="2wiki", path=...), llm, "runs/mygo/iter1")
-    metrics = evaluate_dev(rollout, DevConfig(path=...), llm, "runs/mygo/dev0")   # dev F1, calls, ...
+    metrics = policy_dev(rollout, DevConfig(path=...), model, tokenizer, "runs/mygo", "iter1", config)
 
 Every trainer config has a `dev` slice of held-out questions; `check_disjoint` refuses one that shares a
-question with the training slice. The policy is a chat pack, a local folder or a Hugging Face Hub id, placed
-on this process's GPU if there is one (training/devices.py); under several processes, rollouts, dev runs,
-checkpoints and log lines are the main process's.
+question with the training slice or holds fewer than `dev.min_questions`. The untrained policy's dev run is
+kept in a cache shared by the runs of the same slice (`untrained_folder`), and every later dev run is
+compared with it question by question (`dev_metrics`: ΔF1 with its paired-bootstrap interval, better/worse
+and a sign test, beside the behaviour rates of `eval.health.behaviour`). The policy is a chat pack, a local
+folder or a Hugging Face Hub id, placed on this process's GPU if there is one (training/devices.py); under
+several processes, rollouts, dev runs, checkpoints and log lines are the main process's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import typing
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from mhqa_graph.errors import InvalidInput, ModelError, ModelNotFound, ModelNotInstalled, TrainingError
+from mhqa_graph.errors import DevSliceError, InvalidInput, ModelError, ModelNotFound, ModelNotInstalled, TrainingError
+from mhqa_graph.eval.health import behaviour
+from mhqa_graph.eval.paired import paired_comparison
 from mhqa_graph.eval.report import RESULTS, read_records
 from mhqa_graph.models.chat import TransformersChatModel, model_device
 
@@ -77,6 +83,11 @@ class DevConfig:
     path: str = ""
     start: int = 0
     limit: int | None = 100
+    min_questions: int = 100  # a smaller slice raises DevSliceError (tests set it lower)
+    cache: str | None = None  # the untrained policy's dev runs, one folder per key; None: <output_dir>/../untrained
+
+
+UNTRAINED = "untrained"  # the dev run of the policy before training
 
 
 def dev_rollout(rollout: RolloutConfig, dev: DevConfig) -> RolloutConfig:
@@ -85,52 +96,138 @@ def dev_rollout(rollout: RolloutConfig, dev: DevConfig) -> RolloutConfig:
 
 
 def check_disjoint(rollout: RolloutConfig, dev: DevConfig) -> None:
-    """InvalidInput when the training slice and the dev slice share a question (by id or by text)."""
+    """DevSliceError (an InvalidInput) when the dev slice holds fewer than `dev.min_questions` questions, or
+    shares a question (by id or by text) with the training slice."""
     from mhqa_graph.eval.runner import load_questions
 
     if not dev.path:
         return
-    train = load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)
     held = load_questions(rollout.dataset, dev.path, dev.limit, dev.start)
+    if len(held) < dev.min_questions:
+        raise DevSliceError(f"the dev slice ({dev.path} from #{dev.start}) holds {len(held)} question(s); at least "
+                            f"{dev.min_questions} are needed for a dev F1 whose interval says something "
+                            "(dev.limit, or dev.min_questions for a test)")
+    train = load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)
 
     def norm(text: str) -> str:
         return " ".join(text.lower().split())
 
-    shared = ({q.id for q in train} & {q.id for q in held}) | \
-        ({norm(q.question) for q in train} & {norm(q.question) for q in held})
+    ids, texts = {q.id for q in held}, {norm(q.question) for q in held}
+    shared = [q.id for q in train if q.id in ids or norm(q.question) in texts]
     if shared:
-        raise InvalidInput(f"the training slice ({rollout.path} from #{rollout.start}) and the dev slice ({dev.path} "
-                           f"from #{dev.start}) share {len(shared)} question(s), e.g. {sorted(shared)[0]!r}")
+        raise DevSliceError(f"the training slice ({rollout.path} from #{rollout.start}) and the dev slice ({dev.path} "
+                            f"from #{dev.start}) share {len(shared)} question(s), e.g. {shared[0]!r}")
 
 
-def dev_metrics(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Mean dev F1 and EM, LLM calls per question, and the share of questions in which a worker was
-    consulted (Mujica) or a tool was called (Omne)."""
+def dev_metrics(records: list[dict[str, Any]], untrained: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Mean dev F1 and EM, LLM calls per question and the behaviour rates (`eval.health.behaviour`: well-formed
+    runs, tool calls, workers consulted, answer length, "unknown" answers), each key prefixed `dev_`. Against
+    the `untrained` policy's records of the same questions (`eval.paired.paired_comparison`): `dev_df1`, the
+    mean ΔF1 in points, its 95% paired-bootstrap interval `dev_df1_low`..`dev_df1_high`, `dev_better`,
+    `dev_worse`, the sign test's `dev_sign_p` and `dev_paired`, the questions compared."""
     n = max(1, len(records))
-    traces = [r.get("trace") or {} for r in records]
-    return {"dev_f1": sum(r.get("f1") or 0.0 for r in records) / n,
-            "dev_em": sum(r.get("em") or 0.0 for r in records) / n,
-            "dev_llm_calls": sum(r.get("llm_calls") or 0 for r in records) / n,
-            "dev_worker_rate": sum(any(c.get("role") == "worker" for c in t.get("llm_calls") or [])
-                                   for t in traces) / n,
-            "dev_tool_rate": sum(bool(t.get("tool_calls")) for t in traces) / n,
-            "dev_questions": len(records)}
+    metrics = {"f1": sum(r.get("f1") or 0.0 for r in records) / n, "em": sum(r.get("em") or 0.0 for r in records) / n,
+               "llm_calls": sum(r.get("llm_calls") or 0 for r in records) / n, "questions": len(records),
+               **behaviour(records), **(paired_comparison(untrained, records) if untrained else {})}
+    return {f"dev_{k}": v for k, v in metrics.items()}
 
 
-def evaluate_dev(rollout: RolloutConfig, dev: DevConfig, llm: Any, out_dir: str | Path,
-                 role_llms: dict[str, Any] | None = None) -> dict[str, float]:
-    """`dev_metrics` of a greedy run over the dev slice (a resumable eval run in `out_dir/sample0`)."""
-    return dev_metrics(rollouts(dev_rollout(rollout, dev), llm, out_dir, role_llms))
+def policy_identity(config: ModelConfig) -> dict[str, Any]:
+    """What the untrained policy is, for the untrained-run cache: a chat pack by its pinned checksum, a folder by
+    its files' sizes and modification times, a Hub id by the snapshot its cache holds, "tiny" by its seed; with
+    the dtype. LoRA settings are left out: a fresh adapter (B = 0) leaves the base model's outputs unchanged."""
+    from mhqa_graph.models.packs import PACKS
+
+    identity: dict[str, Any] = {"name": config.name, "dtype": str(policy_dtype(config.dtype, policy_device()))}
+    if config.name == "tiny":
+        return identity | {"seed": config.seed}
+    if config.name in PACKS:
+        return identity | {"sha256": PACKS[config.name].sha256}
+    folder = Path(config.name).expanduser()
+    if folder.is_dir():
+        return identity | {"path": str(folder.resolve()), "files": {
+            str(f.relative_to(folder)): [f.stat().st_size, f.stat().st_mtime_ns]
+            for f in sorted(folder.rglob("*")) if f.is_file()}}
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(config.name, "config.json")
+    except Exception:  # not a Hub id the cache knows: the name alone
+        cached = None
+    return identity | {"snapshot": Path(cached).parent.name if isinstance(cached, str) else None}
 
 
-def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: Any, out_dir: str | Path,
-               config: ModelConfig) -> dict[str, float]:
-    """`evaluate_dev` of an in-memory policy (served as `policy_chat_model` does), greedy; {} without a dev
-    slice."""
+def untrained_key(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: Any) -> dict[str, Any]:
+    """What the untrained policy's dev run depends on: the policy (`policy_identity`) and who serves it, the
+    agent, the dev file (path, size, modification time) and store, the question slice, the decoding settings
+    and agent settings, and the guards the agent runs."""
+    from mhqa_graph.graphs.guards import selected
+
+    run = dev_rollout(rollout, dev)
+    data = Path(run.path).expanduser().resolve()
+    stat = data.stat() if data.is_file() else None
+    return {"policy": policy_identity(config),
+            "backend": "llamacpp" if serves_with_llamacpp(model, config) else "transformers",
+            "agent": run.agent, "dataset": run.dataset, "file": str(data),
+            "file_stat": [stat.st_size, stat.st_mtime_ns] if stat else None, "store": run.store,
+            "start": run.start, "limit": run.limit, "temperature": run.temperature,
+            "max_new_tokens": run.max_new_tokens, "context": json.loads(json.dumps(run.context, default=str)),
+            "guards": sorted(selected(run.context.get("guards"), run.agent))}
+
+
+def untrained_folder(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: Any,
+                     output_dir: str | Path) -> Path:
+    """The untrained policy's dev run for this key (`untrained_key`): `<cache>/<agent>-<hash of the key>`, the
+    cache being `dev.cache` or `<output_dir>/../untrained`."""
+    key = json.dumps(untrained_key(rollout, dev, config, model), sort_keys=True)
+    cache = Path(dev.cache) if dev.cache else Path(output_dir).parent / UNTRAINED
+    return cache / f"{rollout.agent}-{hashlib.sha256(key.encode('utf-8')).hexdigest()[:16]}"
+
+
+def finished_records(rollout: RolloutConfig, folder: Path) -> list[dict[str, Any]] | None:
+    """The records of `rollout`'s questions in the one-sample run `folder`, None unless every question has one."""
+    from mhqa_graph.eval.runner import load_questions
+
+    wanted = [q.id for q in load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)]
+    records = {r["id"]: r for r in read_records(folder / "sample0" / RESULTS)}
+    return [records[i] | {"sample": 0} for i in wanted] if all(i in records for i in wanted) else None
+
+
+Llms = Callable[[Path], tuple[Any, dict[str, Any] | None]]  # a run folder -> (llm, role_llms) of the policy
+
+
+def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: Any, output_dir: str | Path,
+            name: str, llms: Llms) -> dict[str, Any]:
+    """`dev_metrics` of a greedy run over the dev slice, the policy served by `llms(folder)`; {} without a dev
+    slice. The `untrained` run is kept in `untrained_folder`: a finished one is read back without asking the
+    model, an interrupted one resumes, and another key (policy, slice, settings) gets a folder of its own; its
+    metrics carry `dev_run` (the folder) and `dev_reused`. Every other `name` is a resumable run in
+    `output_dir/dev/<name>`, compared with the untrained run's records when there is one."""
     if not dev.path:
         return {}
-    llm = policy_chat_model(model, tokenizer, config, out_dir, 0.0, rollout.max_new_tokens)
-    return evaluate_dev(rollout, dev, llm, out_dir)
+    run = dev_rollout(rollout, dev)
+    cached = untrained_folder(rollout, dev, config, model, output_dir)
+    if name == UNTRAINED:
+        records = finished_records(run, cached)
+        reused = records is not None
+        if records is None:
+            key = untrained_key(rollout, dev, config, model)
+            on_main_process(lambda: (cached.mkdir(parents=True, exist_ok=True),
+                                     (cached / "key.json").write_text(json.dumps(key, indent=2), encoding="utf-8")))
+            llm, roles = llms(cached)
+            records = rollouts(run, llm, cached, roles)
+        return dev_metrics(records) | {"dev_run": str(cached), "dev_reused": reused}
+    folder = Path(output_dir) / "dev" / name
+    llm, roles = llms(folder)
+    records = rollouts(run, llm, folder, roles)
+    return dev_metrics(records, read_records(cached / "sample0" / RESULTS) or None)
+
+
+def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: Any, output_dir: str | Path, name: str,
+               config: ModelConfig) -> dict[str, Any]:
+    """`dev_run` of an in-memory policy, served greedily as `policy_chat_model` does."""
+    return dev_run(rollout, dev, config, model, output_dir, name, lambda folder: (
+        policy_chat_model(model, tokenizer, config, folder, 0.0, rollout.max_new_tokens), None))
 
 
 def serves_with_llamacpp(model: Any, config: ModelConfig) -> bool:

@@ -31,7 +31,10 @@ Full fine-tuning (`model.lora: false`) has one set of weights for every role, so
 when later ones train; use LoRA for the paper's frozen roles. With beta > 0 the KL reference is the
 policy that entered the stage (TRL copies the active adapter as "ref"; a fully fine-tuned model is
 saved and reloaded as the reference). With `dev.path`, OPERA answers the dev slice greedily before
-training and after each role (dev F1, LLM calls per question in log.jsonl).
+training and after each role (dev F1 with ΔF1 against the untrained run, LLM calls per question in log.jsonl).
+With `heldout: N`, the role prompts of the last N rollout questions are held back from training, and GRPO's
+evaluation samples the role on them before the first step and every `heldout_every` steps: the role reward on
+prompts it never trained on (`eval_rewards/<role>/mean`, `eval_reward` in log.jsonl).
 
     trainer = MAPGRPOTrainer(load_config(MAPGRPOConfig, "configs/train/mapgrpo.yaml"))
     summary = trainer.train()     # output_dir/log.jsonl, output_dir/final/<role> adapters
@@ -77,7 +80,7 @@ from .common import (
     RolloutConfig,
     check_device_faults,
     check_disjoint,
-    evaluate_dev,
+    dev_run,
     jsonl_log,
     llamacpp_policy,
     load_model,
@@ -121,14 +124,21 @@ class MAPGRPOConfig:
     expert_min_score: float = 0.0  # expert rows scoring less are not injected
     inject_roles: list[str] = field(default_factory=lambda: ["plan"])  # the roles whose groups take expert samples
     expert_gradient: bool = False  # train on the injected sample's own tokens too (default: it only anchors)
+    heldout: int = 0  # the last N rollout questions, whose role prompts are not trained on: the held-back curve
+    heldout_every: int = 5  # steps between two evaluations of the role reward on them (and one before the first)
     output_dir: str = "runs/mapgrpo"
 
 
-def grpo_args(config: MAPGRPOConfig, output_dir: str | Path) -> GRPOConfig:
+def grpo_args(config: MAPGRPOConfig, output_dir: str | Path, heldout: bool = False) -> GRPOConfig:
     """GRPOConfig from `config.grpo` over CPU-friendly defaults, use_cpu and bf16 from the policy's device
-    (`devices.precision_args`); bad arguments raise InvalidInput."""
+    (`devices.precision_args`); with `heldout`, an evaluation every `config.heldout_every` steps, one group of
+    completions per eval batch. Bad arguments raise InvalidInput."""
     defaults = dict(report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
                     gradient_checkpointing=False, seed=config.model.seed, **precision_args(config.grpo))
+    if heldout:
+        group = config.grpo.get("num_generations_eval") or config.grpo.get("num_generations") \
+            or GRPOConfig.__dataclass_fields__["num_generations"].default
+        defaults |= dict(eval_strategy="steps", eval_steps=config.heldout_every, per_device_eval_batch_size=group)
     try:
         return GRPOConfig(**(defaults | config.grpo | {"output_dir": str(output_dir)}))
     except (TypeError, ValueError) as exc:
@@ -161,6 +171,15 @@ def check_config(config: MAPGRPOConfig) -> None:
         raise InvalidInput("executor must be 'policy' or a chat model spec")
     if config.expert and not Path(config.expert).is_dir():
         raise InvalidInput(f"expert: {config.expert} is not a roles export folder")
+    if not isinstance(config.heldout, int) or config.heldout < 0 or not isinstance(config.heldout_every, int) \
+            or config.heldout_every < 1:
+        raise InvalidInput(f"heldout must be an integer >= 0 and heldout_every one >= 1, got {config.heldout!r} and "
+                           f"{config.heldout_every!r}")
+    if config.heldout and config.rollout.limit is not None and config.heldout >= config.rollout.limit:
+        raise InvalidInput(f"heldout ({config.heldout}) leaves no rollout question to train on "
+                           f"(rollout.limit {config.rollout.limit})")
+    if config.heldout:
+        grpo_args(config, Path(config.output_dir) / "grpo", heldout=True)
 
 
 # -- one adapter per role ------------------------------------------------------------------------
@@ -300,6 +319,15 @@ def load_expert(path: str | Path, role: str, score_key: str = "reward",
         if key not in best or value > best[key]["score"]:
             best[key] = {"row": row, "expert": completion_text(row["completion"]), "score": float(value)}
     return best
+
+
+def split_heldout(rows: list[dict[str, Any]], records: list[dict[str, Any]],
+                  n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, held-back rows): the rows of the last `n` questions the rollout records answered are held
+    back (an expert's row of one of them too), so no training prompt comes from a held-back question."""
+    ids = list(dict.fromkeys(str(r.get("id")) for r in records))
+    held = set(ids[len(ids) - n:]) if n else set()
+    return [r for r in rows if r["id"] not in held], [r for r in rows if r["id"] in held]
 
 
 def stage_rows(rows: list[dict[str, Any]], experts: dict[str, dict[str, Any]],
@@ -529,14 +557,13 @@ class MAPGRPOTrainer:
             on_main_process(lambda: shutil.rmtree(path))
 
     def dev(self, name: str) -> dict[str, Any]:
-        """Dev metrics of OPERA with every role as trained so far (greedy), logged as event `dev`."""
+        """Dev metrics of OPERA with every role as trained so far (greedy), compared with the untrained run
+        (`common.dev_run`), logged as event `dev`."""
         cfg = self.config
-        if not cfg.dev.path:
-            return {}
-        folder = Path(cfg.output_dir) / "dev" / name
-        base, roles = self.role_models(0.0, folder)
-        metrics = evaluate_dev(cfg.rollout, cfg.dev, base, folder, roles)
-        write_log(Path(cfg.output_dir) / LOG, {"event": "dev", "after": name, **metrics})
+        metrics = dev_run(cfg.rollout, cfg.dev, cfg.model, self.model, cfg.output_dir, name,
+                          lambda folder: self.role_models(0.0, folder))
+        if metrics:
+            write_log(Path(cfg.output_dir) / LOG, {"event": "dev", "after": name, **metrics})
         return metrics
 
     def train_role(self, role: str) -> dict[str, Any]:
@@ -547,11 +574,16 @@ class MAPGRPOTrainer:
         experts = load_expert(cfg.expert, role, cfg.expert_score, cfg.expert_min_score) \
             if cfg.expert and role in cfg.inject_roles else {}
         rows, expert_texts = stage_rows(role_rows(records)[role], experts, GoldChains(records, cfg.rollout))
+        rows, held = split_heldout(rows, records, cfg.heldout)
+        held_keys = {prompt_key(r["prompt"]) for r in held}
+        expert_texts = {k: v for k, v in expert_texts.items() if k not in held_keys}  # never injected in a held group
+        args = grpo_args(cfg, stage / "grpo", heldout=bool(held))
         info = {"role": role, "event": "rollouts", "records": len(records),
                 "rollout_f1": sum(r.get("f1") or 0.0 for r in records) / max(1, len(records)),
-                "prompts": len(rows), "expert_prompts": len(expert_texts)}
+                "prompts": len(rows), "expert_prompts": len(expert_texts), "heldout_prompts": len(held),
+                "prompts_per_step": args.per_device_train_batch_size * args.gradient_accumulation_steps
+                * args.world_size // args.num_generations}
         write_log(out / LOG, info)
-        args = grpo_args(cfg, stage / "grpo")
         needed = args.generation_batch_size // args.num_generations  # TRL drops a batch with fewer prompts
         if len(rows) < needed:
             write_log(out / LOG, {"role": role, "event": "skipped",
@@ -565,7 +597,10 @@ class MAPGRPOTrainer:
             rewards = RoleRewards(cfg, store, corpus, graph, executor, self.model if policy else None, executor_roles)
             trainer = self._grpo_trainer(role, stage, args, reward_funcs=[getattr(rewards, role)], callbacks=[log],
                                          train_dataset=Dataset.from_list(rows), experts=expert_texts,
-                                         expert_gradient=cfg.expert_gradient)
+                                         expert_gradient=cfg.expert_gradient,
+                                         eval_dataset=Dataset.from_list(held) if held else None)
+            if held:  # the held-back curve's first point: the role before this stage
+                trainer.evaluate()
             result = trainer.train()
         if "ref" in getattr(self.model, "peft_config", {}):  # TRL's frozen copy of the adapter: not trained on
             self.model.delete_adapter("ref")

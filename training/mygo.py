@@ -13,8 +13,8 @@ Iteration k:
    last saved iteration (rollouts, being eval runs, resume too).
 An optional warm-up SFT on high-scoring trajectories (an eval run of a stronger model) comes first
 (checkpoint `iter0`). Each iteration logs τ, mean reward, kept fraction and loss to `output_dir/log.jsonl`,
-and with `dev.path` the dev metrics (F1, LLM calls per question, worker dispatch rate) before training
-and after each iteration.
+and with `dev.path` the dev metrics (F1, LLM calls per question, worker dispatch rate and the other behaviour
+rates) before training and after each iteration, the later ones with ΔF1 against the untrained run and its interval.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from mhqa_graph.export import mygo_rows, read_records, reward_of
 
 from .common import (
     LOG,
+    UNTRAINED,
     DevConfig,
     ModelConfig,
     RolloutConfig,
@@ -159,9 +160,10 @@ class MyGOTrainer:
         return k
 
     def dev(self, name: str) -> dict[str, Any]:
-        """Dev metrics of the current weights (greedy), a resumable run in `dev/<name>`; {} without a dev slice."""
+        """Dev metrics of the current weights (greedy), a resumable run in `dev/<name>` compared with the untrained
+        run (`common.dev_run`); {} without a dev slice."""
         cfg = self.config
-        return policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out / "dev" / name, cfg.model)
+        return policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model)
 
     def iteration(self, k: int) -> dict[str, Any]:
         """Rollouts, τ, keep, SFT, checkpoint; the iteration's metrics, also appended to log.jsonl."""
@@ -193,10 +195,10 @@ class MyGOTrainer:
         on_main_process(lambda: (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2),
                                                                       encoding="utf-8"))
         history = []
+        untrained = self.dev(UNTRAINED)  # before resuming: a finished run is read back from the cache, not redone
         done = self.resume()
-        untrained = self.dev("untrained")  # resumable: a finished dev run is read back, not redone
         if untrained and done < 0:
-            write_log(self.out / LOG, {"event": "dev", "after": "untrained", **untrained})
+            write_log(self.out / LOG, {"event": "dev", "after": UNTRAINED, **untrained})
         if cfg.warmup_run and done < 0:
             rows = sft_rows(kept(read_records(cfg.warmup_run), cfg.warmup_min_reward, cfg.reward,
                                  self.min_worker_rounds), cfg.reward)

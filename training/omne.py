@@ -536,9 +536,10 @@ class OmneTrainer:
         return trainer
 
     def dev(self, name: str) -> dict[str, Any]:
-        """Dev metrics of the policy (greedy), logged as event `dev`: F1, tool-call rate, LLM calls."""
+        """Dev metrics of the policy (greedy), logged as event `dev`: F1, tool-call and well-formed rates, LLM
+        calls, and ΔF1 against the untrained run (`common.dev_run`)."""
         cfg = self.config
-        metrics = policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out / "dev" / name, cfg.model)
+        metrics = policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model)
         if metrics:
             write_log(self.out / LOG, {"event": "dev", "after": name, **metrics})
         return metrics

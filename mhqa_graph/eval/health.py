@@ -13,17 +13,22 @@ Per question:
   changed the run (a prompt hint such as `options_line` does not count); `answer_guard`: an enforced guard
   replaced the model's final answer.
 - `constrained`: model calls whose reply the backend constrained to its format (a grammar or a JSON schema).
+
+Over a run, `behaviour` gives the rates that training moves first: well-formed runs, tool calls (Omne),
+worker dispatch (Mujica), answer length and answers that say there is none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from statistics import median
 from typing import Any
 
 from ..graphs.common import is_retry
 from ..graphs.guards import GUARDS
 from ..graphs.mujica_prompts import NO_MORE
-from ..graphs.omne_prompts import FORCE_ANSWER
+from ..graphs.omne_prompts import FORCE_ANSWER, is_send_back
+from ..graphs.refusals import is_no_answer
 from ..traces import Trace
 
 MAX_ANSWER_WORDS = 10
@@ -36,12 +41,16 @@ def _last_user(call: Any) -> str:
     return next((m.content for m in reversed(call.messages) if m.role != "assistant"), "")
 
 
+def successful_call(call: Any) -> bool:
+    """Whether an Omne tool call (as its final state records it) returned a result: not an error, not a repeat."""
+    return isinstance(call, dict) and not call.get("repeated") \
+        and not str(call.get("result_preview", "")).startswith("Error")
+
+
 def acted(trace: Trace) -> bool | None:
     agent = trace.agent
     if agent == "omne":
-        calls = trace.design.get("tool_calls") or []
-        return any(not c.get("repeated") and not str(c.get("result_preview", "")).startswith("Error")
-                   for c in calls if isinstance(c, dict))
+        return any(map(successful_call, trace.design.get("tool_calls") or []))
     if agent == "mujica":
         return any(c.role == "worker" for c in trace.llm_calls)
     if agent in ("opera", "rag"):
@@ -103,3 +112,48 @@ def _per_guard(rows: list[dict]) -> dict[str, int]:
         for name in r.get("guards") or {}:
             out[name] = out.get(name, 0) + 1
     return dict(sorted(out.items()))
+
+
+def _last_user_text(call: dict) -> str:
+    """The last non-assistant message of an LLM call as a record's trace holds it (JSON)."""
+    return next((m.get("content") or "" for m in reversed(call.get("messages") or []) if m.get("role") != "assistant"),
+                "")
+
+
+def format_repairs(record: dict) -> int:
+    """Model calls of an eval record that answered a format repair or a nudge (not a send-back guard)."""
+    texts = [_last_user_text(c) for c in (record.get("trace") or {}).get("llm_calls") or []]
+    return sum(is_retry(t) and not is_send_back(t) for t in texts)
+
+
+def behaviour(records: list[dict]) -> dict[str, Any]:
+    """The behaviour rates of a run's eval records (rates are shares of its questions):
+    - `well_formed`: no malformed end (health's `malformed`) and no model call answering a format repair or a
+      nudge (`format_repairs`; a guard's send-back is not a format fault), with the counts `malformed` (runs)
+      and `repairs` (calls);
+    - Omne: `tool_rate` (at least one tool call), `acted_rate` (at least one successful call: a result, not an
+      error or a repeat) and `successful_calls` in all;
+    - Mujica: `worker_rate` (at least one worker consulted) and `dispatches` (worker calls, repairs not counted);
+    - `answer_chars` (median characters of the answers) and `unknown` (answers that say there is none:
+      empty, "unknown", "not stated", ...)."""
+    n = max(1, len(records))
+    malformed = [bool((r.get("health") or {}).get("malformed")) for r in records]
+    repairs = [format_repairs(r) for r in records]
+    traces = [r.get("trace") or {} for r in records]
+    out: dict[str, Any] = {
+        "well_formed": sum(not m and not k for m, k in zip(malformed, repairs)) / n,
+        "malformed": sum(malformed), "repairs": sum(repairs),
+        "answer_chars": median([len((r.get("prediction") or "").strip()) for r in records] or [0]),
+        "unknown": sum(is_no_answer(r.get("prediction") or "") for r in records),
+    }
+    agents = {t.get("agent") for t in traces}
+    if "omne" in agents:
+        calls = [(t.get("design") or {}).get("tool_calls") or [] for t in traces]
+        out |= {"tool_rate": sum(bool(c) for c in calls) / n,
+                "acted_rate": sum(any(map(successful_call, c)) for c in calls) / n,
+                "successful_calls": sum(sum(map(successful_call, c)) for c in calls)}
+    if "mujica" in agents:
+        workers = [[c for c in t.get("llm_calls") or [] if c.get("role") == "worker"] for t in traces]
+        out |= {"worker_rate": sum(bool(w) for w in workers) / n,
+                "dispatches": sum(not is_retry(_last_user_text(c)) for w in workers for c in w)}
+    return out

@@ -1,0 +1,223 @@
+"""How trainers measure the dev slice: the paired bootstrap and sign test against the untrained policy, the
+behaviour rates of a run, the untrained run kept in a cache keyed by what it depends on, and dev slices of
+enough questions that share none with training."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+from test_eval import write_dataset
+
+from mhqa_graph.errors import DevSliceError, InvalidInput
+from mhqa_graph.eval.health import behaviour, format_repairs
+from mhqa_graph.eval.paired import paired_comparison, paired_interval, sign_test
+from mhqa_graph.testing.fakes import FakeChatModel
+
+common = pytest.importorskip("mhqa_graph.training.common")  # the train extra
+DevConfig, ModelConfig, RolloutConfig = common.DevConfig, common.ModelConfig, common.RolloutConfig
+
+
+# -- the paired bootstrap and the sign test -------------------------------------------------------------
+def test_sign_test_on_fixed_counts():
+    assert sign_test(9, 6) == pytest.approx(0.6072, abs=1e-4)  # issue 27's MyGO run: p ≈ 0.6
+    assert sign_test(10, 0) == pytest.approx(2 / 1024) and sign_test(0, 10) == sign_test(10, 0)
+    assert sign_test(0, 0) == 1.0 and sign_test(5, 5) == 1.0
+    assert sign_test(15, 3) < 0.01 < sign_test(12, 6)
+
+
+def test_paired_interval_on_fixed_differences():
+    assert paired_interval([0.25] * 10) == (25.0, 25.0) and paired_interval([1.0]) is None
+    low, high = paired_interval([1.0, 0.0] * 20)  # mean 50 points on 40 questions
+    assert 30 < low < 50 < high < 70
+    assert paired_interval([1.0, 0.0] * 20) == (low, high)  # seeded: the same interval every time
+    low, high = paired_interval([0.2] * 90 + [-0.1] * 10)  # every resample's mean lies in [-10, 20]
+    assert 15 <= low < 17 < high <= 19
+
+
+def test_paired_comparison_pairs_by_id_and_counts_better_and_worse():
+    before = [{"id": i, "f1": f} for i, f in [("a", 0.0), ("b", 1.0), ("c", 0.5), ("d", 0.2), ("x", 1.0)]]
+    after = [{"id": i, "f1": f} for i, f in [("a", 1.0), ("b", 1.0), ("c", 0.0), ("d", 1.0), ("y", 0.0)]]
+    out = paired_comparison(before, after)  # x and y are not in both
+    assert out["paired"] == 4 and out["better"] == 2 and out["worse"] == 1
+    assert out["df1"] == pytest.approx(100 * (1.0 + 0.0 - 0.5 + 0.8) / 4)
+    assert out["df1_low"] <= out["df1"] <= out["df1_high"] and out["sign_p"] == sign_test(2, 1)
+    lone = paired_comparison(before[:1], after[:1])
+    assert lone["paired"] == 1 and lone["df1_low"] is None and lone["df1_high"] is None
+
+
+def test_the_bench_tables_use_the_same_interval():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_agents", Path(__file__).parents[1] / "bench" / "agents.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.paired_interval is paired_interval and bench.format_repairs is format_repairs
+
+
+# -- behaviour rates ------------------------------------------------------------------------------------
+def call(role: str, user: str = "Question: ...") -> dict:
+    return {"role": role, "messages": [{"role": "user", "content": user}], "output": "..."}
+
+
+def tool(result: str = "Alpha (band): genre rock", repeated: bool = False) -> dict:
+    return {"name": "node_info", "args": {}, "result_preview": result, "repeated": repeated}
+
+
+def record(prediction: str, agent: str, calls: list[dict] = (), tools: list[dict] | None = None,
+           malformed: bool = False) -> dict:
+    design = {"tool_calls": tools} if tools is not None else {}
+    return {"id": prediction or "empty", "prediction": prediction, "health": {"malformed": malformed},
+            "trace": {"agent": agent, "llm_calls": list(calls), "design": design}}
+
+
+def test_behaviour_rates_of_omne_records():
+    from mhqa_graph.graphs.common import REPAIR_PREFIX
+    from mhqa_graph.graphs.omne_prompts import NUDGE, ONE_HOP_SHORT
+
+    records = [
+        record("Tulsa", "omne", [call("agent"), call("agent")], [tool(), tool(repeated=True)]),
+        record("unknown", "omne", [call("agent"), call("agent", NUDGE)], [tool("Error: no entity")]),
+        record("", "omne", [call("agent"), call("agent", REPAIR_PREFIX + " reply as asked")], [], malformed=True),
+        record("The passages do not mention it", "omne",
+               [call("agent"), call("agent", ONE_HOP_SHORT.format(entity="Alpha", relations="genre", facts="..."))],
+               [tool(), tool()]),
+    ]
+    assert [format_repairs(r) for r in records] == [0, 1, 1, 0]  # a guard's send-back is no format fault
+    rates = behaviour(records)
+    assert rates["well_formed"] == 0.5 and rates["malformed"] == 1 and rates["repairs"] == 2
+    assert rates["tool_rate"] == 0.75 and rates["acted_rate"] == 0.5 and rates["successful_calls"] == 3
+    assert rates["unknown"] == 3  # "unknown", the empty answer, "... do not mention ..."
+    assert rates["answer_chars"] == pytest.approx((5 + 7) / 2)  # median of 0, 5, 7, 29
+    assert "worker_rate" not in rates
+
+
+def test_behaviour_rates_of_mujica_records():
+    from mhqa_graph.graphs.common import REPAIR_PREFIX
+
+    records = [record("Tulsa", "mujica", [call("planner"), call("worker"), call("worker"), call("planner")]),
+               record("1817", "mujica", [call("planner"), call("worker"), call("worker", REPAIR_PREFIX + " JSON")]),
+               record("no", "mujica", [call("planner")])]
+    rates = behaviour(records)
+    assert rates["worker_rate"] == pytest.approx(2 / 3) and rates["dispatches"] == 3  # the repair is no dispatch
+    assert rates["well_formed"] == pytest.approx(2 / 3) and "tool_rate" not in rates
+    assert behaviour([])["well_formed"] == 0.0
+
+
+def test_dev_metrics_carry_the_rates_and_the_comparison():
+    untrained = [record("x", "mujica", [call("planner")]) | {"id": str(i), "f1": 0.0, "em": 0.0} for i in range(5)]
+    trained = [r | {"f1": 1.0 if i < 3 else 0.0} for i, r in enumerate(untrained)]
+    metrics = common.dev_metrics(trained, untrained)
+    assert metrics["dev_f1"] == 0.6 and metrics["dev_questions"] == 5 and metrics["dev_worker_rate"] == 0.0
+    assert metrics["dev_df1"] == pytest.approx(60.0) and (metrics["dev_better"], metrics["dev_worse"]) == (3, 0)
+    assert metrics["dev_sign_p"] == sign_test(3, 0) and metrics["dev_paired"] == 5
+    assert "dev_df1" not in common.dev_metrics(trained)
+
+
+# -- the untrained run's cache --------------------------------------------------------------------------
+DEV = {f"d{i}": (f"Which city did band D{i} first play in?", f"City{i}", "bridge", f"<answer>City{i}</answer>")
+       for i in range(4)}
+TRAIN = {f"t{i}": (f"Which city did band T{i} first play in?", f"Town{i}", "bridge", "") for i in range(3)}
+
+
+def counting(rows: dict, right: bool = True) -> tuple[FakeChatModel, list[str]]:
+    """A model that answers each question of `rows` (wrongly unless `right`), and the questions it was asked."""
+    asked: list[str] = []
+
+    def respond(messages) -> str:
+        text = messages[-1].text.rsplit("Question:", 1)[-1]  # not the passages, which hold other questions
+        found = [(q, a) for q, a, _, _ in rows.values() if q in text]
+        asked.extend(q for q, _ in found)
+        return f"<answer>{found[0][1] if found and right else 'Nowhere'}</answer>"
+
+    return FakeChatModel(respond=respond), asked
+
+
+@pytest.fixture()
+def slices(tmp_path) -> tuple[RolloutConfig, DevConfig]:
+    rollout = RolloutConfig(agent="rag", dataset="hotpotqa", path=str(write_dataset(tmp_path / "train.jsonl", TRAIN)),
+                            store=f"embedded://{tmp_path}/s?embedder=hash", max_new_tokens=16)
+    dev = DevConfig(path=str(write_dataset(tmp_path / "dev.jsonl", DEV)), limit=4, min_questions=4)
+    return rollout, dev
+
+
+def untrained(rollout, dev, out, model: tuple[FakeChatModel, list[str]] | None, config=None) -> dict:
+    """The untrained dev run; `model` None: asking any model fails the test."""
+    def llms(folder):
+        assert model is not None, "the cached untrained run was redone"
+        return model[0], None
+
+    return common.dev_run(rollout, dev, config or ModelConfig(name="tiny"), None, out, common.UNTRAINED, llms)
+
+
+def test_the_untrained_run_is_reused_until_its_key_changes(slices, tmp_path):
+    rollout, dev = slices
+    first = counting(DEV)
+    miss = untrained(rollout, dev, tmp_path / "runs" / "a", first)
+    assert not miss["dev_reused"] and miss["dev_f1"] == 1.0 and len(first[1]) == 4
+    folder = Path(miss["dev_run"])
+    assert folder.parent == tmp_path / "runs" / "untrained"  # beside the output folders: shared by the runs
+    key = json.loads((folder / "key.json").read_text())
+    assert key["agent"] == "rag" and key["start"] == 0 and key["limit"] == 4 and key["temperature"] == 0.0
+    assert key["policy"]["name"] == "tiny" and key["guards"] == sorted(key["guards"])
+
+    hit = untrained(rollout, dev, tmp_path / "runs" / "b", None)  # another training run of the same slice
+    assert hit["dev_reused"] and hit["dev_run"] == miss["dev_run"] and hit["dev_f1"] == 1.0
+
+    changed = {"slice": (rollout, dataclasses.replace(dev, limit=3, min_questions=3), None),
+               "guards": (dataclasses.replace(rollout, context={"guards": "none"}), dev, None),
+               "decoding": (dataclasses.replace(rollout, max_new_tokens=32), dev, None),
+               "policy": (rollout, dev, ModelConfig(name="tiny", seed=1)),
+               "agent": (dataclasses.replace(rollout, agent="direct"), dev, None)}
+    folders = {miss["dev_run"]}
+    for what, (r, d, config) in changed.items():
+        model = counting(DEV)
+        out = untrained(r, d, tmp_path / "runs" / "a", model, config)
+        assert not out["dev_reused"] and model[1], what
+        folders.add(out["dev_run"])
+    assert len(folders) == 1 + len(changed)
+
+    data = Path(dev.path)  # the dev file rewritten: its questions may have changed
+    os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 10**9))
+    assert not untrained(rollout, dev, tmp_path / "runs" / "a", counting(DEV))["dev_reused"]
+
+
+def test_an_interrupted_untrained_run_resumes_and_trained_runs_are_compared_with_it(slices, tmp_path):
+    rollout, dev = slices
+    out = tmp_path / "runs" / "mygo"
+    folder = Path(untrained(rollout, dev, out, counting(DEV, right=False))["dev_run"])
+    results = folder / "sample0" / "results.jsonl"
+    lines = results.read_text().splitlines(keepends=True)
+    results.write_text("".join(lines[:2]))  # interrupted after two questions
+    again = counting(DEV, right=False)
+    resumed = untrained(rollout, dev, out, again)
+    assert not resumed["dev_reused"] and len(again[1]) == 2 and resumed["dev_questions"] == 4
+    assert "dev_df1" not in resumed
+
+    trained = common.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, "iter1",
+                             lambda folder: (counting(DEV)[0], None))
+    assert (out / "dev" / "iter1" / "sample0" / "results.jsonl").is_file()
+    assert trained["dev_f1"] == 1.0 and trained["dev_df1"] == pytest.approx(100.0)
+    assert (trained["dev_better"], trained["dev_worse"], trained["dev_paired"]) == (4, 0, 4)
+    assert trained["dev_df1_low"] == trained["dev_df1_high"] == pytest.approx(100.0)
+    assert trained["dev_sign_p"] == sign_test(4, 0)
+    assert common.dev_run(rollout, DevConfig(), ModelConfig(name="tiny"), None, out, "iter1", None) == {}
+
+
+# -- dev slices -----------------------------------------------------------------------------------------
+def test_dev_slices_must_be_large_enough_and_disjoint_from_training(slices):
+    rollout, dev = slices
+    common.check_disjoint(rollout, dev)
+    with pytest.raises(DevSliceError, match="holds 4 question"):
+        common.check_disjoint(rollout, dataclasses.replace(dev, min_questions=100))
+    with pytest.raises(DevSliceError, match="holds 2 question"):
+        common.check_disjoint(rollout, dataclasses.replace(dev, start=2, limit=None))  # the file has 4
+    assert DevConfig().min_questions == 100 and issubclass(DevSliceError, InvalidInput)
+    same_file = dataclasses.replace(rollout, path=dev.path, start=3, limit=1)  # d3: inside the dev slice
+    with pytest.raises(DevSliceError, match="share 1 question"):
+        common.check_disjoint(same_file, dev)
+    common.check_disjoint(dataclasses.replace(same_file, start=3), dataclasses.replace(dev, limit=3, min_questions=3))
+    common.check_disjoint(rollout, DevConfig())  # no dev slice: nothing to check
