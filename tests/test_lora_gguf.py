@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("peft")
@@ -10,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from mhqa_graph.training import common  # noqa: E402
 from mhqa_graph.training.common import ModelConfig, load_model, policy_chat_model, serves_with_llamacpp  # noqa: E402
-from mhqa_graph.training.lora_gguf import write_lora_gguf  # noqa: E402
+from mhqa_graph.training.lora_gguf import permute_heads, write_lora_gguf  # noqa: E402
 
 from mhqa_graph.errors import InvalidInput, ModelError  # noqa: E402
 from mhqa_graph.models.chat import TransformersChatModel  # noqa: E402
@@ -49,7 +51,7 @@ def test_the_adapter_file_holds_every_lora_pair_under_its_gguf_name(tiny, tmp_pa
 
 def test_only_plain_lora_over_qwen2_is_written(tmp_path):
     full, _ = load_model(ModelConfig(name="tiny", lora=False))
-    with pytest.raises(ModelError, match="plain LoRA adapter over a Qwen2"):
+    with pytest.raises(ModelError, match="plain LoRA adapter over a Qwen2 or llama"):
         write_lora_gguf(full, tmp_path / "adapter.gguf")
 
 
@@ -58,7 +60,7 @@ def test_the_policy_is_served_by_transformers_unless_llamacpp_can(tiny, tmp_path
     assert not serves_with_llamacpp(model, ModelConfig(name="tiny"))  # not a pack: auto falls back
     llm = policy_chat_model(model, tokenizer, ModelConfig(name="tiny"), tmp_path)
     assert isinstance(llm, TransformersChatModel) and not (tmp_path / "adapter.gguf").exists()
-    with pytest.raises(InvalidInput, match="llamacpp needs a LoRA policy over a Qwen2 chat pack"):
+    with pytest.raises(InvalidInput, match="llamacpp needs a LoRA policy over a chat pack"):
         serves_with_llamacpp(model, ModelConfig(name="tiny", inference="llamacpp"))
     with pytest.raises(InvalidInput, match="auto, llamacpp or transformers"):
         serves_with_llamacpp(model, ModelConfig(name="tiny", inference="vllm"))
@@ -80,3 +82,45 @@ def test_a_pack_policy_gets_its_adapter_written_and_llamacpp(tiny, tmp_path, mon
     assert (seen["temperature"], seen["max_new_tokens"]) == (0.7, 99) and (tmp_path / "adapter.gguf").is_file()
     config.inference = "transformers"
     assert isinstance(policy_chat_model(model, tokenizer, config, tmp_path / "t"), TransformersChatModel)
+
+
+def test_a_llama_adapter_gets_q_and_k_rows_in_the_gguf_head_order(tmp_path):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                        num_attention_heads=4, num_key_value_heads=2))
+    model = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "k_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    tensors = {t.name: t.data for t in gguf.GGUFReader(str(write_lora_gguf(model, tmp_path / "a.gguf"))).tensors}
+    attn = model.base_model.model.model.layers[0].self_attn
+    for name, module, heads in (("attn_q", attn.q_proj, 4), ("attn_k", attn.k_proj, 2), ("attn_v", attn.v_proj, 0)):
+        a, b = (getattr(module, f"lora_{x}")["default"].weight.detach().numpy() for x in "AB")
+        assert (tensors[f"blk.0.{name}.weight.lora_a"] == a).all()
+        assert (tensors[f"blk.0.{name}.weight.lora_b"] == (permute_heads(b, heads) if heads else b)).all()
+
+
+def test_the_head_order_is_the_one_of_the_smollm2_packs_gguf():
+    """llama.cpp's converter stored the pack's q and k permuted: its dequantized weights are the transformers
+    weights in `permute_heads` order (and far from them unpermuted)."""
+    from gguf.quants import dequantize
+    from safetensors import safe_open
+
+    from mhqa_graph.models.packs import gguf_path, pack_installed, pack_path
+
+    if not pack_installed("smollm2-135m"):
+        pytest.skip("needs the smollm2-135m pack (extra models)")
+    stored = {t.name: t for t in gguf.GGUFReader(str(gguf_path("smollm2-135m"))).tensors}
+    folder = pack_path("smollm2-135m")
+    config = json.loads((folder / "config.json").read_text())
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        for name, module, heads in (("attn_q", "q_proj", config["num_attention_heads"]),
+                                    ("attn_k", "k_proj", config["num_key_value_heads"])):
+            hf = weights.get_tensor(f"model.layers.0.self_attn.{module}.weight").float().numpy()
+            tensor = stored[f"blk.0.{name}.weight"]
+            gg = dequantize(tensor.data, tensor.tensor_type)
+            assert abs(gg - permute_heads(hf, heads)).mean() < 0.01 < abs(gg - hf).mean()

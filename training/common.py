@@ -38,6 +38,7 @@ from mhqa_graph.models.chat import TransformersChatModel, model_device
 
 from .devices import is_main_process, on_main_process, policy_device, policy_dtype, world_size
 from .lora_gguf import supports, write_lora_gguf
+from .serving import check_rollout_llm, served_policy
 
 LOG = "log.jsonl"  # every trainer's JSON-lines log in its output_dir; curve.png beside it plots it
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -57,6 +58,14 @@ class ModelConfig:
     dtype: str = "auto"  # auto: bfloat16 on a GPU that has it, else float32 (fastest on CPUs); or float32, ...
     seed: int = 0
     inference: str = "auto"  # rollouts and dev runs: llamacpp | transformers | auto (llamacpp when it can serve)
+    # where rollouts and dev runs generate (training/serving.py): in_process (as `inference` says) | server
+    # (llama-server over the pack's GGUF with the current adapter) | openai:<url>#<model> (a running server)
+    rollout_llm: str = "in_process"
+    rollout_concurrency: int = 1  # questions in flight in rollouts and dev runs; server: its slots
+    rollout_load_adapter: bool = False  # openai: load the adapter before each phase (vLLM /v1/load_lora_adapter)
+
+    def __post_init__(self) -> None:
+        check_rollout_llm(self)
 
 
 @dataclass
@@ -167,7 +176,8 @@ def untrained_key(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, m
     data = Path(run.path).expanduser().resolve()
     stat = data.stat() if data.is_file() else None
     return {"policy": policy_identity(config),
-            "backend": "llamacpp" if serves_with_llamacpp(model, config) else "transformers",
+            "backend": ("llamacpp" if serves_with_llamacpp(model, config) else "transformers")
+            if config.rollout_llm == "in_process" else config.rollout_llm.partition("?")[0],  # server | openai:...
             "agent": run.agent, "dataset": run.dataset, "file": str(data),
             "file_stat": [stat.st_size, stat.st_mtime_ns] if stat else None, "store": run.store,
             "start": run.start, "limit": run.limit, "temperature": run.temperature,
@@ -215,11 +225,11 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
             on_main_process(lambda: (cached.mkdir(parents=True, exist_ok=True),
                                      (cached / "key.json").write_text(json.dumps(key, indent=2), encoding="utf-8")))
             llm, roles = llms(cached)
-            records = rollouts(run, llm, cached, roles)
+            records = rollouts(run, llm, cached, roles, concurrency=config.rollout_concurrency)
         return dev_metrics(records) | {"dev_run": str(cached), "dev_reused": reused}
     folder = Path(output_dir) / "dev" / name
     llm, roles = llms(folder)
-    records = rollouts(run, llm, folder, roles)
+    records = rollouts(run, llm, folder, roles, concurrency=config.rollout_concurrency)
     return dev_metrics(records, read_records(cached / "sample0" / RESULTS) or None)
 
 
@@ -232,7 +242,7 @@ def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: An
 
 def serves_with_llamacpp(model: Any, config: ModelConfig) -> bool:
     """Whether `policy_chat_model` serves `model` with llama.cpp: always for `inference: llamacpp` (InvalidInput
-    if it can't), for "auto" when the policy is a LoRA adapter over a Qwen2 pack on the CPU and llama-cpp-python
+    if it can't), for "auto" when the policy is a LoRA adapter over a chat pack on the CPU and llama-cpp-python
     is in (a policy on a GPU generates there)."""
     from mhqa_graph.models.packs import PACKS
 
@@ -241,7 +251,7 @@ def serves_with_llamacpp(model: Any, config: ModelConfig) -> bool:
     possible = (config.lora and config.name in PACKS and supports(model)
                 and importlib.util.find_spec("llama_cpp") is not None)
     if config.inference == "llamacpp" and not possible:
-        raise InvalidInput("model.inference: llamacpp needs a LoRA policy over a Qwen2 chat pack and "
+        raise InvalidInput("model.inference: llamacpp needs a LoRA policy over a chat pack and "
                            "llama-cpp-python (pip install 'mhqa-graph[llamacpp]')")
     on_cpu = getattr(model_device(model), "type", "cpu") == "cpu"
     return possible and (config.inference == "llamacpp" or (config.inference == "auto" and on_cpu))
@@ -252,7 +262,11 @@ def policy_chat_model(model: Any, tokenizer: Any, config: ModelConfig, folder: s
     """The policy with its current weights as the agents' chat model, for rollouts and dev runs. Served by
     llama.cpp when `serves_with_llamacpp`: the LoRA `adapter` (default: the active one) is written to
     `folder/<adapter>.gguf` and applied over the pack's GGUF (about 10x faster generation on the CPU); else
-    by transformers."""
+    by transformers. With `config.rollout_llm` server or openai:, as `serving.served_policy` says."""
+    served = served_policy(model, config, folder, {"policy": adapter or getattr(model, "active_adapter", None)},
+                           temperature, max_new_tokens)
+    if served is not None:
+        return served["policy"]
     if not serves_with_llamacpp(model, config):
         return chat_model_for(model, tokenizer, temperature, max_new_tokens)
     path = Path(folder) / f"{adapter or 'adapter'}.gguf"
@@ -346,11 +360,11 @@ def chat_model_for(model: Any, tokenizer: Any, temperature: float = 0.0, max_new
 
 
 def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: dict[str, Any] | None = None,
-             force_new: bool = False) -> list[dict[str, Any]]:
-    """Run the agent `config.samples` times over the questions with `llm` (a chat model or spec) and
-    return the eval records (each with its trace, em, f1 and `sample`). Sample j is the resumable eval
-    run `out_dir/sample{j}`, so an interrupted rollout continues where it stopped; RunMismatch if it
-    holds a run with another model spec or settings. `force_new` starts every sample folder afresh."""
+             force_new: bool = False, concurrency: int = 1) -> list[dict[str, Any]]:
+    """Run the agent `config.samples` times over the questions with `llm` (a chat model or spec), `concurrency`
+    questions in flight, and return the eval records (each with its trace, em, f1 and `sample`). Sample j is the
+    resumable eval run `out_dir/sample{j}`, so an interrupted rollout continues where it stopped; RunMismatch if
+    it holds a run with another model spec or settings. `force_new` starts every sample folder afresh."""
     from mhqa_graph.eval import run_eval
 
     model = getattr(llm, "_model", None)
@@ -363,7 +377,7 @@ def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: di
     def run() -> None:
         for out in folders:
             run_eval(config.agent, config.dataset, config.path, llm, config.store, out, limit=config.limit,
-                     start=config.start, concurrency=1, context_overrides=overrides, progress=False,
+                     start=config.start, concurrency=concurrency, context_overrides=overrides, progress=False,
                      force_new=force_new)
             check_device_faults([llm, *(role_llms or {}).values()], out)
 

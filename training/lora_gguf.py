@@ -6,8 +6,9 @@ through llama.cpp over its pack's GGUF: generation about 10x faster than transfo
 
 The file is what llama.cpp's `convert_lora_to_gguf.py` writes: `general.type = adapter`, `adapter.type =
 lora`, `adapter.lora.alpha`, and `<base tensor>.lora_a` (r x in) / `.lora_b` (out x r) pairs named after the
-base GGUF's tensors; llama.cpp scales B·A by alpha / r as PEFT does. Qwen2 only: its GGUF keeps the
-transformers layout of every projection (llama's permutes q and k).
+base GGUF's tensors; llama.cpp scales B·A by alpha / r as PEFT does. Qwen2 (every qwen2.5 pack) and llama
+(smollm2): a llama GGUF holds q and k with the rows of each head permuted (rotary pairs interleaved), as
+llama.cpp's converter writes them, so their B matrices get the same row permutation (P·B·A = P·(B·A)).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 from mhqa_graph.errors import ModelError
 
-ARCHITECTURES = ("qwen2",)  # transformers model_type == GGUF general.architecture, no permuted tensors
+ARCHITECTURES = ("qwen2", "llama")  # transformers model_type == GGUF general.architecture
 GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
               "mlp.down_proj": "ffn_down"}
@@ -34,10 +35,19 @@ def supports(model: Any, adapter: str | None = None) -> bool:
             and getattr(model.config, "model_type", "") in ARCHITECTURES)
 
 
+def permute_heads(rows: Any, heads: int) -> Any:
+    """`rows` (out x anything) with each head's rows reordered as llama.cpp's converter stores a llama q or k
+    projection: the head's two halves interleaved row by row."""
+    return rows.reshape(heads, 2, rows.shape[0] // heads // 2, *rows.shape[1:]).swapaxes(1, 2).reshape(rows.shape)
+
+
 def adapter_tensors(model: Any, adapter: str | None = None) -> dict[str, Any]:
     """The A and B matrices (float32 numpy) of `adapter` (default: the active one) under their GGUF names."""
     from peft import get_peft_model_state_dict
 
+    config = model.config
+    permuted = {"self_attn.q_proj": config.num_attention_heads,
+                "self_attn.k_proj": getattr(config, "num_key_value_heads", None) or config.num_attention_heads}
     tensors = {}
     for key, value in get_peft_model_state_dict(model, adapter_name=adapter or model.active_adapter).items():
         match = _KEY.search(key)
@@ -46,6 +56,8 @@ def adapter_tensors(model: Any, adapter: str | None = None) -> dict[str, Any]:
         layer, module, which = match.groups()
         name = f"blk.{layer}.{GGUF_NAMES[module]}.weight.lora_{which.lower()}"
         tensors[name] = value.detach().float().cpu().numpy()
+        if config.model_type == "llama" and which == "B" and module in permuted:
+            tensors[name] = permute_heads(tensors[name], permuted[module])
     return tensors
 
 
@@ -55,7 +67,8 @@ def write_lora_gguf(model: Any, path: str | Path, adapter: str | None = None) ->
     import gguf
 
     if not supports(model, adapter):
-        raise ModelError("only a plain LoRA adapter over a Qwen2 model can be written as a GGUF adapter")
+        raise ModelError("only a plain LoRA adapter over a Qwen2 or llama model can be written as a GGUF "
+                         "adapter")
     adapter = adapter or model.active_adapter
     config = model.peft_config[adapter]
     path = Path(path)

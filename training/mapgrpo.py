@@ -103,6 +103,7 @@ from .rewards import (
     plan_reward,
     rewrite_reward,
 )
+from .serving import served_policy
 
 
 @dataclass
@@ -512,8 +513,13 @@ class MAPGRPOTrainer:
 
     def role_models(self, temperature: float, folder: Path) -> tuple[Any, dict[str, Any]]:
         """(the base model, {role: chat model}) of the policy as trained so far. Served by llama.cpp when
-        `serves_with_llamacpp`, each role's adapter written to `folder/<role>.gguf`; else by transformers."""
+        `serves_with_llamacpp`, each role's adapter written to `folder/<role>.gguf`; else by transformers; with
+        `model.rollout_llm` server or openai:, as `serving.served_policy` says."""
         cfg, new = self.config, self.config.rollout.max_new_tokens
+        adapters = {role: role if cfg.model.lora else None for role in OPERA_ROLES} | {"answer": None}
+        served = served_policy(self.model, cfg.model, folder, adapters, temperature, new)
+        if served is not None:
+            return served["answer"], served
         if not serves_with_llamacpp(self.model, cfg.model):
             return role_models(self.model, self.tokenizer, temperature, new)
         base = llamacpp_policy(cfg.model.name, None, temperature, new)
@@ -570,7 +576,7 @@ class MAPGRPOTrainer:
         cfg, out = self.config, Path(self.config.output_dir)
         stage = out / role
         base, roles = self.role_models(cfg.rollout.temperature, stage / "rollouts")
-        records = rollouts(cfg.rollout, base, stage / "rollouts", roles)
+        records = rollouts(cfg.rollout, base, stage / "rollouts", roles, concurrency=cfg.model.rollout_concurrency)
         experts = load_expert(cfg.expert, role, cfg.expert_score, cfg.expert_min_score) \
             if cfg.expert and role in cfg.inject_roles else {}
         rows, expert_texts = stage_rows(role_rows(records)[role], experts, GoldChains(records, cfg.rollout))

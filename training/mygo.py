@@ -172,7 +172,7 @@ class MyGOTrainer:
         folder = self.out / f"iter{k}" / "rollouts"
         llm = policy_chat_model(self.model, self.tokenizer, cfg.model, folder, cfg.rollout.temperature,
                                 cfg.rollout.max_new_tokens)
-        records = rollouts(cfg.rollout, llm, folder)
+        records = rollouts(cfg.rollout, llm, folder, concurrency=cfg.model.rollout_concurrency)
         rewards = [reward_of(r, cfg.reward) for r in records]
         self.tau = next_tau(self.tau, rewards)
         good = kept(records, self.tau, cfg.reward, self.min_worker_rounds)

@@ -514,7 +514,7 @@ class OmneTrainer:
         if not cfg.teacher:
             llm = policy_chat_model(self.model, self.tokenizer, cfg.model, out, cfg.rollout.temperature,
                                     cfg.rollout.max_new_tokens)
-            return rollouts(cfg.rollout, llm, out, force_new=True)
+            return rollouts(cfg.rollout, llm, out, force_new=True, concurrency=cfg.model.rollout_concurrency)
         try:
             return rollouts(cfg.rollout, cfg.teacher, out)
         except RunMismatch:
