@@ -17,8 +17,9 @@ import time
 
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
+from mhqa_graph.training.common import check_device_faults
 
-from mhqa_graph.errors import ModelError, ModelNotInstalled
+from mhqa_graph.errors import ModelError, ModelNotInstalled, TrainingError
 from mhqa_graph.models import server as srv
 from mhqa_graph.models.factory import check_chat_spec, load_chat_model
 from mhqa_graph.models.packs import pack_installed
@@ -132,7 +133,11 @@ def test_a_server_that_dies_raises_a_typed_error_with_its_log(model):
     with pytest.raises(srv.LlamaServerError, match="killed by signal 9") as caught:
         llm.invoke("Hello")
     assert "slot" in caught.value.log and caught.value.log in str(caught.value)  # its log's last lines
-    assert model().invoke("Hello").text  # the shared server is started again for the next model
+    assert llm.backend_fault.startswith("llama-server died")
+    with pytest.raises(TrainingError, match="llama-server died"):  # a trainer stops rather than learn from it
+        check_device_faults([llm])
+    fresh = model()
+    assert fresh.invoke("Hello").text and fresh.backend_fault is None  # the shared server is started again
 
 
 CHILD = f"""

@@ -387,10 +387,12 @@ def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: di
 
 def check_device_faults(models: Iterable[Any], folder: Path | None = None) -> None:
     """TrainingError when one of `models` (chat models over the policy) failed on its device or dtype
-    (`TransformersChatModel.device_fault`): the agent recorded those calls as failed, their answers scored 0,
+    (`TransformersChatModel.device_fault`) or lost its server (`LlamaServerChatModel.backend_fault`): the agent
+    recorded those calls as failed, their answers scored 0,
     and training on them would learn nothing true. The rollout `folder` is first moved aside to
     `<folder>.device-error` (replacing an older one), so that a rerun rolls out afresh instead of resuming it."""
-    fault = next((f for m in models if (f := getattr(m, "device_fault", None))), None)
+    fault = next((f for m in models if (f := getattr(m, "device_fault", None) or getattr(m, "backend_fault", None))),
+                 None)
     if fault is None:
         return
     kept = ""
@@ -399,7 +401,7 @@ def check_device_faults(models: Iterable[Any], folder: Path | None = None) -> No
         shutil.rmtree(aside, ignore_errors=True)
         folder.rename(aside)
         kept = f"; its records are in {aside}, and a rerun rolls out afresh"
-    raise TrainingError(f"the policy failed on its device or dtype during a rollout ({fault}); training stops "
+    raise TrainingError(f"the policy's model failed during a rollout ({fault}); training stops "
                         f"rather than score those answers 0 and learn from them{kept}")
 
 

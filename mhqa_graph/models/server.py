@@ -322,6 +322,14 @@ class LlamaServerChatModel(ChatOpenAI or BaseChatModel):  # type: ignore[misc]
     bind_tools = BaseChatModel.bind_tools  # type: ignore[assignment]
     _server: Any = PrivateAttr(default=None)
 
+    @property
+    def backend_fault(self) -> str | None:
+        """Why the server behind this model stopped serving (it died), else None. Its calls since then were
+        recorded by the agents as failed; a trainer stops on it rather than learn from answers scored 0."""
+        if self._server is not None and not self._server.alive:
+            return f"llama-server died: {self._server.log_tail(3)}"
+        return None
+
     def _request(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         if "max_new_tokens" in kwargs:
             kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
