@@ -4,10 +4,16 @@ and on, in one run: prompt tokens prefilled, wall time and whether the greedy re
     python bench/serving.py                                   # tests/recorded/*.json, ~15 min on 2 cores
     python bench/serving.py --llm llamacpp:qwen2.5-coder-0.5b --only mujica
     python bench/serving.py --parallel                        # Mujica's worker rounds: llama-server, N slots vs 1
+    python bench/serving.py --runs bench/out/runs/llamacpp_qwen2.5-coder-1.5b/pq2h   # no model: reuse in eval traces
 
 Each agent's transcripts (several questions each) run in recorded order through a freshly loaded model,
 once with `cache=0` (llama.cpp reuses the previous call's prefix only) and once with the default prefix
 cache. A call's reply is capped at the length recorded for it, so both runs decode the same amount.
+
+`--runs` reads the traced prompts of finished eval runs (whole runs, so later questions reuse what earlier
+ones prefilled) and counts, by characters, what a cache of the `--slots` most recent prompts leaves to prefill
+against llama.cpp's reuse of the previous prompt's prefix alone. It runs no model: an estimate of the cache's
+share, which eval records now measure as `tokens.cached`.
 
 `--parallel` takes the worker calls of each Mujica planner round that sent several (the calls LangGraph's
 `Send` makes at once) and sends each round's calls at the same time to llama.cpp's server (`--llm` with
@@ -109,6 +115,40 @@ def parallel(args: argparse.Namespace, sep: str) -> None:
           f"{one['seconds'] / many['seconds']:.2f}x | {same}/{calls} |")
 
 
+def shared_start(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def prompt_text(call: dict) -> str:
+    """A traced call's prompt as one string, in the layout of a chat template (roles, then contents)."""
+    return "".join(f"<{m['role']}>\n{m['content']}\n" for m in call["messages"])
+
+
+def reuse(prompts: list[str], slots: int) -> tuple[int, int, int]:
+    """Characters of `prompts` (in call order): in all, left to prefill when only the previous prompt's prefix
+    is reused (llama.cpp's own context), and when the longest shared prefix of the `slots` most recent is."""
+    total = previous = recent = 0
+    for i, text in enumerate(prompts):
+        total += len(text)
+        previous += len(text) - (shared_start(text, prompts[i - 1]) if i else 0)
+        recent += len(text) - max((shared_start(text, p) for p in prompts[max(0, i - slots):i]), default=0)
+    return total, previous, recent
+
+
+def runs_reuse(folder: Path, slots: int) -> None:
+    """Per agent run under `folder` (an environment's run folders): the prompt characters a prefix cache of
+    `slots` recent prompts leaves to prefill, against llama.cpp's reuse of the previous prompt only; no model."""
+    print(f"| run | questions | calls | prompt chars | prefilled, previous prefix | prefilled, {slots} recent "
+          "| ratio |\n|---|---|---|---|---|---|---|")
+    for results in sorted(folder.glob("*/results.jsonl")):
+        records = [json.loads(line) for line in results.read_text(encoding="utf-8").splitlines() if line.strip()]
+        prompts = [prompt_text(c) for r in records for c in (r.get("trace") or {}).get("llm_calls", [])]
+        if prompts:
+            total, previous, recent = reuse(prompts, slots)
+            print(f"| {results.parent.name} | {len(records)} | {len(prompts)} | {total:,} | {previous:,} | "
+                  f"{recent:,} | {recent / previous:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llm", default="llamacpp:qwen2.5-coder-1.5b?threads=1")
@@ -116,7 +156,12 @@ def main() -> None:
     parser.add_argument("--recorded", type=Path, default=RECORDED)
     parser.add_argument("--parallel", action="store_true", help="Mujica's worker rounds through llama-server, "
                                                                    "as many slots as workers vs one")
+    parser.add_argument("--runs", type=Path, help="an environment's eval run folders (bench/out/runs/<llm>/<env>): "
+                                                   "count the prefix reuse of their traced prompts, run no model")
+    parser.add_argument("--slots", type=int, default=40, help="with --runs: recent prompts the cache holds")
     args = parser.parse_args()
+    if args.runs:
+        return runs_reuse(args.runs, args.slots)
     sep = "&" if "?" in args.llm else "?"
     if args.parallel:
         return parallel(args, sep)

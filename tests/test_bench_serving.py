@@ -22,3 +22,24 @@ def test_calls_come_by_agent_in_file_and_recorded_order(tmp_path):
     assert list(serving.transcript_calls(tmp_path, {"rag"})) == ["rag"]
     recorded = serving.transcript_calls(serving.RECORDED, set())
     assert set(recorded) == {"direct", "rag", "opera", "mujica", "omne"}
+
+
+def test_prefix_reuse_counts_the_previous_prompt_or_the_best_of_the_recent_ones():
+    a, b = "SYSTEM-A question one", "SYSTEM-B question one"
+    # a b a: the previous prompt shares only "SYSTEM-" with the third; two slots hold the first, all of it
+    total, previous, recent = serving.reuse([a, b, a], slots=2)
+    assert total == 3 * len(a)
+    assert previous == len(a) + (len(b) - 7) + (len(a) - 7)
+    assert recent == len(a) + (len(b) - 7) + 0
+    assert serving.reuse([a, b, a], slots=1)[2] == previous
+
+
+def test_runs_reuse_reads_the_traced_prompts_of_each_run(tmp_path, capsys):
+    def record(*prompts):
+        return {"trace": {"llm_calls": [{"messages": [{"role": "user", "content": p}]} for p in prompts]}}
+    (tmp_path / "opera").mkdir()
+    (tmp_path / "opera" / "results.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in (record("plan X", "answer X"), record("plan Y"))), encoding="utf-8")
+    serving.runs_reuse(tmp_path, slots=40)
+    row = capsys.readouterr().out.strip().splitlines()[-1]
+    assert row.startswith("| opera | 2 | 3 |")
