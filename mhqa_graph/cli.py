@@ -400,6 +400,42 @@ def export_cmd(
     out.print(", ".join(f"{name}: {n} rows" for name, n in written.items()) + f" -> {out_dir}", highlight=False)
 
 
+@app.command("templates")
+def templates_cmd(
+    out_dir: Annotated[Path, typer.Option("--out", help="Folder for the dataset (save_to_disk), its sft.jsonl "
+                                                        "and counts.json.")],
+    config: Annotated[Path | None, typer.Option("--config", exists=True, dir_okay=False, help="A training config "
+                                                "whose rollout section gives the questions, store and Omne "
+                                                "settings (e.g. configs/train/omne.yaml).")] = None,
+    dataset: Annotated[str | None, typer.Option("--dataset", help="2wiki | pathquestion (overrides the "
+                                                                  "config).")] = None,
+    path: Annotated[Path | None, typer.Option("--path", exists=True, dir_okay=False, help="The benchmark file "
+                                              "(overrides the config).")] = None,
+    store: StoreOpt = None,
+    start: Annotated[int | None, typer.Option("--start", help="Skip the first N questions.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", help="Questions to try (default: the config's; "
+                                                               "without a config, all).")] = None,
+    think_weight: Annotated[float, typer.Option("--think-weight", help="Loss weight of <think> text.")] = 0.001,
+) -> None:
+    """Omne template trajectories: real entity_matcher and node_info calls along each question's gold chain, as
+    sft rows (Omne's `sft_data`); prints how many questions yield one and why the others do not."""
+    import yaml
+
+    from .training.common import RolloutConfig, from_dict
+    from .training.omne_templates import SKIPS, export_templates
+
+    values = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("rollout", {}) if config else {}
+    rollout = from_dict(RolloutConfig, {**values, "agent": "omne"}, f"{config}: rollout" if config else "rollout")
+    given = {"dataset": dataset, "path": str(path) if path else None, "store": store, "start": start, "limit": limit}
+    rollout = dataclasses.replace(rollout, **{k: v for k, v in given.items() if v is not None})
+    counts = export_templates(rollout, out_dir, think_weight=think_weight)
+    tried = sum(counts.values())
+    out.print(f"templates: {counts['made']} of {tried} questions -> {out_dir}", highlight=False)
+    for reason, n in counts.most_common():
+        if reason in SKIPS:
+            out.print(f"  skipped, {reason}: {n} ({SKIPS[reason]})", highlight=False)
+
+
 @app.command("train")
 def train_cmd(
     method: Annotated[str, typer.Argument(help="mygo | mapgrpo | omne")],

@@ -98,6 +98,7 @@ class OmneConfig:
     sft_data: str | None = None  # an exported sft dataset (folder or .jsonl); None: Omne rollouts make it
     teacher: str | None = None  # model spec whose Omne rollouts make the SFT data; None: the policy itself
     sft_min_reward: float | None = 0.5  # keep rollout trajectories with F1 >= this and the format (None: all)
+    templates: int = 0  # SFT data: template trajectories from the gold chains of up to N rollout questions
     warm_start: bool = False  # SFT on the stage-2 data (the teacher's) before stage 1
     episode_reserve: int = 256  # episode tokens kept back for the forced final answer
     format_patience: int = 10  # an RL stage stops after this many logged steps with format 0 (0: never)
@@ -108,15 +109,18 @@ class OmneConfig:
             raise InvalidInput(f"stages must be a non-empty increasing list of 1, 2, 3; got {self.stages!r}")
         if self.rollout.agent != "omne":
             raise InvalidInput(f"rollout.agent must be 'omne' (the agent Omne trains), got {self.rollout.agent!r}")
-        needs_rollouts = any(STAGES[s] == "grpo" for s in self.stages) or (2 in self.stages and not self.sft_data)
+        needs_rollouts = any(STAGES[s] == "grpo" for s in self.stages) or (2 in self.stages and not self.sft_data) \
+            or self.templates
         if needs_rollouts and not self.rollout.path:
             raise InvalidInput("rollout.path (the benchmark file of the questions) is required")
         if self.think_weight < 0 or self.repetition_weight < 0:
             raise InvalidInput("think_weight and repetition_weight must be >= 0")
         if self.warm_start and 1 not in self.stages:
             raise InvalidInput("warm_start is an SFT before stage 1; stages has no 1")
-        if self.warm_start and not (self.teacher or self.sft_data):
-            raise InvalidInput("warm_start needs teacher trajectories: set teacher (a model spec) or sft_data")
+        if self.warm_start and not (self.teacher or self.sft_data or self.templates):
+            raise InvalidInput("warm_start needs trajectories: set teacher (a model spec), sft_data or templates")
+        if not isinstance(self.templates, int) or self.templates < 0:
+            raise InvalidInput(f"templates must be an integer >= 0, got {self.templates!r}")
         if self.episode_reserve < 0 or self.format_patience < 0:
             raise InvalidInput("episode_reserve and format_patience must be >= 0")
         if self.rollout.context.get("think", True) != self.reward.think:
@@ -478,15 +482,17 @@ class OmneTrainer:
         """Stage 2's (and the warm start's) chats, each reply in the protocol's form (`canonical_row`):
         `sft_data`, else the sft export of Omne rollouts by the teacher (or the policy) with F1 >=
         `sft_min_reward` whose turns follow the format but for <think> blocks (the 1.5B teacher calls with a
-        thought and answers without one; RL asks for them). Made once."""
+        thought and answers without one; RL asks for them); plus `templates` template trajectories
+        (`omne_templates`), which stand alone where the policy's own rollouts would be used. Made once."""
         if self._sft_rows is not None:
             return self._sft_rows
         cfg = self.config
+        rows = self.template_rows()
         if cfg.sft_data:
-            rows = [canonical_row(row, cfg.think_weight, cfg.answer_thought) for row in read_sft_data(cfg.sft_data)]
-        else:
+            rows += [canonical_row(row, cfg.think_weight, cfg.answer_thought) for row in read_sft_data(cfg.sft_data)]
+        elif cfg.teacher or not cfg.templates:
             records = self.sft_rollouts()
-            rows, protocol = [], dataclasses.replace(cfg.reward, think=False)  # thinking is not asked of the data
+            protocol = dataclasses.replace(cfg.reward, think=False)  # thinking is not asked of the data
             for record in records:
                 for row in sft_rows([record], min_reward=cfg.sft_min_reward, think_weight=cfg.think_weight):
                     row = canonical_row(row, cfg.think_weight, cfg.answer_thought)
@@ -497,6 +503,16 @@ class OmneTrainer:
         if not rows:
             raise InvalidInput("no trajectories to train on in SFT (check sft_data / teacher / sft_min_reward)")
         self._sft_rows = rows
+        return rows
+
+    def template_rows(self) -> list[dict[str, Any]]:
+        """`templates` template trajectories of the rollout questions, their counts logged (event `templates`)."""
+        if not self.config.templates:
+            return []
+        from .omne_templates import rollout_templates
+
+        rows, counts = rollout_templates(self.config.rollout, self.config.templates, self.config.think_weight)
+        write_log(self.out / LOG, {"event": "templates", **counts})
         return rows
 
     def sft_rollout_dir(self) -> Path:
