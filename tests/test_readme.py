@@ -76,6 +76,10 @@ BASH: dict[str, tuple] = {
     "python bench/agents.py --quick": (SKIP, "runs the real 1.5B model for about 20 minutes"),
     "python bench/agents.py --start 100 --limit 40 --guards each": (SKIP, "runs the real 1.5B model for hours"),
     "python bench/serving.py": (SKIP, "runs the real 1.5B model (test_prefix_cache.py runs a tiny one)"),
+    "python bench/serving.py --runs bench/out/runs/llamacpp_qwen2.5-coder-1.5b/pq2h": (SKIP, "reads benchmark run "
+                                                                                       "folders; "
+                                                                                       "test_bench_serving.py "
+                                                                                       "tests it"),
     "python bench/probes.py": (SKIP, "a minute of probes; test_store_recovery.py and test_eval_robustness.py "
                                      "test each defect they probe"),
 }

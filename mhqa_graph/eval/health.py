@@ -28,7 +28,6 @@ from ..graphs.common import is_retry
 from ..graphs.guards import GUARDS
 from ..graphs.mujica_prompts import NO_MORE
 from ..graphs.omne_prompts import FORCE_ANSWER, is_send_back
-from ..graphs.refusals import is_no_answer
 from ..traces import Trace
 
 MAX_ANSWER_WORDS = 10
@@ -137,6 +136,8 @@ def behaviour(records: list[dict]) -> dict[str, Any]:
     - `answer_chars` (median characters of the answers) and `unknown` (answers that say there is none:
       empty, "unknown", "not stated", ...)."""
     n = max(1, len(records))
+    from ..graphs.refusals import is_no_answer  # here: the graphs import this package (refusals -> scoring)
+
     malformed = [bool((r.get("health") or {}).get("malformed")) for r in records]
     repairs = [format_repairs(r) for r in records]
     traces = [r.get("trace") or {} for r in records]
