@@ -25,6 +25,20 @@ def test_installed_imports_work_outside_the_repo(tmp_path):
         assert _run(sys.executable, f"import {generic}", tmp_path).returncode != 0, f"{generic} is importable"
 
 
+def test_every_module_imports_first_in_a_fresh_interpreter(tmp_path):
+    """An import cycle shows only when its module is the first one imported."""
+    modules = sorted(f"mhqa_graph.{p.relative_to(ROOT / 'mhqa_graph').with_suffix('').as_posix().replace('/', '.')}"
+                     for p in (ROOT / "mhqa_graph").rglob("*.py") if p.name != "__init__.py")
+    modules += [f"mhqa_graph.{d}.{p.stem}" for d in ("graphs", "training") for p in sorted((ROOT / d).glob("*.py"))
+                if p.name != "__init__.py"]
+    code = ("import importlib, subprocess, sys\n"
+            f"for m in {modules!r}:\n"
+            "    done = subprocess.run([sys.executable, '-c', f'import {m}'], capture_output=True, text=True)\n"
+            "    if done.returncode: print(m, done.stderr.strip().splitlines()[-1])\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0 and not done.stdout, done.stdout + done.stderr
+
+
 def test_core_import_does_not_load_torch(tmp_path):
     code = "import sys, mhqa_graph, mhqa_graph.cli, mhqa_graph.store.embedded; print('torch' in sys.modules)"
     done = _run(sys.executable, code, tmp_path)
