@@ -219,7 +219,7 @@ def hotpot(request) -> dict:
 def test_a_rollout_whose_policy_fails_on_its_device_raises_instead_of_scoring_0(hotpot, tokenizer, tmp_path):
     config = RolloutConfig(agent="rag", dataset="hotpotqa", path=str(hotpot["data"]), store=hotpot["store"], limit=2)
     llm = TransformersChatModel.from_loaded(DeviceModel(tokenizer.eos_token_id, fail=TWO_DEVICES), tokenizer)
-    with pytest.raises(TrainingError, match="device or dtype during a rollout .*same device.*rerun rolls out afresh"):
+    with pytest.raises(TrainingError, match="model failed during a rollout .*same device.*rerun rolls out afresh"):
         rollouts(config, llm, tmp_path / "r")
     assert not (tmp_path / "r" / "sample0").exists() and (tmp_path / "r" / "sample0.device-error").is_dir()
     ok = TransformersChatModel.from_loaded(DeviceModel(tokenizer.eos_token_id, fail="backend down"), tokenizer)
