@@ -61,7 +61,7 @@ GUARDS: dict[str, Guard] = {g.name: g for g in (
           "a sub-question copying the prompt's examples or naming an entity of them is dropped"),
     Guard("unknown_contexts", "worker answer", ("mujica",),
           "a sub-question the worker could not answer is reported with the contexts it retrieved",
-          prompt_only=True),
+          prompt_only=True, default=()),
     Guard("worker_refusal", "worker answer", ("mujica",),
           "a worker answer that says there is none in other words than 'unknown' counts as unknown"),
     Guard("no_answer_fallback", "conclusion", ("mujica",),

@@ -23,7 +23,8 @@ Departures from the paper:
 - Guards (graphs/guards.py, each switchable and recorded in `guards`): on the plan `unecho`,
   `plan_off_topic`, `plan_made_up_entity`, `plan_example_copy` (`mujica_plan`); on worker answers
   `worker_refusal` and `unknown_contexts` (a sub-question without an answer is reported with the contexts
-  the worker retrieved, so the planner can ask on about the entities they name); on the conclusion
+  the worker retrieved, so the planner can ask on about the entities they name; off by default: on questions
+  140-159 it turned 2 answers right and 3 wrong); on the conclusion
   `no_answer_fallback`, `short_answer_reask`, `date_comparison`, `option_answer` (`mujica_conclusion`).
 - On graph facts the worker's prompt names relation synonyms (released: publication date).
 
