@@ -376,16 +376,19 @@ def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
         record["error"] = parsed.error
         return {"results": {sub["id"]: record}}
     selected, answer = parsed.value
+
+    def evidence(shown: list[Snippet]) -> list[str]:
+        return [cap_text(c.text, EVIDENCE_CHARS) for c in shown[:EVIDENCE_CONTEXTS]]
+
     record["selected"] = selected
-    record["evidence"] = [cap_text(contexts[i - 1].text, EVIDENCE_CHARS) for i in selected[:EVIDENCE_CONTEXTS]]
+    record["evidence"] = evidence([contexts[i - 1] for i in selected])
     firings: list[dict] = []
     if answer and (answer.lower().strip(" .!\"'") == "unknown" or check(
             ctx, "worker_refusal", lambda: is_no_answer(answer), f"{sub['id']}: {answer}", "unknown", firings)):
         record["status"] = UNKNOWN
-        if not record["evidence"] and check(ctx, "unknown_contexts", lambda: bool(contexts), f"{sub['id']}: unknown",
-                                            f"{min(len(contexts), EVIDENCE_CONTEXTS)} retrieved contexts", firings):
-            record["evidence"] = [cap_text(c.text, EVIDENCE_CHARS) for c in contexts[:EVIDENCE_CONTEXTS]]
-            record["retrieved_shown"] = True
+        if not selected and check(ctx, "unknown_contexts", lambda: bool(contexts), f"{sub['id']}: unknown",
+                                  f"{min(len(contexts), EVIDENCE_CONTEXTS)} retrieved contexts", firings):
+            record["evidence"] = evidence(contexts)  # retrieved, none selected (mujica_chat.report labels them)
     elif answer:
         record.update(answer=answer, status=ANSWERED)
     return {"results": {sub["id"]: record}, "guards": firings}

@@ -56,7 +56,7 @@ def report(results: dict[str, dict], since_wave: int) -> tuple[str, str]:
             continue
         line = f"{r['id']}: {r['query']} -> {outcome(r)}"
         brief.append(line)
-        label = P.RETRIEVED if r.get("retrieved_shown") else P.SELECTED
+        label = P.SELECTED if r.get("selected") else P.RETRIEVED  # no selected context: unknown_contexts
         full += [line] + [f"  {label}: {e}" for e in r.get("evidence", [])]
     if not brief:
         return "", ""

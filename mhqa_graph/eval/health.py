@@ -36,8 +36,14 @@ FORCE_MARKERS = (FORCE_ANSWER, NO_MORE)
 INVENTED = "<tool_response>"
 
 
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
 def _last_user(call: Any) -> str:
-    return next((m.content for m in reversed(call.messages) if m.role != "assistant"), "")
+    """The last non-assistant message of an LLM call: a trace's `LLMCall`, or its JSON form in an eval record."""
+    return next((_get(m, "content") or "" for m in reversed(_get(call, "messages") or [])
+                 if _get(m, "role") != "assistant"), "")
 
 
 def successful_call(call: Any) -> bool:
@@ -113,15 +119,9 @@ def _per_guard(rows: list[dict]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
-def _last_user_text(call: dict) -> str:
-    """The last non-assistant message of an LLM call as a record's trace holds it (JSON)."""
-    return next((m.get("content") or "" for m in reversed(call.get("messages") or []) if m.get("role") != "assistant"),
-                "")
-
-
 def format_repairs(record: dict) -> int:
     """Model calls of an eval record that answered a format repair or a nudge (not a send-back guard)."""
-    texts = [_last_user_text(c) for c in (record.get("trace") or {}).get("llm_calls") or []]
+    texts = [_last_user(c) for c in (record.get("trace") or {}).get("llm_calls") or []]
     return sum(is_retry(t) and not is_send_back(t) for t in texts)
 
 
@@ -135,9 +135,9 @@ def behaviour(records: list[dict]) -> dict[str, Any]:
     - Mujica: `worker_rate` (at least one worker consulted) and `dispatches` (worker calls, repairs not counted);
     - `answer_chars` (median characters of the answers) and `unknown` (answers that say there is none:
       empty, "unknown", "not stated", ...)."""
-    n = max(1, len(records))
     from ..graphs.refusals import is_no_answer  # here: the graphs import this package (refusals -> scoring)
 
+    n = max(1, len(records))
     malformed = [bool((r.get("health") or {}).get("malformed")) for r in records]
     repairs = [format_repairs(r) for r in records]
     traces = [r.get("trace") or {} for r in records]
@@ -156,5 +156,5 @@ def behaviour(records: list[dict]) -> dict[str, Any]:
     if "mujica" in agents:
         workers = [[c for c in t.get("llm_calls") or [] if c.get("role") == "worker"] for t in traces]
         out |= {"worker_rate": sum(bool(w) for w in workers) / n,
-                "dispatches": sum(not is_retry(_last_user_text(c)) for w in workers for c in w)}
+                "dispatches": sum(not is_retry(_last_user(c)) for w in workers for c in w)}
     return out
