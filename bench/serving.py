@@ -36,6 +36,7 @@ from langchain_core.messages import convert_to_messages
 from mhqa_graph.graphs.mujica_prompts import GRAPH_WORKER_SYSTEM, WORKER_SYSTEM
 
 from mhqa_graph.models.factory import load_chat_model
+from mhqa_graph.models.prefix_cache import common_prefix
 
 RECORDED = Path(__file__).resolve().parents[1] / "tests" / "recorded"
 
@@ -115,10 +116,6 @@ def parallel(args: argparse.Namespace, sep: str) -> None:
           f"{one['seconds'] / many['seconds']:.2f}x | {same}/{calls} |")
 
 
-def shared_start(a: str, b: str) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
 def prompt_text(call: dict) -> str:
     """A traced call's prompt as one string, in the layout of a chat template (roles, then contents)."""
     return "".join(f"<{m['role']}>\n{m['content']}\n" for m in call["messages"])
@@ -130,8 +127,8 @@ def reuse(prompts: list[str], slots: int) -> tuple[int, int, int]:
     total = previous = recent = 0
     for i, text in enumerate(prompts):
         total += len(text)
-        previous += len(text) - (shared_start(text, prompts[i - 1]) if i else 0)
-        recent += len(text) - max((shared_start(text, p) for p in prompts[max(0, i - slots):i]), default=0)
+        previous += len(text) - (common_prefix(text, prompts[i - 1]) if i else 0)
+        recent += len(text) - max((common_prefix(text, p) for p in prompts[max(0, i - slots):i]), default=0)
     return total, previous, recent
 
 

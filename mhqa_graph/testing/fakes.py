@@ -15,6 +15,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import Field, PrivateAttr
 
 from ..errors import ModelError
+from ..models.prefix_cache import common_prefix
 
 
 class FakeChatModel(BaseChatModel):
@@ -52,8 +53,7 @@ class FakeChatModel(BaseChatModel):
     def _reply(self, messages: list[BaseMessage], grammar: str | None = None) -> ChatResult:
         words = [w for m in messages for w in m.text.split()]  # a fake token is a word
         with self._lock:
-            cached = next((i for i, (a, b) in enumerate(zip(words, self._previous)) if a != b),
-                          min(len(words), len(self._previous)))  # a cache of the previous call's prompt
+            cached = common_prefix(words, self._previous)  # a cache of the previous call's prompt
             self._previous = words
             self.calls.append(list(messages))
             self.grammars.append(grammar)
