@@ -17,7 +17,7 @@ import time
 
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
-from mhqa_graph.training.common import check_device_faults
+from mhqa_graph.training.common import check_policy_faults
 
 from mhqa_graph.errors import ModelError, ModelNotInstalled, TrainingError
 from mhqa_graph.models import server as srv
@@ -135,7 +135,7 @@ def test_a_server_that_dies_raises_a_typed_error_with_its_log(model):
     assert "slot" in caught.value.log and caught.value.log in str(caught.value)  # its log's last lines
     assert llm.backend_fault.startswith("llama-server died")
     with pytest.raises(TrainingError, match="llama-server died"):  # a trainer stops rather than learn from it
-        check_device_faults([llm])
+        check_policy_faults([llm])
     fresh = model()
     assert fresh.invoke("Hello").text and fresh.backend_fault is None  # the shared server is started again
 

@@ -379,13 +379,13 @@ def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: di
             run_eval(config.agent, config.dataset, config.path, llm, config.store, out, limit=config.limit,
                      start=config.start, concurrency=concurrency, context_overrides=overrides, progress=False,
                      force_new=force_new)
-            check_device_faults([llm, *(role_llms or {}).values()], out)
+            check_policy_faults([llm, *(role_llms or {}).values()], out)
 
     on_main_process(run)  # under several processes the main one rolls out, the others read its records
     return [r | {"sample": j} for j, out in enumerate(folders) for r in read_records(out / RESULTS)]
 
 
-def check_device_faults(models: Iterable[Any], folder: Path | None = None) -> None:
+def check_policy_faults(models: Iterable[Any], folder: Path | None = None) -> None:
     """TrainingError when one of `models` (chat models over the policy) failed on its device or dtype
     (`TransformersChatModel.device_fault`) or lost its server (`LlamaServerChatModel.backend_fault`): the agent
     recorded those calls as failed, their answers scored 0,

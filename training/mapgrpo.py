@@ -78,8 +78,8 @@ from .common import (
     DevConfig,
     ModelConfig,
     RolloutConfig,
-    check_device_faults,
     check_disjoint,
+    check_policy_faults,
     dev_run,
     jsonl_log,
     llamacpp_policy,
@@ -450,7 +450,7 @@ class RoleRewards:
         ctx = self.context(llm=self.executor, role_llms=self.executor_roles | {"plan": FakeChatModel(responses=[plan])})
         with evaluating(self.model):
             result = self.graph.invoke({"question": question}, context=ctx)
-        check_device_faults([self.executor, *self.executor_roles.values()])
+        check_policy_faults([self.executor, *self.executor_roles.values()])
         self.executions += 1
         self.cache[key] = score(result.get("answer") or "", answers)[1]
         return self.cache[key]
