@@ -52,7 +52,7 @@ from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
 from mhqa_graph.eval.health import format_repairs, health_summary
 from mhqa_graph.eval.paired import paired_interval
-from mhqa_graph.eval.report import RESULTS, read_records
+from mhqa_graph.eval.report import RESULTS, prefilled_per_question, read_records
 from mhqa_graph.eval.runner import load_questions
 from mhqa_graph.plots import pyplot, save_png
 
@@ -348,23 +348,16 @@ def default_records(agent: str, runs: dict[str, dict[str, dict]]) -> tuple[dict[
     return records, taken
 
 
-def _prefilled(record: dict) -> float | None:
-    """Prompt tokens the model computed (not read from its prefix cache), if the record counts the cached ones."""
-    tokens = record.get("tokens") or {}
-    return tokens["input"] - tokens["cached"] if "cached" in tokens else None
-
-
 def _cell(agent: str, env: str, asked: set[str], runs: dict[str, dict[str, dict]]) -> dict:
     """One agent on one environment, over the asked questions its default records answer (k of n)."""
     if agent in KG_ONLY and DEV_ENVIRONMENTS[env].kind != "kg":
         return {"agent": agent, "env": env, "k": 0, "n": len(asked), "applies": False}
     records, taken = default_records(agent, runs)
     recs = [records[i] for i in sorted(records)]
-    prefilled = [_prefilled(r) for r in recs]
     return {"agent": agent, "env": env, "k": len(recs), "n": len(asked), "applies": True, "records": records,
             "taken": taken, "f1": 100 * _mean([r["f1"] for r in recs]), "sec": _mean([r["latency"] for r in recs]),
             "calls": _mean([r["llm_calls"] for r in recs]), "tokens": _mean([r["tokens"]["total"] for r in recs]),
-            "prefilled": None if None in prefilled else _mean(prefilled),
+            "prefilled": prefilled_per_question(recs),
             "malformed": sum(bool((r.get("health") or {}).get("malformed")) for r in recs),
             "llm_calls": sum(r["llm_calls"] for r in recs), "repairs": sum(format_repairs(r) for r in recs)}
 
