@@ -68,6 +68,7 @@ class LLMCall(BaseModel):
     clipped_chars: int = 0  # characters of its messages and reply the trace did not keep (MAX_TRACE_TEXT)
     decoding: str = "prompt"  # grammar | json_schema (the reply was constrained to its format) | prompt
     decoding_error: str | None = None  # why a constraint was dropped (a grammar llama.cpp rejected, a 400)
+    cache_error: str | None = None  # why a cached prompt state was not used (the prompt was prefilled in full)
     start: float = 0.0  # seconds since the run started
     latency: float = 0.0  # seconds
 
@@ -304,6 +305,8 @@ class TraceRecorder(BaseCallbackHandler):
         extra = {"decoding": said["decoding"]} if said.get("decoding") else {}  # what the backend did
         if said.get("decoding_error"):  # a grammar it rejected
             extra["decoding_error"] = str(said["decoding_error"])
+        if said.get("cache_error"):  # a cached state the backend refused
+            extra["cache_error"] = str(said["cache_error"])
         self._finish(run_id, output=output, input_tokens=n_in, output_tokens=n_out, cached_tokens=cached,
                      truncated_tokens=cut, **extra)
 

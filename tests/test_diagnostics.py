@@ -61,14 +61,17 @@ def test_health_counts_invented_results_repairs_and_forced_answers():
     trace.llm_calls.append(LLMCall(role="tool-agent", messages=[ChatMessage(role="user", content=omne_prompts.NUDGE)]))
     trace.llm_calls.append(LLMCall(role="tool-agent", messages=[ChatMessage(role="user",
                                                                             content=omne_prompts.FORCE_ANSWER)]))
+    trace.llm_calls.append(LLMCall(role="tool-agent", messages=[], cache_error="refused"))
     trace.design["tool_calls"] = [{"name": "node_info", "result_preview": "Error: no entity", "repeated": False}]
     row = health({"prediction": "a very long answer that goes on and on for more than ten words"}, trace)
     assert row == {"acted": False, "invented": 1, "malformed": False, "repairs": 1, "forced": 1, "bad_answer": True,
-                   "guards": {}, "guard_changed": False, "answer_guard": False, "constrained": 0}
+                   "guards": {}, "guard_changed": False, "answer_guard": False, "constrained": 0,
+                   "cache_errors": 1}
     sent_back = omne_prompts.ONE_HOP_SHORT.format(entity="Oswiu", relations="place of burial", facts="Entity: Oswiu")
     trace.llm_calls.append(LLMCall(role="tool-agent", messages=[ChatMessage(role="user", content=sent_back)]))
     assert health({"prediction": "x"}, trace)["repairs"] == 2
     assert health_summary([row, {**row, "acted": True}])["acted"] == 1
+    assert health_summary([row, row])["cache_errors"] == 2
 
 
 def test_health_markers_are_what_the_graphs_say():

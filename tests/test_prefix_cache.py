@@ -63,3 +63,34 @@ def test_alternating_prompts_restore_their_prefix_and_reply_as_without_the_cache
     assert cached == plain
     assert all(n < 20 for n in plain_read[1:])  # alternating roles share only the template's first tokens
     assert all(n > 150 for n in cached_read[2:])  # each role's system prompt restored from two calls back
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_SMOLLM, reason="needs llama-cpp-python and the smollm2-135m pack")
+def test_a_state_llama_cpp_refuses_is_prefilled_in_full_dropped_and_counted(monkeypatch):
+    """A cached state that cannot be restored (a corrupt entry, another model's) costs a full prefill, not a
+    wrong reply: the reply is the one without the cache, the call says why, and the entry is gone."""
+    from llama_cpp import llama_cpp as api
+
+    from mhqa_graph.models.factory import load_chat_model
+    from mhqa_graph.traces import TraceRecorder
+
+    system = SystemMessage("You are the planner. " + " ".join(f"Rule {i}: be brief." for i in range(40)))
+    other = SystemMessage("You are the worker. " + " ".join(f"Rule {i}: be exact." for i in range(40)))
+    chats = [[system, HumanMessage("What is 1 + 1?")], [other, HumanMessage("What is 2 + 2?")],
+             [system, HumanMessage("What is 3 + 3?")]]
+    plain = [load_chat_model("llamacpp:smollm2-135m?threads=1&cache=0", max_new_tokens=8).invoke(c).text
+             for c in chats]
+    model = load_chat_model("llamacpp:smollm2-135m?threads=1", max_new_tokens=8)
+    replies = [model.invoke(c) for c in chats[:2]]
+    first, second = list(model._cache._states)
+    monkeypatch.setattr(api, "llama_state_seq_set_data", lambda *args: 0)
+    recorder = TraceRecorder("rag")
+    replies.append(model.invoke(chats[2], config={"callbacks": [recorder]}))
+    assert [r.text for r in replies] == plain
+    last = replies[-1]
+    assert last.usage_metadata["input_token_details"]["cache_read"] == 0
+    assert "prefilled in full" in last.response_metadata["cache_error"]
+    assert "prefilled in full" in recorder.calls[-1].cache_error
+    kept = list(model._cache._states)
+    assert first not in kept and second in kept and len(kept) == 2  # the refused state dropped, this call's kept

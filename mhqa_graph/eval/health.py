@@ -13,6 +13,7 @@ Per question:
   changed the run (a prompt hint such as `options_line` does not count); `answer_guard`: an enforced guard
   replaced the model's final answer.
 - `constrained`: model calls whose reply the backend constrained to its format (a grammar or a JSON schema).
+- `cache_errors`: model calls whose cached prompt state the backend refused, so the prompt was prefilled in full.
 
 Over a run, `behaviour` gives the rates that training moves first: well-formed runs, tool calls (Omne),
 worker dispatch (Mujica), answer length and answers that say there is none.
@@ -75,6 +76,7 @@ def health(record: dict, trace: Trace) -> dict[str, Any]:
         "bad_answer": not answer or len(answer) > MAX_ANSWER_WORDS,
         **guard_health(trace.design.get("guards")),
         "constrained": sum(c.decoding != "prompt" for c in trace.llm_calls),
+        "cache_errors": sum(bool(c.cache_error) for c in trace.llm_calls),
     }
 
 
@@ -91,7 +93,8 @@ def guard_health(firings: Any) -> dict[str, Any]:
 
 def health_summary(rows: Iterable[dict]) -> dict[str, Any]:
     """Totals over the `health` fields of records: questions where the agent acted (and of how many it
-    could), invented results, malformed runs, repairs, forced answers, bad answers."""
+    could), invented results, malformed runs, repairs, forced answers, bad answers, constrained calls and
+    cache errors."""
     rows = [r for r in rows if isinstance(r, dict)]
     applicable = [r for r in rows if r.get("acted") is not None]
     return {
@@ -107,6 +110,7 @@ def health_summary(rows: Iterable[dict]) -> dict[str, Any]:
         "answer_guard": sum(bool(r.get("answer_guard")) for r in rows),
         "guards": _per_guard(rows),
         "constrained": sum(r.get("constrained", 0) for r in rows),
+        "cache_errors": sum(r.get("cache_errors", 0) for r in rows),
     }
 
 

@@ -113,14 +113,16 @@ class LlamaCppChatModel(BaseChatModel):
         self._llm, self._window = llm, window
         self._cache = PrefixCache(self.prompt_cache_mb << 20) if self.prompt_cache_mb > 0 else None
 
-    def _restore(self, ids: list[int]) -> int:
+    def _restore(self, ids: list[int]) -> tuple[int, bool]:
         """Load the cached state sharing the longest prefix with `ids` if it shares at least MIN_RESTORE more
-        tokens than the context holds; returns how many prompt tokens need no prefill."""
+        tokens than the context holds; returns how many prompt tokens need no prefill, and whether a cached
+        state failed to load (llama.cpp refused it: the prompt is then prefilled in full and the entry dropped)."""
         from llama_cpp import llama_cpp as api
 
         llm = self._llm
         held = common_prefix(llm.input_ids[:llm.n_tokens].tolist(), ids)
         found = self._cache.longest(ids) if self._cache is not None else None
+        failed = False
         if found and found[2] >= held + MIN_RESTORE:
             tokens, state, shared = found
             llm._ctx.kv_cache_seq_rm(-1, 0, -1)
@@ -130,8 +132,9 @@ class LlamaCppChatModel(BaseChatModel):
                 llm.n_tokens, llm._requires_eval, held = len(tokens), True, shared
             else:  # nothing usable is left in the context
                 llm.reset()
-                held = 0
-        return min(held, len(ids) - 1)  # llama.cpp evaluates the last prompt token again for its logits
+                self._cache.drop(tokens)
+                held, failed = 0, True
+        return min(held, len(ids) - 1), failed  # llama.cpp evaluates the last prompt token again for its logits
 
     def _save(self) -> None:
         """Keep the context's state (the prompt and reply just run) in the prefix cache."""
@@ -196,7 +199,9 @@ class LlamaCppChatModel(BaseChatModel):
                 except ValueError as exc:  # fall back to the prompt, and say so
                     decoding["decoding_error"] = str(exc)
             try:
-                reused = self._restore(ids)
+                reused, failed = self._restore(ids)
+                cache_error = {"cache_error": "llama.cpp refused a cached state; the prompt was prefilled in full"} \
+                    if failed else {}
                 out = self._llm.create_completion(prompt=ids, max_tokens=max_new, temperature=temperature,
                                                   stop=stops or None, grammar=grammar)
                 self._save()
@@ -209,6 +214,6 @@ class LlamaCppChatModel(BaseChatModel):
             usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out,
                             "input_token_details": {"cache_read": reused}},
             response_metadata={"model_name": self._name, "finish_reason": choice["finish_reason"] or "stop",
-                               "truncated_tokens": cut, **decoding},
+                               "truncated_tokens": cut, **decoding, **cache_error},
         )
         return ChatResult(generations=[ChatGeneration(message=message)])

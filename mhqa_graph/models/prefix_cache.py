@@ -49,6 +49,12 @@ class PrefixCache:
         self._states.move_to_end(best)
         return best, self._states[best], shared
 
+    def drop(self, tokens: Sequence[int]) -> None:
+        """Forget the state of `tokens` (one that failed to load)."""
+        state = self._states.pop(tuple(tokens), None)
+        if state is not None:
+            self.size -= len(state)
+
     def put(self, tokens: Sequence[int], state: bytearray) -> None:
         key = tuple(tokens)
         if not key or len(state) > self.capacity:
