@@ -442,9 +442,10 @@ def train_cmd(
     config: Annotated[Path, typer.Option("--config", exists=True, dir_okay=False, help="YAML config "
                                          "(examples in configs/train/).")],
     out_dir: Annotated[str | None, typer.Option("--out", help="Override the config's output_dir.")] = None,
-    teacher: Annotated[str | None, typer.Option("--teacher", help="Omne: a model spec whose trajectories, "
-                                                "filtered by reward, make the SFT data and warm-start stage 1 "
-                                                "(e.g. llamacpp:qwen2.5-coder-1.5b).")] = None,
+    teacher: Annotated[str | None, typer.Option("--teacher", help="Omne, MyGO: a model spec whose "
+                                                "trajectories, filtered by reward, warm the policy up (Omne: the "
+                                                "SFT data and stage 1's warm start; MyGO: the warm-up) (e.g. "
+                                                "llamacpp:qwen2.5-coder-1.5b).")] = None,
 ) -> None:
     """Train a model: MyGO (Mujica), MAPGRPO (OPERA) or Omne's stages; logs and the model go to output_dir."""
     from .training import train

@@ -12,7 +12,7 @@ pytest.importorskip("trl")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 from mhqa_graph.training import TRAINERS  # noqa: E402
-from mhqa_graph.training.common import DevConfig, check_disjoint, load_config  # noqa: E402
+from mhqa_graph.training.common import DevConfig, check_disjoint, load_config, teacher_folder  # noqa: E402
 from mhqa_graph.training.mygo import MyGOConfig, MyGOTrainer, kept, sft_rows, worker_rounds  # noqa: E402
 from test_eval import scripted, write_dataset  # noqa: E402
 
@@ -198,3 +198,19 @@ def test_cli_train_runs_a_yaml_config(tmp_path):
     assert summary["iterations"][0]["trajectories"] == 6 and summary["final"] == str(tmp_path / "cli" / "final")
     bad = CliRunner().invoke(app, ["train", "ppo", "--config", str(path)])
     assert bad.exit_code != 0 and "unknown training method" in str(bad.exception)
+
+
+def test_a_warmup_teacher_rolls_out_the_training_questions_once(tmp_path):
+    """`warmup_teacher` makes the warm-up data from its own rollouts of the training questions, in a folder of
+    its own that a rerun reuses; a config may not name both a run and a teacher."""
+    teacher = 'fake:["<answer>yes</answer>"]'
+    config = tiny_config(tmp_path, warmup_teacher=teacher)
+    trainer = MyGOTrainer(config)
+    records = trainer.warmup_records()
+    folder = Path(config.output_dir) / "warmup_rollouts" / teacher_folder(teacher)
+    assert len(records) == 6 and (folder / "sample1" / "results.jsonl").is_file()  # 3 questions x 2 samples
+    assert sorted(r["id"] for r in kept(records, 1.0)) == ["y1", "y1", "y2", "y2"]  # y3's gold is "no"
+    stamp = (folder / "sample0" / "results.jsonl").stat().st_mtime_ns
+    assert len(trainer.warmup_records()) == 6 and (folder / "sample0" / "results.jsonl").stat().st_mtime_ns == stamp
+    with pytest.raises(InvalidInput, match="not both"):
+        tiny_config(tmp_path, warmup_teacher=teacher, warmup_run=str(folder)).__post_init__()

@@ -22,10 +22,11 @@ TRAINERS: dict[str, tuple[str, str, str]] = {
 
 def train(method: str, config_path: str | Path, output_dir: str | None = None,
           teacher: str | None = None) -> dict[str, Any]:
-    """Run `method` with the YAML config at `config_path` (optionally writing to `output_dir`; for Omne,
-    `teacher` is the model spec whose trajectories make the SFT data, and stage 1 warm-starts on them)."""
-    if teacher is not None and method != "omne":
-        raise InvalidInput(f"a teacher is an Omne setting; {method} has none")
+    """Run `method` with the YAML config at `config_path` (optionally writing to `output_dir`). `teacher` is a
+    model spec whose trajectories warm the policy up: for Omne they make the SFT data and stage 1 warm-starts on
+    them; for MyGO they make the warm-up before iteration 1."""
+    if teacher is not None and method not in ("omne", "mygo"):
+        raise InvalidInput(f"a teacher is an Omne or MyGO setting; {method} has none")
     if method not in TRAINERS:
         raise InvalidInput(f"unknown training method {method!r}; choose one of {', '.join(TRAINERS)}")
     name, config_cls, trainer_cls = TRAINERS[method]
@@ -38,6 +39,8 @@ def train(method: str, config_path: str | Path, output_dir: str | None = None,
     config = load_config(getattr(module, config_cls), config_path)
     if output_dir:
         config.output_dir = output_dir
-    if teacher is not None:
+    if teacher is not None and method == "omne":
         config.teacher, config.warm_start = teacher, True
+    elif teacher is not None:
+        config.warmup_teacher, config.warmup_run = teacher, None
     return getattr(module, trainer_cls)(config).train()

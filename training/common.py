@@ -22,6 +22,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import typing
 from collections.abc import Callable, Iterable, Iterator
@@ -357,6 +358,13 @@ def chat_model_for(model: Any, tokenizer: Any, temperature: float = 0.0, max_new
     """The model under training as a LangChain chat model, for the agents' `llm` / `role_llms`."""
     return TransformersChatModel.from_loaded(model, tokenizer, model_name=name, temperature=temperature,
                                              max_new_tokens=max_new_tokens)
+
+
+def teacher_folder(spec: str) -> str:
+    """The folder name of a teacher's rollouts: its spec made path-safe (cut short) and a hash of the whole
+    spec, so two teachers never share a folder."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", spec)[:40].strip("-.")
+    return f"teacher-{slug}-{hashlib.sha256(spec.encode('utf-8')).hexdigest()[:10]}"
 
 
 def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: dict[str, Any] | None = None,

@@ -11,10 +11,13 @@ Iteration k:
 4. plain SFT (MLE on the agent's own tokens only; prompts and retrieved text get no loss) on them;
 5. the adapter (or model) and τ are saved to `output_dir/iter{k}/checkpoint`; a rerun resumes after the
    last saved iteration (rollouts, being eval runs, resume too).
-An optional warm-up SFT on high-scoring trajectories (an eval run of a stronger model) comes first
-(checkpoint `iter0`). Each iteration logs τ, mean reward, kept fraction and loss to `output_dir/log.jsonl`,
-and with `dev.path` the dev metrics (F1, LLM calls per question, worker dispatch rate and the other behaviour
-rates) before training and after each iteration, the later ones with ΔF1 against the untrained run and its interval.
+An optional warm-up SFT on high-scoring trajectories comes first (checkpoint `iter0`), as in the paper (which
+fine-tunes on trajectories with EM 1 before MyGO): those of an eval run (`warmup_run`) or of a stronger model's
+rollouts of the training questions (`warmup_teacher`, a model spec, rolled out once into
+`output_dir/warmup_rollouts/teacher-<spec>-<hash>` and resumable). Each iteration logs τ, mean reward,
+kept fraction and loss to `output_dir/log.jsonl`, and with `dev.path` the dev metrics (F1, LLM calls per
+question, worker dispatch rate and the other behaviour rates) before training and after each iteration, the
+later ones with ΔF1 against the untrained run and its interval.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from .common import (
     policy_dev,
     rollouts,
     save_policy,
+    teacher_folder,
     write_log,
 )
 from .devices import on_main_process, precision_args
@@ -62,6 +66,7 @@ class MyGOConfig:
     tau_0: float = 0.0
     reward: str = "f1"  # f1 | em
     warmup_run: str | None = None  # an eval run folder (e.g. a stronger model's) for warm-up SFT
+    warmup_teacher: str | None = None  # or a model spec whose rollouts of the training questions make it
     warmup_min_reward: float = 1.0
     sft: dict[str, Any] = field(default_factory=dict)  # WeightedSFTConfig arguments over SFT_DEFAULTS
     output_dir: str = "runs/mygo"
@@ -75,6 +80,8 @@ class MyGOConfig:
             raise InvalidInput(f"tau_0 must be in [0, 1], got {self.tau_0}")
         if self.rollout.samples < 1:
             raise InvalidInput(f"rollout.samples must be >= 1, got {self.rollout.samples}")
+        if self.warmup_run and self.warmup_teacher:
+            raise InvalidInput("warm up from warmup_run or warmup_teacher, not both")
 
 
 def worker_rounds(record: dict[str, Any]) -> int:
@@ -189,6 +196,14 @@ class MyGOTrainer:
         write_log(self.out / LOG, row)
         return row
 
+    def warmup_records(self) -> list[dict[str, Any]]:
+        """The warm-up's eval records: `warmup_run`'s, or the teacher's rollouts of the training questions."""
+        cfg = self.config
+        if cfg.warmup_run:
+            return read_records(cfg.warmup_run)
+        teacher = str(cfg.warmup_teacher)
+        return rollouts(cfg.rollout, teacher, self.out / "warmup_rollouts" / teacher_folder(teacher))
+
     def train(self) -> dict[str, Any]:
         cfg = self.config
         self.out.mkdir(parents=True, exist_ok=True)
@@ -199,12 +214,12 @@ class MyGOTrainer:
         done = self.resume()
         if untrained and done < 0:
             write_log(self.out / LOG, {"event": "dev", "after": UNTRAINED, **untrained})
-        if cfg.warmup_run and done < 0:
-            rows = sft_rows(kept(read_records(cfg.warmup_run), cfg.warmup_min_reward, cfg.reward,
-                                 self.min_worker_rounds), cfg.reward)
+        if (cfg.warmup_run or cfg.warmup_teacher) and done < 0:
+            rows = sft_rows(kept(self.warmup_records(), cfg.warmup_min_reward, cfg.reward, self.min_worker_rounds),
+                            cfg.reward)
             if not rows:
-                raise InvalidInput(f"warm-up run {cfg.warmup_run} has no trajectory with "
-                                   f"{cfg.reward} >= {cfg.warmup_min_reward}")
+                raise InvalidInput(f"the warm-up trajectories ({cfg.warmup_run or cfg.warmup_teacher}) have none "
+                                   f"with {cfg.reward} >= {cfg.warmup_min_reward}")
             row = {"iteration": 0, "warmup_rows": len(rows), "loss": self.sft(rows, self.out / "warmup", "warmup")}
             self.save(0)
             row |= self.dev("iter0")

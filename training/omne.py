@@ -24,9 +24,7 @@ supported alternative.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +59,7 @@ from .common import (
     rollout_store,
     rollouts,
     save_policy,
+    teacher_folder,
     write_log,
 )
 from .devices import on_main_process, precision_args
@@ -430,13 +429,6 @@ def format_ok(row: dict[str, Any], record: dict[str, Any], reward: OmneRewardCon
     turns = [m["content"] for m in row["messages"] if m["role"] == "assistant"]
     successful = 0 if str(record.get("error") or "").startswith("NoToolCall") else None
     return bool(turns) and format_reward(turns, reward, successful) == 1
-
-
-def teacher_folder(spec: str) -> str:
-    """The folder name of a teacher's rollouts: its spec made path-safe (cut short) and a hash of the whole
-    spec, so two teachers never share a folder."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", spec)[:40].strip("-.")
-    return f"teacher-{slug}-{hashlib.sha256(spec.encode('utf-8')).hexdigest()[:10]}"
 
 
 class OmneTrainer:
