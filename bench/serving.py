@@ -5,6 +5,7 @@ and on, in one run: prompt tokens prefilled, wall time and whether the greedy re
     python bench/serving.py --llm llamacpp:qwen2.5-coder-0.5b --only mujica
     python bench/serving.py --parallel                        # Mujica's worker rounds: llama-server, N slots vs 1
     python bench/serving.py --runs bench/out/runs/llamacpp_qwen2.5-coder-1.5b/pq2h   # no model: reuse in eval traces
+    python bench/serving.py --eval pq2h,hotpot --start 100 --limit 20   # whole evals, cache off and on side by side
 
 Each agent's transcripts (several questions each) run in recorded order through a freshly loaded model,
 once with `cache=0` (llama.cpp reuses the previous call's prefix only) and once with the default prefix
@@ -14,6 +15,12 @@ cache. A call's reply is capped at the length recorded for it, so both runs deco
 ones prefilled) and counts, by characters, what a cache of the `--slots` most recent prompts leaves to prefill
 against llama.cpp's reuse of the previous prompt's prefix alone. It runs no model: an estimate of the cache's
 share, which eval records now measure as `tokens.cached`.
+
+`--eval ENVS` runs `bench/agents.py` on those environments twice at the same time, one eval process with
+`cache=0` and one with the cache (one llama.cpp thread each, so both see the same load), into
+`bench/out/serving/`, and prints per environment and agent: seconds per question, prompt tokens prefilled
+per question, the ratios on / off, answers that are the same, and F1 off and on. `--report-only` prints the
+table from finished runs.
 
 `--parallel` takes the worker calls of each Mujica planner round that sent several (the calls LangGraph's
 `Send` makes at once) and sends each round's calls at the same time to llama.cpp's server (`--llm` with
@@ -27,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +47,8 @@ from mhqa_graph.graphs.mujica_prompts import GRAPH_WORKER_SYSTEM, WORKER_SYSTEM
 from mhqa_graph.models.factory import load_chat_model
 from mhqa_graph.models.prefix_cache import common_prefix
 
-RECORDED = Path(__file__).resolve().parents[1] / "tests" / "recorded"
+BENCH = Path(__file__).resolve().parent
+RECORDED = BENCH.parent / "tests" / "recorded"
 
 
 def transcript_calls(folder: Path, only: set[str]) -> dict[str, list[dict]]:
@@ -146,6 +156,50 @@ def runs_reuse(folder: Path, slots: int) -> None:
                   f"{recent:,} | {recent / previous:.2f} |")
 
 
+def eval_speed(args: argparse.Namespace, sep: str) -> None:
+    """Whole evals with the cache off and on, side by side (see the module docstring), and their table."""
+    from mhqa_graph.eval.report import RESULTS, prefilled_per_question, read_records
+
+    sys.path.insert(0, str(BENCH))
+    from agents import asked_ids, run_dir
+
+    specs = {"off": f"{args.llm}{sep}cache=0", "on": args.llm}
+    envs = [e for e in args.eval.split(",") if e]
+    if not args.report_only:
+        from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
+
+        store = f"embedded://{(args.out / 'store').resolve()}"
+        for env in envs:  # built once, before two processes open the store read-only
+            with open_environment(store, DEV_ENVIRONMENTS[env].dataset, args.data / DEV_ENVIRONMENTS[env].file):
+                pass
+        common = [a for e in envs for a in ("--env", e)] + ["--agents", args.agents, "--start", str(args.start),
+                                                           "--limit", str(args.limit), "--jobs", "1", "--store",
+                                                           store, "--out", str(args.out), "--data", str(args.data)]
+        logs = {k: (args.out / f"serving-{k}.log").open("w", encoding="utf-8") for k in specs}
+        procs = [subprocess.Popen([sys.executable, str(BENCH / "agents.py"), "--llm", spec, *common],
+                                  stdout=logs[k], stderr=subprocess.STDOUT) for k, spec in specs.items()]
+        if any(p.wait() for p in procs):
+            raise SystemExit(f"an eval failed; see {args.out}/serving-off.log and serving-on.log")
+    print("| environment | agent | questions | s/q off | s/q on | ratio | prefilled/q off | prefilled/q on | ratio | "
+          "same answers | F1 off | F1 on |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for env in envs:
+        asked = asked_ids(args, env)
+        for agent in args.agents.split(","):
+            runs = {k: {r["id"]: r for r in read_records(run_dir(args.out, spec, env, agent) / RESULTS)
+                        if r["id"] in asked} for k, spec in specs.items()}
+            ids = sorted(set(runs["off"]) & set(runs["on"]))
+            if not ids:
+                continue
+            m = {k: {"sec": sum(runs[k][i]["latency"] for i in ids) / len(ids),
+                     "pre": prefilled_per_question([runs[k][i] for i in ids]) or 0.0,
+                     "f1": 100 * sum(runs[k][i]["f1"] for i in ids) / len(ids)} for k in specs}
+            same = sum(runs["off"][i]["prediction"] == runs["on"][i]["prediction"] for i in ids)
+            print(f"| {env} | {agent} | {len(ids)} | {m['off']['sec']:.1f} | {m['on']['sec']:.1f} | "
+                  f"{m['on']['sec'] / m['off']['sec']:.2f} | {m['off']['pre']:,.0f} | {m['on']['pre']:,.0f} | "
+                  f"{m['on']['pre'] / max(m['off']['pre'], 1):.2f} | {same}/{len(ids)} | {m['off']['f1']:.1f} | "
+                  f"{m['on']['f1']:.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--llm", default="llamacpp:qwen2.5-coder-1.5b?threads=1")
@@ -156,10 +210,20 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, help="an environment's eval run folders (bench/out/runs/<llm>/<env>): "
                                                    "count the prefix reuse of their traced prompts, run no model")
     parser.add_argument("--slots", type=int, default=40, help="with --runs: recent prompts the cache holds")
+    parser.add_argument("--eval", default="", help="comma-separated environments of bench/agents.py: whole evals "
+                                                   "with the cache off and on, side by side")
+    parser.add_argument("--agents", default="rag,opera,mujica,omne", help="with --eval")
+    parser.add_argument("--start", type=int, default=100, help="with --eval: the first question")
+    parser.add_argument("--limit", type=int, default=20, help="with --eval: questions per environment")
+    parser.add_argument("--data", type=Path, default=BENCH.parent.parent / "shared" / "data", help="with --eval")
+    parser.add_argument("--out", type=Path, default=BENCH / "out" / "serving", help="with --eval")
+    parser.add_argument("--report-only", action="store_true", help="with --eval: the table of finished runs")
     args = parser.parse_args()
     if args.runs:
         return runs_reuse(args.runs, args.slots)
     sep = "&" if "?" in args.llm else "?"
+    if args.eval:
+        return eval_speed(args, sep)
     if args.parallel:
         return parallel(args, sep)
     rows = ["| agent | calls | prompt tokens | prefilled, cache off | prefilled, cache on | s, off | s, on | "
