@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -398,8 +399,34 @@ def test_stage1_warm_starts_on_the_teacher_and_stops_when_the_format_stays_zero(
     assert len(stopped) == 1 and "warm-start" in stopped[0]["message"]
 
 
-def test_a_teacher_is_an_omne_setting():
+def test_a_teacher_is_an_omne_or_mygo_setting():
     from mhqa_graph.training import train
 
     with pytest.raises(InvalidInput, match="teacher"):
-        train("mygo", YAML.parent / "mygo.yaml", teacher="llamacpp:qwen2.5-coder-1.5b")
+        train("mapgrpo", YAML.parent / "mapgrpo.yaml", teacher="llamacpp:qwen2.5-coder-1.5b")
+
+
+def test_a_rerun_resumes_after_the_last_trained_stage(config, monkeypatch):
+    """Each trained stage is checkpointed; a rerun whose stages begin with those loads the last one's weights and
+    trains only the rest, and a run of other stages does not resume from them."""
+    teacher = "fake:" + json.dumps(replies("1", "Bob 1"))
+    cfg = dataclasses.replace(config, stages=[2], teacher=teacher,
+                              rollout=dataclasses.replace(config.rollout, limit=1, max_new_tokens=16))
+    first = OmneTrainer(cfg)
+    steps = first.train()["stages"][0]["steps"]
+    trained = weights(first.model)
+    again = OmneTrainer(dataclasses.replace(cfg, stages=[2, 3]))
+    assert changed(trained, again.model)  # a fresh policy
+    seen = {}
+
+    def grpo(stage, log):
+        seen[stage] = weights(again.model)
+        return SimpleNamespace(state=SimpleNamespace(global_step=0), stopped=None)
+
+    monkeypatch.setattr(again, "_sft", lambda *args: pytest.fail("stage 2 trained again"))
+    monkeypatch.setattr(again, "_grpo", grpo)
+    summary = again.train()
+    assert [(s["stage"], s["steps"]) for s in summary["stages"]] == [(2, steps), (3, 0)]
+    assert all(torch.equal(trained[n], seen[3][n]) for n in trained)  # stage 3 starts from stage 2's weights
+    assert [r["after_stage"] for r in log_records(cfg) if r.get("event") == "resumed"] == [2]
+    assert OmneTrainer(dataclasses.replace(cfg, stages=[3])).resume() == []

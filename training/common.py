@@ -452,6 +452,38 @@ def save_policy(model: Any, tokenizer: Any, path: str | Path) -> str:
     return str(path)
 
 
+CHECKPOINT, STATE = "checkpoint", "state.json"
+
+
+def save_checkpoint(model: Any, folder: Path, state: dict[str, Any]) -> None:
+    """The weights (or LoRA adapter) and `state` in `folder/checkpoint`, by the main process: where a rerun
+    resumes."""
+    path = folder / CHECKPOINT
+
+    def save() -> None:
+        model.save_pretrained(path)
+        (path / STATE).write_text(json.dumps(state), encoding="utf-8")
+
+    on_main_process(save)
+
+
+def saved_checkpoints(out: Path, pattern: str) -> list[tuple[dict[str, Any], Path]]:
+    """(state, checkpoint folder) of every checkpoint under `out` whose folder matches `pattern` (a glob)."""
+    return [(json.loads(p.read_text(encoding="utf-8")), p.parent) for p in out.glob(f"{pattern}/{CHECKPOINT}/{STATE}")]
+
+
+def load_checkpoint(model: Any, path: Path) -> None:
+    """Load the weights `save_checkpoint` saved in the checkpoint folder `path` into `model`."""
+    from safetensors.torch import load_file
+
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
+    else:
+        model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+
+
 def write_log(path: Path, entry: dict[str, Any]) -> None:
     """Append `entry` as one JSON line to a trainer's log.jsonl (the main process's only)."""
     if not is_main_process():

@@ -39,12 +39,15 @@ from .common import (
     RolloutConfig,
     check_disjoint,
     jsonl_log,
+    load_checkpoint,
     load_model,
     plot_curve,
     policy_chat_model,
     policy_dev,
     rollouts,
+    save_checkpoint,
     save_policy,
+    saved_checkpoints,
     teacher_folder,
     write_log,
 )
@@ -103,10 +106,6 @@ def sft_rows(records: list[dict[str, Any]], reward: str = "f1") -> list[dict[str
     return mygo_rows(records, reward, min_reward=0.0, think_weight=1.0)
 
 
-CHECKPOINT = "checkpoint"
-STATE = "state.json"
-
-
 class MyGOTrainer:
     """Runs MyGO iterations on one model (LoRA adapter or full weights) and saves it to `output_dir/final`."""
 
@@ -139,30 +138,17 @@ class MyGOTrainer:
 
     def save(self, k: int) -> None:
         """The weights and τ after iteration `k` (0: the warm-up), in `iter{k}/checkpoint` (by the main process)."""
-        path = self.out / f"iter{k}" / CHECKPOINT
-
-        def save() -> None:
-            self.model.save_pretrained(path)
-            (path / STATE).write_text(json.dumps({"iteration": k, "tau": self.tau}), encoding="utf-8")
-
-        on_main_process(save)
+        save_checkpoint(self.model, self.out / f"iter{k}", {"iteration": k, "tau": self.tau})
 
     def resume(self) -> int:
         """Load the last saved checkpoint (weights and τ); returns its iteration, -1 if there is none."""
-        saved = sorted((json.loads(p.read_text(encoding="utf-8"))["iteration"], p.parent)
-                       for p in self.out.glob(f"iter*/{CHECKPOINT}/{STATE}"))
+        saved = sorted(((state["iteration"], state, path) for state, path in saved_checkpoints(self.out, "iter*")),
+                       key=lambda x: x[0])
         if not saved:
             return -1
-        k, path = saved[-1]
-        from safetensors.torch import load_file
-
-        if hasattr(self.model, "peft_config"):
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.model, load_file(str(path / "adapter_model.safetensors")))
-        else:
-            self.model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
-        self.tau = json.loads((path / STATE).read_text(encoding="utf-8"))["tau"]
+        k, state, path = saved[-1]
+        load_checkpoint(self.model, path)
+        self.tau = state["tau"]
         write_log(self.out / LOG, {"event": "resumed", "after_iteration": k, "tau": self.tau})
         return k
 

@@ -52,13 +52,16 @@ from .common import (
     RolloutConfig,
     check_disjoint,
     jsonl_log,
+    load_checkpoint,
     load_model,
     plot_curve,
     policy_chat_model,
     policy_dev,
     rollout_store,
     rollouts,
+    save_checkpoint,
     save_policy,
+    saved_checkpoints,
     teacher_folder,
     write_log,
 )
@@ -66,6 +69,7 @@ from .devices import on_main_process, precision_args
 from .rewards import OmneRewardConfig, format_reward, omne_reward, repetition_penalty, tool_calls
 
 STAGES = {1: "grpo", 2: "sft", 3: "grpo"}
+SUMMARY_KEYS = ("stage", "kind", "steps", "stopped")  # of a stage in train()'s summary (and its checkpoint state)
 # what rollout_func returns per episode besides logprobs; all but the first three reach the reward functions
 EPISODE_KEYS = ("prompt_ids", "completion_ids", "env_mask", "turns", "episode_rounds", "episode_tool_calls",
                 "episode_successful_calls", "episode_repeated_calls", "episode_forced")
@@ -552,17 +556,58 @@ class OmneTrainer:
             write_log(self.out / LOG, {"event": "dev", "after": name, **metrics})
         return metrics
 
+    def order(self) -> list[int]:
+        """The stages this config runs, in order: the warm start (0) if asked, then `stages`."""
+        return ([0] if self.config.warm_start else []) + list(self.config.stages)
+
+    def resume(self) -> list[dict[str, Any]]:
+        """The states of the stages already trained by an earlier run of this order (the longest run of
+        checkpoints `stage<k>/checkpoint` whose stages are this order's first ones), the last one's weights
+        loaded; [] if none."""
+        order = self.order()
+        by_position = {state.get("position"): (state, path) for state, path in saved_checkpoints(self.out, "stage*")}
+        done: list[tuple[dict[str, Any], Path]] = []
+        for i in range(len(order)):
+            found = by_position.get(i)
+            if found is None or found[0].get("order") != order[:i + 1]:
+                break
+            done.append(found)
+        if done:
+            load_checkpoint(self.model, done[-1][1])
+            write_log(self.out / LOG, {"event": "resumed", "after_stage": done[-1][0]["stage"]})
+        return [state for state, _ in done]
+
+    def logged_dev(self, name: str) -> dict[str, Any] | None:
+        """The dev metrics logged after `name`, if a finished dev run logged them."""
+        found = None
+        if (self.out / LOG).is_file():
+            for line in (self.out / LOG).read_text(encoding="utf-8").splitlines():
+                entry = json.loads(line)
+                if entry.get("event") == "dev" and entry.get("after") == name:
+                    found = {k: v for k, v in entry.items() if k not in ("event", "after")}
+        return found
+
     def train(self) -> dict[str, Any]:
-        """The warm start (stage 0) if asked, then the configured stages, each followed by a dev evaluation."""
+        """The warm start (stage 0) if asked, then the configured stages, each followed by a dev evaluation. Each
+        trained stage is saved to `stage<k>/checkpoint`; a rerun of the same config resumes after the last one."""
         self.out.mkdir(parents=True, exist_ok=True)
         summary: dict[str, Any] = {"stages": [], "dev": {"untrained": self.dev("untrained")}}
-        for stage in ([0] if self.config.warm_start else []) + self.config.stages:
+        order, done = self.order(), self.resume()
+        for i, stage in enumerate(order):
+            name = f"stage{stage}"
+            if i < len(done):
+                summary["stages"].append({k: done[i][k] for k in SUMMARY_KEYS} | {"log": []})
+                logged = self.logged_dev(name)
+                summary["dev"][name] = logged if logged is not None else self.dev(name)
+                continue
             log = jsonl_log(self.out / LOG, stage=stage)
             kind = "sft" if stage == 0 else STAGES[stage]
             trainer = (self._grpo if kind == "grpo" else self._sft)(stage, log)
-            summary["stages"].append({"stage": stage, "kind": kind, "steps": trainer.state.global_step,
-                                      "stopped": getattr(trainer, "stopped", None), "log": log.entries})
-            summary["dev"][f"stage{stage}"] = self.dev(f"stage{stage}")
+            state = {"stage": stage, "position": i, "order": order[:i + 1], "kind": kind,
+                     "steps": trainer.state.global_step, "stopped": getattr(trainer, "stopped", None)}
+            save_checkpoint(self.model, self.out / name, state)
+            summary["stages"].append({k: state[k] for k in SUMMARY_KEYS} | {"log": log.entries})
+            summary["dev"][name] = self.dev(name)
         if not self.config.dev.path:
             summary["dev"] = {}
         summary["final"] = save_policy(self.model, self.tokenizer, self.out / "final")
