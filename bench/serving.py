@@ -44,6 +44,7 @@ from pathlib import Path
 from langchain_core.messages import convert_to_messages
 from mhqa_graph.graphs.mujica_prompts import GRAPH_WORKER_SYSTEM, WORKER_SYSTEM
 
+from mhqa_graph.eval.report import RESULTS, prefilled_per_question, read_records
 from mhqa_graph.models.factory import load_chat_model
 from mhqa_graph.models.prefix_cache import common_prefix
 
@@ -158,8 +159,6 @@ def runs_reuse(folder: Path, slots: int) -> None:
 
 def eval_speed(args: argparse.Namespace, sep: str) -> None:
     """Whole evals with the cache off and on, side by side (see the module docstring), and their table."""
-    from mhqa_graph.eval.report import RESULTS, prefilled_per_question, read_records
-
     sys.path.insert(0, str(BENCH))
     from agents import asked_ids, run_dir
 
@@ -187,17 +186,28 @@ def eval_speed(args: argparse.Namespace, sep: str) -> None:
         for agent in args.agents.split(","):
             runs = {k: {r["id"]: r for r in read_records(run_dir(args.out, spec, env, agent) / RESULTS)
                         if r["id"] in asked} for k, spec in specs.items()}
-            ids = sorted(set(runs["off"]) & set(runs["on"]))
-            if not ids:
-                continue
-            m = {k: {"sec": sum(runs[k][i]["latency"] for i in ids) / len(ids),
-                     "pre": prefilled_per_question([runs[k][i] for i in ids]) or 0.0,
-                     "f1": 100 * sum(runs[k][i]["f1"] for i in ids) / len(ids)} for k in specs}
-            same = sum(runs["off"][i]["prediction"] == runs["on"][i]["prediction"] for i in ids)
-            print(f"| {env} | {agent} | {len(ids)} | {m['off']['sec']:.1f} | {m['on']['sec']:.1f} | "
-                  f"{m['on']['sec'] / m['off']['sec']:.2f} | {m['off']['pre']:,.0f} | {m['on']['pre']:,.0f} | "
-                  f"{m['on']['pre'] / max(m['off']['pre'], 1):.2f} | {same}/{len(ids)} | {m['off']['f1']:.1f} | "
-                  f"{m['on']['f1']:.1f} |")
+            row = speed_row(runs["off"], runs["on"])
+            if row:
+                print(f"| {env} | {agent} | {row['n']} | {row['sec_off']:.1f} | {row['sec_on']:.1f} | "
+                      f"{row['sec_ratio']:.2f} | {row['pre_off']:,.0f} | {row['pre_on']:,.0f} | "
+                      f"{row['pre_ratio']:.2f} | {row['same']}/{row['n']} | {row['f1_off']:.1f} | {row['f1_on']:.1f} |")
+
+
+def speed_row(off: dict[str, dict], on: dict[str, dict]) -> dict | None:
+    """Cache off against on over the questions both runs answered (records by id): seconds and prompt tokens
+    prefilled per question, their ratios on / off, answers that are the same, F1 (points); None if none."""
+    ids = sorted(set(off) & set(on))
+    if not ids:
+        return None
+    row: dict = {"n": len(ids), "same": sum(off[i]["prediction"] == on[i]["prediction"] for i in ids)}
+    for key, runs in (("off", off), ("on", on)):
+        records = [runs[i] for i in ids]
+        row[f"sec_{key}"] = sum(r["latency"] for r in records) / len(ids)
+        row[f"pre_{key}"] = prefilled_per_question(records) or 0.0
+        row[f"f1_{key}"] = 100 * sum(r["f1"] for r in records) / len(ids)
+    row["sec_ratio"] = row["sec_on"] / row["sec_off"]
+    row["pre_ratio"] = row["pre_on"] / max(row["pre_off"], 1.0)
+    return row
 
 
 def main() -> None:

@@ -43,3 +43,17 @@ def test_runs_reuse_reads_the_traced_prompts_of_each_run(tmp_path, capsys):
     serving.runs_reuse(tmp_path, slots=40)
     row = capsys.readouterr().out.strip().splitlines()[-1]
     assert row.startswith("| opera | 2 | 3 |")
+
+
+def test_the_eval_speed_row_compares_the_questions_both_runs_answered():
+    def record(latency, prompt, cached, prediction, f1):
+        return {"latency": latency, "tokens": {"input": prompt, "cached": cached}, "prediction": prediction, "f1": f1}
+
+    off = {"a": record(10, 1000, 100, "x", 1.0), "b": record(30, 3000, 300, "y", 0.0), "c": record(99, 1, 0, "z", 1)}
+    on = {"a": record(5, 1000, 700, "x", 1.0), "b": record(15, 3000, 2400, "w", 0.5)}
+    row = serving.speed_row(off, on)
+    assert row["n"] == 2 and row["same"] == 1  # "c" is in one run only
+    assert (row["sec_off"], row["sec_on"], row["sec_ratio"]) == (20, 10, 0.5)
+    assert (row["pre_off"], row["pre_on"], row["pre_ratio"]) == (1800, 450, 0.25)
+    assert (row["f1_off"], row["f1_on"]) == (50, 75)
+    assert serving.speed_row(off, {}) is None
