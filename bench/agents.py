@@ -310,7 +310,8 @@ KG_GAIN, TEXT_GAIN, MAX_PROTOCOL_SHARE = 10.0, 5.0, 1.0  # issue 25: every desig
 
 
 def variants(args: argparse.Namespace, env: str) -> dict[str, Path]:
-    """The variants with a run folder for `env`, named as `--agents` names them (from each folder's run.json)."""
+    """The variants with a run folder for `env`, named as `--agents` names them (from each folder's run.json);
+    a folder whose name is not the one `bench/agents.py` gives that variant is left out."""
     found = {}
     for path in sorted(run_dir(args.out, args.llm, env, "rag").parent.glob("*/run.json")):
         try:
@@ -320,7 +321,8 @@ def variants(args: argparse.Namespace, env: str) -> dict[str, Path]:
             parse_variant(variant)
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
-        found[variant] = path.parent
+        if path.parent == run_dir(args.out, args.llm, env, variant):  # not a folder made by hand beside them
+            found[variant] = path.parent
     return found
 
 

@@ -286,3 +286,13 @@ def test_summary_reads_the_run_folders_and_writes_summary_md(summary_args, monke
                                             for n, r in enumerate(scored("pq3h", [1, 0, 0, 0]))])
     cells = bench.summary_envs(summary_args, ["pq3h"], ["rag"])
     assert "| pq3h | rag | 4 | 3.0 | 2.0 | 10 | 5 |" in bench.cost_table(cells, ["rag"])
+
+
+def test_a_folder_made_by_hand_beside_the_runs_is_no_variant(folders):
+    """A run of the agent in a folder of another name (a one-off experiment) must not stand in for its
+    default run."""
+    env = bench.run_dir(folders.out, LLM, "pq2h", "rag").parent
+    for name, agent in (("rag", "rag"), ("opera", "opera"), ("opera_by-hand", "opera")):
+        (env / name).mkdir(exist_ok=True)
+        (env / name / "run.json").write_text(json.dumps({"agent": agent, "settings": {}}), encoding="utf-8")
+    assert bench.variants(folders, "pq2h") == {"opera": env / "opera", "rag": env / "rag"}
