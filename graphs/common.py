@@ -83,7 +83,8 @@ class AgentContext:
     top_k: int = setting(5, help="Passages or entities retrieved per search.")
     max_rounds: int = setting(7, help="Cap on the agent's rounds (sub-goals, planner rounds or tool turns).")
     max_rewrites: int = setting(2, help="Query rewrites per sub-goal when the passages are not enough (OPERA).")
-    max_new_tokens: int = setting(384, help="Longest model reply, in tokens.")
+    max_new_tokens: int = setting(384, help="Longest model reply, in tokens; a constrained reply may add its "
+                                                 "bounded think block to it.")
     think: bool = setting(True, help="Ask the model to reason before each action.")
     parse_retries: int = setting(1, help="Repair attempts after a malformed structured reply.")
     model_retries: int = setting(2, help="Retries of a model call that timed out or met a connection error "
@@ -263,6 +264,8 @@ def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None,
     how = "prompt"
     if reply is not None and ctx.decoding != "prompt":
         kwargs, how = decoding_kwargs(base, reply)
+        if how == "grammar" and reply.think:  # the body keeps max_new_tokens beside a full think block
+            kwargs["max_new_tokens"] = ctx.max_new_tokens + reply.think_tokens()
         if kwargs:
             model = _constrained(model, kwargs)
     if ctx.model_timeout:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from langchain_core.language_models import BaseChatModel
 
 THINK_CHARS = 1200  # of a think block: a small model that thinks on forever still gets to answer
+CHARS_PER_TOKEN = 3  # fewest characters a token of a think block holds, about (names and symbols tokenise finely)
 ANSWER_CHARS = 200  # of an <answer>: a short answer, not a paragraph
 TEXT_CHARS = 300  # of a free string inside a JSON reply (a sub-question, a query, an answer)
 Turn = Literal["json", "answer", "line", "tool_calls"]
@@ -45,6 +46,11 @@ class ReplyFormat:
     think_chars: int = THINK_CHARS
     answer_chars: int = ANSWER_CHARS
     max_calls: int = 1
+
+    def think_tokens(self) -> int:
+        """Tokens the think block may take, at most (0 without one): a reply's token budget is for its body,
+        and a constrained reply gets this many more, so that a full think block never cuts its body short."""
+        return -(-self.think_chars // CHARS_PER_TOKEN) if self.think else 0
 
     def gbnf(self) -> str:
         """The format as a llama.cpp grammar (GBNF)."""

@@ -14,7 +14,7 @@ from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs import mujica_prompts as M
 from mhqa_graph.graphs import omne_prompts as W
 from mhqa_graph.graphs import opera_prompts as O
-from mhqa_graph.graphs.common import check_question
+from mhqa_graph.graphs.common import check_question, get_llm
 from mhqa_graph.graphs.mujica import read_plan, read_worker
 from mhqa_graph.graphs.omne_protocol import parse_reply
 from mhqa_graph.graphs.opera_analysis import check_analysis, parse_final, parse_rewrite
@@ -81,6 +81,24 @@ def test_rag_passes_its_format_unless_decoding_is_prompt(mhqa_store, decoding, g
     assert out["answer"] == "Tulsa"
     assert (model.grammars[0] == answer_reply("answer", think=True).gbnf()) is grammar
     assert recorder.trace(out).llm_calls[0].decoding == ("grammar" if grammar else "prompt")
+
+
+def test_a_think_block_gets_tokens_of_its_own_beside_the_reply_budget():
+    """A grammar lets a think block of THINK_CHARS come first; the reply's token budget is for what follows it,
+    so a model that thinks to the bound still has max_new_tokens to write its answer in."""
+    budgets = []
+
+    class Recording(FakeChatModel):
+        def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+            budgets.append(kwargs.get("max_new_tokens"))
+            return super()._generate(messages, stop, run_manager, **kwargs)
+
+    context = make_context("rag", llm=Recording(accepts_grammar=True, responses=["<answer>x</answer>"]),
+                           max_new_tokens=100)
+    for think in (True, False):
+        get_llm(context, "answer", reply=answer_reply("answer", think=think)).invoke("q")
+    assert answer_reply("answer", think=True).think_tokens() == 400
+    assert budgets == [100 + 400, None]  # without a think block the model's own budget (ctx.max_new_tokens)
 
 
 def test_rag_repairs_a_reply_without_an_answer_once(mhqa_store):
