@@ -43,6 +43,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -160,14 +161,19 @@ def fired_guards(args: argparse.Namespace, env: str, variant: str) -> list[str]:
     return sorted(counts, key=lambda n: (-counts[n], n))
 
 
+def build_environments(store: str, data: Path, envs: Iterable[str]) -> None:
+    """Ingest each environment into `store` once, so that evals can then open it read-only side by side."""
+    for env in envs:
+        spec = DEV_ENVIRONMENTS[env]
+        with open_environment(store, spec.dataset, data / spec.file) as (_, built):
+            print(f"  environment {env}: {'ingested' if built['ingested'] else 'ready'}", file=sys.stderr)
+
+
 def run_all(args: argparse.Namespace, jobs: list[tuple[str, str]]) -> None:
     """The evals of `jobs`, `args.jobs` at a time; each one's output goes to its run folder's eval.log.
     The environments are built first, so that the evals open the shared store read-only side by side.
     Variants that turn guards off run after the others, on what `carry_over` leaves them."""
-    for env in dict.fromkeys(env for env, _ in jobs):
-        spec = DEV_ENVIRONMENTS[env]
-        with open_environment(args.store, spec.dataset, args.data / spec.file) as (_, built):
-            print(f"  environment {env}: {'ingested' if built['ingested'] else 'ready'}", file=sys.stderr)
+    build_environments(args.store, args.data, dict.fromkeys(env for env, _ in jobs))
 
     def run(job: tuple[str, str]) -> None:
         carried = carry_over(args, *job)

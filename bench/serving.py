@@ -39,6 +39,7 @@ import sys
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 
 from langchain_core.messages import convert_to_messages
@@ -160,24 +161,22 @@ def runs_reuse(folder: Path, slots: int) -> None:
 def eval_speed(args: argparse.Namespace, sep: str) -> None:
     """Whole evals with the cache off and on, side by side (see the module docstring), and their table."""
     sys.path.insert(0, str(BENCH))
-    from agents import asked_ids, run_dir
+    from agents import asked_ids, build_environments, run_dir
 
     specs = {"off": f"{args.llm}{sep}cache=0", "on": args.llm}
     envs = [e for e in args.eval.split(",") if e]
     if not args.report_only:
-        from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
-
         store = f"embedded://{(args.out / 'store').resolve()}"
-        for env in envs:  # built once, before two processes open the store read-only
-            with open_environment(store, DEV_ENVIRONMENTS[env].dataset, args.data / DEV_ENVIRONMENTS[env].file):
-                pass
+        build_environments(store, args.data, envs)  # before two processes open the store read-only
         common = [a for e in envs for a in ("--env", e)] + ["--agents", args.agents, "--start", str(args.start),
                                                            "--limit", str(args.limit), "--jobs", "1", "--store",
                                                            store, "--out", str(args.out), "--data", str(args.data)]
-        logs = {k: (args.out / f"serving-{k}.log").open("w", encoding="utf-8") for k in specs}
-        procs = [subprocess.Popen([sys.executable, str(BENCH / "agents.py"), "--llm", spec, *common],
-                                  stdout=logs[k], stderr=subprocess.STDOUT) for k, spec in specs.items()]
-        if any(p.wait() for p in procs):
+        with ExitStack() as stack:
+            logs = {k: stack.enter_context((args.out / f"serving-{k}.log").open("w", encoding="utf-8")) for k in specs}
+            procs = [subprocess.Popen([sys.executable, str(BENCH / "agents.py"), "--llm", spec, *common],
+                                      stdout=logs[k], stderr=subprocess.STDOUT) for k, spec in specs.items()]
+            failed = [p.wait() for p in procs]
+        if any(failed):
             raise SystemExit(f"an eval failed; see {args.out}/serving-off.log and serving-on.log")
     print("| environment | agent | questions | s/q off | s/q on | ratio | prefilled/q off | prefilled/q on | ratio | "
           "same answers | F1 off | F1 on |\n|---|---|---|---|---|---|---|---|---|---|---|---|")

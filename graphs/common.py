@@ -264,8 +264,9 @@ def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None,
     how = "prompt"
     if reply is not None and ctx.decoding != "prompt":
         kwargs, how = decoding_kwargs(base, reply)
-        if how == "grammar" and reply.think:  # the body keeps max_new_tokens beside a full think block
-            kwargs["max_new_tokens"] = ctx.max_new_tokens + reply.think_tokens()
+        if how == "grammar" and reply.think:  # the body keeps the model's budget beside a full think block
+            budget = getattr(base, "max_new_tokens", None) or getattr(base, "max_tokens", None) or ctx.max_new_tokens
+            kwargs["max_new_tokens"] = budget + reply.think_tokens()
         if kwargs:
             model = _constrained(model, kwargs)
     if ctx.model_timeout:

@@ -89,6 +89,8 @@ def test_a_think_block_gets_tokens_of_its_own_beside_the_reply_budget():
     budgets = []
 
     class Recording(FakeChatModel):
+        max_new_tokens: int | None = None  # None: the context's budget
+
         def _generate(self, messages, stop=None, run_manager=None, **kwargs):
             budgets.append(kwargs.get("max_new_tokens"))
             return super()._generate(messages, stop, run_manager, **kwargs)
@@ -99,6 +101,10 @@ def test_a_think_block_gets_tokens_of_its_own_beside_the_reply_budget():
         get_llm(context, "answer", reply=answer_reply("answer", think=think)).invoke("q")
     assert answer_reply("answer", think=True).think_tokens() == 400
     assert budgets == [100 + 400, None]  # without a think block the model's own budget (ctx.max_new_tokens)
+    own = Recording(accepts_grammar=True, responses=["<answer>x</answer>"], max_new_tokens=1000)
+    get_llm(make_context("rag", llm=own, max_new_tokens=100), "answer",
+            reply=answer_reply("answer", think=True)).invoke("q")
+    assert budgets[-1] == 1000 + 400  # a model object with a budget of its own keeps it
 
 
 def test_rag_repairs_a_reply_without_an_answer_once(mhqa_store):

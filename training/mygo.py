@@ -142,11 +142,11 @@ class MyGOTrainer:
 
     def resume(self) -> int:
         """Load the last saved checkpoint (weights and τ); returns its iteration, -1 if there is none."""
-        saved = sorted(((state["iteration"], state, path) for state, path in saved_checkpoints(self.out, "iter*")),
-                       key=lambda x: x[0])
+        saved = saved_checkpoints(self.out, "iter*")
         if not saved:
             return -1
-        k, state, path = saved[-1]
+        state, path = max(saved, key=lambda found: found[0]["iteration"])
+        k = state["iteration"]
         load_checkpoint(self.model, path)
         self.tau = state["tau"]
         write_log(self.out / LOG, {"event": "resumed", "after_iteration": k, "tau": self.tau})

@@ -579,13 +579,12 @@ class OmneTrainer:
 
     def logged_dev(self, name: str) -> dict[str, Any] | None:
         """The dev metrics logged after `name`, if a finished dev run logged them."""
-        found = None
-        if (self.out / LOG).is_file():
-            for line in (self.out / LOG).read_text(encoding="utf-8").splitlines():
-                entry = json.loads(line)
-                if entry.get("event") == "dev" and entry.get("after") == name:
-                    found = {k: v for k, v in entry.items() if k not in ("event", "after")}
-        return found
+        from .curve import read_log
+
+        log = self.out / LOG
+        entries = read_log(log) if log.is_file() else []
+        found = [e for e in entries if e.get("event") == "dev" and e.get("after") == name]
+        return {k: v for k, v in found[-1].items() if k not in ("event", "after")} if found else None
 
     def train(self) -> dict[str, Any]:
         """The warm start (stage 0) if asked, then the configured stages, each followed by a dev evaluation. Each
