@@ -18,7 +18,8 @@ llama.cpp decoding is close to, not exactly, repeatable: of the Omne questions 1
 87 of 87 gave the same trace when re-asked; unconstrained Mujica runs of 2026-11-24 repeated 34 of 37.
 
 Each (environment, agent) pair is one `mhqa eval` run in `OUT/runs/<llm>/<env>/<agent>`, so a rerun
-resumes where it stopped and reuses finished questions. `--jobs` runs that many evals at once, each
+resumes where it stopped and reuses finished questions; stopping the bench (Ctrl-C, SIGTERM) stops its
+evals with it. `--jobs` runs that many evals at once, each
 with one llama.cpp thread. The tables compare agents on the questions of the asked range (`--start`,
 `--limit`) that all of them answered:
 EM, F1, ΔF1 against `rag` measured in the same run, seconds and LLM calls per question, protocol
@@ -40,11 +41,14 @@ import json
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from mhqa_graph.graphs.guards import GUARDS, selected
@@ -169,6 +173,56 @@ def build_environments(store: str, data: Path, envs: Iterable[str]) -> None:
             print(f"  environment {env}: {'ingested' if built['ingested'] else 'ready'}", file=sys.stderr)
 
 
+# -- child processes ------------------------------------------------------------------------
+_live: set[subprocess.Popen] = set()
+_stopping = threading.Event()
+
+
+def start(cmd: list[str], **popen: object) -> subprocess.Popen:
+    """Start `cmd` as a child that `stopping_children` stops with the bench; InterruptedError once it stops."""
+    if _stopping.is_set():
+        raise InterruptedError("the bench is stopping")
+    proc = subprocess.Popen(cmd, **popen)
+    _live.add(proc)
+    if _stopping.is_set():  # the bench began to stop while this one started
+        proc.terminate()
+    return proc
+
+
+def wait(proc: subprocess.Popen) -> int:
+    """`proc`'s exit code, once it has ended."""
+    try:
+        return proc.wait()
+    finally:
+        _live.discard(proc)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextmanager
+def stopping_children() -> Iterator[None]:
+    """On Ctrl-C or SIGTERM (or any error) in the block, start no further child and stop the running ones, so
+    that no eval outlives the bench holding its run folder's lock. Each eval keeps the questions it finished;
+    a rerun resumes them."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    except BaseException:
+        _stopping.set()
+        for proc in list(_live):
+            proc.terminate()
+        for proc in list(_live):
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run_all(args: argparse.Namespace, jobs: list[tuple[str, str]]) -> None:
     """The evals of `jobs`, `args.jobs` at a time; each one's output goes to its run folder's eval.log.
     The environments are built first, so that the evals open the shared store read-only side by side.
@@ -176,13 +230,15 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[str, str]]) -> None:
     build_environments(args.store, args.data, dict.fromkeys(env for env, _ in jobs))
 
     def run(job: tuple[str, str]) -> None:
+        if _stopping.is_set():
+            return
         carried = carry_over(args, *job)
         if carried:
             print(f"  {job[0]}/{job[1]}: {carried} questions carried over", file=sys.stderr, flush=True)
         _run(eval_command(args, *job), run_dir(args.out, args.llm, *job))
 
     for phase in ([j for j in jobs if not guards_off(j[1])], [j for j in jobs if guards_off(j[1])]):
-        with ThreadPoolExecutor(args.jobs) as pool:
+        with ThreadPoolExecutor(args.jobs) as pool, stopping_children():  # children stop before the pool joins
             for _ in pool.map(run, phase):
                 pass
 
@@ -191,7 +247,7 @@ def _run(cmd: list[str], folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     with (folder / "eval.log").open("a", encoding="utf-8") as log:
-        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "160"})
+        code = wait(start(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "160"}))
     print(f"  {folder.parent.name}/{folder.name}: exit {code} after {time.perf_counter() - started:.0f}s",
           file=sys.stderr, flush=True)
 

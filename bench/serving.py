@@ -161,7 +161,7 @@ def runs_reuse(folder: Path, slots: int) -> None:
 def eval_speed(args: argparse.Namespace, sep: str) -> None:
     """Whole evals with the cache off and on, side by side (see the module docstring), and their table."""
     sys.path.insert(0, str(BENCH))
-    from agents import asked_ids, build_environments, run_dir
+    from agents import asked_ids, build_environments, run_dir, start, stopping_children, wait
 
     specs = {"off": f"{args.llm}{sep}cache=0", "on": args.llm}
     envs = [e for e in args.eval.split(",") if e]
@@ -173,9 +173,10 @@ def eval_speed(args: argparse.Namespace, sep: str) -> None:
                                                            store, "--out", str(args.out), "--data", str(args.data)]
         with ExitStack() as stack:
             logs = {k: stack.enter_context((args.out / f"serving-{k}.log").open("w", encoding="utf-8")) for k in specs}
-            procs = [subprocess.Popen([sys.executable, str(BENCH / "agents.py"), "--llm", spec, *common],
-                                      stdout=logs[k], stderr=subprocess.STDOUT) for k, spec in specs.items()]
-            failed = [p.wait() for p in procs]
+            stack.enter_context(stopping_children())
+            procs = [start([sys.executable, str(BENCH / "agents.py"), "--llm", spec, *common],
+                           stdout=logs[k], stderr=subprocess.STDOUT) for k, spec in specs.items()]
+            failed = [wait(p) for p in procs]
         if any(failed):
             raise SystemExit(f"an eval failed; see {args.out}/serving-off.log and serving-on.log")
     print("| environment | agent | questions | s/q off | s/q on | ratio | prefilled/q off | prefilled/q on | ratio | "

@@ -296,3 +296,38 @@ def test_a_folder_made_by_hand_beside_the_runs_is_no_variant(folders):
         (env / name).mkdir(exist_ok=True)
         (env / name / "run.json").write_text(json.dumps({"agent": agent, "settings": {}}), encoding="utf-8")
     assert bench.variants(folders, "pq2h") == {"opera": env / "opera", "rag": env / "rag"}
+
+
+def test_sigterm_stops_the_running_evals_and_starts_no_more(tmp_path: Path) -> None:
+    """Killing the bench (SIGTERM) stops its eval children, which would otherwise hold their run folders' locks."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pids = tmp_path / "pids"
+    child = f"import os, time; open({str(pids)!r}, 'a').write(f'{{os.getpid()}}\\n'); time.sleep(120)"
+    script = tmp_path / "bench.py"
+    script.write_text(f"""
+import sys
+sys.path.insert(0, {str(SPEC.origin.rsplit('/', 1)[0])!r})
+from concurrent.futures import ThreadPoolExecutor
+from agents import start, stopping_children, wait
+with ThreadPoolExecutor(2) as pool:  # four evals, two at a time
+    with stopping_children():
+        list(pool.map(lambda _: wait(start([sys.executable, "-c", {child!r}])), range(4)))
+""")
+    bench = subprocess.Popen([sys.executable, str(script)])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(pids.read_text().split() if pids.exists() else []) < 2:
+        time.sleep(0.1)
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 2
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(timeout=60) != 0
+    time.sleep(1)
+    for pid in started:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert len(pids.read_text().split()) == 2  # the two queued evals never started
