@@ -180,8 +180,10 @@ def test_the_untrained_run_is_reused_until_its_key_changes(slices, tmp_path):
         folders.add(out["dev_run"])
     assert len(folders) == 1 + len(changed)
 
-    data = Path(dev.path)  # the dev file rewritten: its questions may have changed
+    data = Path(dev.path)  # the dev file touched (copied, synced): the same questions
     os.utime(data, ns=(data.stat().st_atime_ns, data.stat().st_mtime_ns + 10**9))
+    assert untrained(rollout, dev, tmp_path / "runs" / "a", None)["dev_reused"]
+    data.write_text(data.read_text() + "\n")  # rewritten: its questions may have changed
     assert not untrained(rollout, dev, tmp_path / "runs" / "a", counting(DEV))["dev_reused"]
 
 

@@ -419,7 +419,7 @@ def test_a_rerun_resumes_after_the_last_trained_stage(config, monkeypatch):
     assert changed(trained, again.model)  # a fresh policy
     seen = {}
 
-    def grpo(stage, log):
+    def grpo(stage, log, state):
         seen[stage] = weights(again.model)
         return SimpleNamespace(state=SimpleNamespace(global_step=0), stopped=None)
 
@@ -430,3 +430,57 @@ def test_a_rerun_resumes_after_the_last_trained_stage(config, monkeypatch):
     assert all(torch.equal(trained[n], seen[3][n]) for n in trained)  # stage 3 starts from stage 2's weights
     assert [r["after_stage"] for r in log_records(cfg) if r.get("event") == "resumed"] == [2]
     assert OmneTrainer(dataclasses.replace(cfg, stages=[3])).resume() == []
+
+
+def test_a_stage_stopped_between_steps_resumes_at_its_last_step(config, monkeypatch, tmp_path):
+    """A stage stopped after step 2 of 3 leaves checkpoint-2; the rerun trains step 3 only and ends with the
+    weights of a run that was never stopped. Step checkpoints of other arguments are not resumed."""
+    import mhqa_graph.training.omne as omne
+
+    teacher = "fake:" + json.dumps(replies("1", "Bob 1"))
+    cfg = dataclasses.replace(config, stages=[2], teacher=teacher, sft={**TINY_SFT, "max_steps": 3,
+                                                                        "per_device_train_batch_size": 1},
+                              rollout=dataclasses.replace(config.rollout, limit=2, max_new_tokens=16))
+    whole = OmneTrainer(dataclasses.replace(cfg, output_dir=str(tmp_path / "whole")))
+    whole.train()
+
+    class Stop(Exception):
+        pass
+
+    logging = omne.jsonl_log
+
+    def stopping_log(path, **tags):
+        log = logging(path, **tags)
+
+        def on_step_begin(args, state, control, **kwargs):
+            if state.global_step == 2:
+                raise Stop
+
+        log.on_step_begin = on_step_begin
+        return log
+
+    monkeypatch.setattr(omne, "jsonl_log", stopping_log)
+    with pytest.raises(Stop):
+        OmneTrainer(cfg).train()
+    stage = Path(cfg.output_dir) / "stage2"
+    assert sorted(p.name for p in stage.glob("checkpoint-*")) == ["checkpoint-2"]
+    monkeypatch.setattr(omne, "jsonl_log", logging)
+
+    again = OmneTrainer(cfg)
+    summary = again.train()
+    assert summary["stages"][0]["steps"] == 3
+    records = log_records(cfg)
+    assert [r["from"] for r in records if r.get("event") == "resumed"] == ["checkpoint-2"]
+    trained_steps = [r["step"] for r in records if r.get("stage") == 2 and "loss" in r]
+    assert trained_steps == [1, 2, 3]  # step 3 by the rerun only
+    assert not list(stage.glob("checkpoint-*"))  # removed once the stage is done
+    assert all(torch.allclose(p, whole.model.state_dict()[n]) for n, p in again.model.state_dict().items())
+
+    # a stopped stage of other arguments starts afresh
+    (stage / "checkpoint-2").mkdir()
+    (stage / "checkpoint-2" / "state.json").write_text(json.dumps({"stage": 2, "args": {"learning_rate": 1.0}}))
+    (stage / "checkpoint").rename(stage / "done")  # so the stage itself trains again
+    with pytest.warns(UserWarning, match="another run"):
+        OmneTrainer(cfg).train()
+    assert [r["event"] for r in log_records(cfg) if r.get("event", "").startswith("step_")] == \
+        ["step_checkpoints_removed"]

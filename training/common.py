@@ -167,20 +167,28 @@ def policy_identity(config: ModelConfig) -> dict[str, Any]:
     return identity | {"snapshot": Path(cached).parent.name if isinstance(cached, str) else None}
 
 
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file's content."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def untrained_key(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: Any) -> dict[str, Any]:
     """What the untrained policy's dev run depends on: the policy (`policy_identity`) and who serves it, the
-    agent, the dev file (path, size, modification time) and store, the question slice, the decoding settings
-    and agent settings, and the guards the agent runs."""
+    agent, the dev file (path and content hash: a copy or a touch keeps the key) and store, the question slice,
+    the decoding settings and agent settings, and the guards the agent runs."""
     from mhqa_graph.graphs.guards import selected
 
     run = dev_rollout(rollout, dev)
     data = Path(run.path).expanduser().resolve()
-    stat = data.stat() if data.is_file() else None
     return {"policy": policy_identity(config),
             "backend": ("llamacpp" if serves_with_llamacpp(model, config) else "transformers")
             if config.rollout_llm == "in_process" else config.rollout_llm.partition("?")[0],  # server | openai:...
             "agent": run.agent, "dataset": run.dataset, "file": str(data),
-            "file_stat": [stat.st_size, stat.st_mtime_ns] if stat else None, "store": run.store,
+            "file_sha256": file_sha256(data) if data.is_file() else None, "store": run.store,
             "start": run.start, "limit": run.limit, "temperature": run.temperature,
             "max_new_tokens": run.max_new_tokens, "context": json.loads(json.dumps(run.context, default=str)),
             "guards": sorted(selected(run.context.get("guards"), run.agent))}
@@ -482,6 +490,50 @@ def load_checkpoint(model: Any, path: Path) -> None:
         set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
     else:
         model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+
+
+def train_resuming(trainer: Any, state: dict[str, Any], log: Path) -> None:
+    """`trainer.train()`, resumed from the newest step checkpoint (`checkpoint-<step>`, saved by the TRL
+    arguments' `save_steps`) in its output_dir that a run of the same `state` (stage, order, arguments) left
+    there when it was stopped; a step checkpoint of another state is removed with a warning. Each step
+    checkpoint gets `state` beside it; they are all removed once the stage has trained to its end."""
+    import warnings
+
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = Path(trainer.args.output_dir)
+    last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    if last and _step_state(Path(last)) != state:
+        message = f"{folder}: step checkpoints of another run (stage, order or arguments differ) removed"
+        warnings.warn(message, stacklevel=2)
+        write_log(log, {"event": "step_checkpoints_removed", "message": message})
+        _remove_step_checkpoints(folder)
+        last = None
+    if last:
+        write_log(log, {"event": "resumed", "stage": state.get("stage"), "from": Path(last).name})
+
+    class StepState(TrainerCallback):
+        def on_save(self, args: Any, st: Any, control: Any, **kwargs: Any) -> None:
+            saved = Path(args.output_dir) / f"checkpoint-{st.global_step}"
+            if is_main_process() and saved.is_dir():
+                (saved / STATE).write_text(json.dumps(state, default=str), encoding="utf-8")
+
+    trainer.add_callback(StepState())
+    trainer.train(resume_from_checkpoint=last)
+    on_main_process(lambda: _remove_step_checkpoints(folder))
+
+
+def _step_state(checkpoint: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((checkpoint / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _remove_step_checkpoints(folder: Path) -> None:
+    for path in folder.glob("checkpoint-*"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def write_log(path: Path, entry: dict[str, Any]) -> None:

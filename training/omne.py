@@ -63,6 +63,7 @@ from .common import (
     save_policy,
     saved_checkpoints,
     teacher_folder,
+    train_resuming,
     write_log,
 )
 from .devices import on_main_process, precision_args
@@ -75,8 +76,9 @@ EPISODE_KEYS = ("prompt_ids", "completion_ids", "env_mask", "turns", "episode_ro
                 "episode_successful_calls", "episode_repeated_calls", "episode_forced")
 # 3,072 episode tokens: a clean 3-hop PathQuestion episode (entity_matcher, node_info x 3, answer) measures
 # 660-1,080 completion tokens, leaving room for longer reasoning, a failed call or two and the forced answer
-GRPO_DEFAULTS = {"report_to": [], "save_strategy": "no", "logging_steps": 1, "max_completion_length": 3072}
-SFT_DEFAULTS = {"report_to": [], "save_strategy": "no", "logging_steps": 1, "max_length": 4096}
+STEP_SAVES = {"save_strategy": "steps", "save_steps": 1, "save_total_limit": 1}  # a stopped stage resumes at its step
+GRPO_DEFAULTS = {"report_to": [], **STEP_SAVES, "logging_steps": 1, "max_completion_length": 3072}
+SFT_DEFAULTS = {"report_to": [], **STEP_SAVES, "logging_steps": 1, "max_length": 4096}
 
 
 @dataclass
@@ -463,11 +465,11 @@ class OmneTrainer:
                            train_dataset=env.dataset(), rollout_func=env.rollout_func(self.config.episode_reserve),
                            callbacks=callbacks)
 
-    def _grpo(self, stage: int, log: Any) -> Any:
+    def _grpo(self, stage: int, log: Any, state: dict[str, Any]) -> Any:
         stop = format_stop(self.config.format_patience, stage)
         with rollout_store(self.config.rollout) as store:
             trainer = self.grpo_trainer(stage, OmneEnvironment(self.config.rollout, store), [log, stop])
-            trainer.train()
+            train_resuming(trainer, {**state, "args": self.config.grpo}, self.out / LOG)
         if stop.message:
             warnings.warn(stop.message, stacklevel=2)
             write_log(self.out / LOG, {"stage": stage, "event": "stopped", "message": stop.message})
@@ -535,7 +537,7 @@ class OmneTrainer:
             write_log(self.out / LOG, {"event": "rollouts_restarted", "message": message})
             return rollouts(cfg.rollout, cfg.teacher, out, force_new=True)
 
-    def _sft(self, stage: int, log: Any) -> Any:
+    def _sft(self, stage: int, log: Any, state: dict[str, Any]) -> Any:
         from datasets import Dataset
 
         from .weighted_sft import WeightedSFTConfig, WeightedSFTTrainer
@@ -544,7 +546,7 @@ class OmneTrainer:
                               think_weight=self.config.think_weight)
         trainer = WeightedSFTTrainer(model=self.model, args=args, train_dataset=Dataset.from_list(self.sft_data()),
                                      processing_class=self.tokenizer, callbacks=[log])
-        trainer.train()
+        train_resuming(trainer, {**state, "args": self.config.sft}, self.out / LOG)
         return trainer
 
     def dev(self, name: str) -> dict[str, Any]:
@@ -588,7 +590,8 @@ class OmneTrainer:
 
     def train(self) -> dict[str, Any]:
         """The warm start (stage 0) if asked, then the configured stages, each followed by a dev evaluation. Each
-        trained stage is saved to `stage<k>/checkpoint`; a rerun of the same config resumes after the last one."""
+        trained stage is saved to `stage<k>/checkpoint`; a rerun of the same config resumes after the last one,
+        and within a stopped stage at its last step (`train_resuming`)."""
         self.out.mkdir(parents=True, exist_ok=True)
         summary: dict[str, Any] = {"stages": [], "dev": {"untrained": self.dev("untrained")}}
         order, done = self.order(), self.resume()
@@ -601,9 +604,9 @@ class OmneTrainer:
                 continue
             log = jsonl_log(self.out / LOG, stage=stage)
             kind = "sft" if stage == 0 else STAGES[stage]
-            trainer = (self._grpo if kind == "grpo" else self._sft)(stage, log)
-            state = {"stage": stage, "position": i, "order": order[:i + 1], "kind": kind,
-                     "steps": trainer.state.global_step, "stopped": getattr(trainer, "stopped", None)}
+            state = {"stage": stage, "position": i, "order": order[:i + 1]}
+            trainer = (self._grpo if kind == "grpo" else self._sft)(stage, log, state)
+            state |= {"kind": kind, "steps": trainer.state.global_step, "stopped": getattr(trainer, "stopped", None)}
             save_checkpoint(self.model, self.out / name, state)
             summary["stages"].append({k: state[k] for k in SUMMARY_KEYS} | {"log": log.entries})
             summary["dev"][name] = self.dev(name)
