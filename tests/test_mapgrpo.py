@@ -6,6 +6,7 @@ the three roles train progressively end to end (LoRA and full fine-tuning)."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -500,3 +501,48 @@ def test_held_back_prompts_are_never_trained_on_and_their_reward_is_logged(env, 
 
     assert [s for s, _ in step_series(read_log(out / "log.jsonl"))["analysis held-back rewards/analysis/mean"]] == \
         [0, 1, 2]
+
+
+def test_a_role_stopped_between_steps_resumes_at_its_last_step(env, tmp_path, monkeypatch):
+    """A role stopped after step 2 of 3 (KL on: the "ref" adapter is in the checkpoint too) resumes there: the
+    rerun trains step 3 only and ends with the weights of a run that was never stopped."""
+    def tiny(out):
+        cfg = config(env, out, roles=["analysis"])
+        cfg.grpo |= {"beta": 0.04, "max_steps": 3}
+        return cfg
+
+    whole = MAPGRPOTrainer(tiny(tmp_path / "whole"))
+    whole.train()
+
+    class Stop(Exception):
+        pass
+
+    logging = mapgrpo.jsonl_log
+
+    def stopping_log(path, **tags):
+        log = logging(path, **tags)
+
+        def on_step_begin(args, state, control, **kwargs):
+            if state.global_step == 2:
+                raise Stop
+
+        log.on_step_begin = on_step_begin
+        return log
+
+    out = tmp_path / "run"
+    (out / "analysis").mkdir(parents=True)
+    shutil.copytree(tmp_path / "whole" / "analysis" / "rollouts", out / "analysis" / "rollouts")  # the same prompts
+    monkeypatch.setattr(mapgrpo, "jsonl_log", stopping_log)
+    with pytest.raises(Stop):
+        MAPGRPOTrainer(tiny(out)).train()
+    assert sorted(p.name for p in (out / "analysis" / "grpo").glob("checkpoint-*")) == ["checkpoint-2"]
+    monkeypatch.setattr(mapgrpo, "jsonl_log", logging)
+    again = MAPGRPOTrainer(tiny(out))
+    summary = again.train()
+    assert summary["roles"]["analysis"]["steps"] == 3
+    logs = log_entries(out)
+    assert [e["from"] for e in logs if e.get("event") == "resumed"] == ["checkpoint-2"]
+    assert [e["step"] for e in logs if "rewards/analysis/mean" in e] == [1, 2, 3]
+    assert not list((out / "analysis" / "grpo").glob("checkpoint-*"))
+    trained = {k: v for k, v in again.model.state_dict().items() if ".analysis." in k}
+    assert trained and all(torch.allclose(v, whole.model.state_dict()[k]) for k, v in trained.items())

@@ -492,11 +492,12 @@ def load_checkpoint(model: Any, path: Path) -> None:
         model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
 
 
-def train_resuming(trainer: Any, state: dict[str, Any], log: Path) -> None:
-    """`trainer.train()`, resumed from the newest step checkpoint (`checkpoint-<step>`, saved by the TRL
-    arguments' `save_steps`) in its output_dir that a run of the same `state` (stage, order, arguments) left
-    there when it was stopped; a step checkpoint of another state is removed with a warning. Each step
-    checkpoint gets `state` beside it; they are all removed once the stage has trained to its end."""
+def train_resuming(trainer: Any, state: dict[str, Any], log: Path, first: Callable[[], Any] | None = None) -> Any:
+    """`trainer.train()` (its TrainOutput), resumed from the newest step checkpoint (`checkpoint-<step>`, saved
+    by the TRL arguments' `save_steps`) in its output_dir that a run of the same `state` (stage, order,
+    arguments) left there when it was stopped; a step checkpoint of another state is removed with a warning.
+    `first` runs before a stage that starts afresh only. Each step checkpoint gets `state` beside it; they are
+    all removed once the stage has trained to its end."""
     import warnings
 
     from transformers import TrainerCallback
@@ -520,8 +521,11 @@ def train_resuming(trainer: Any, state: dict[str, Any], log: Path) -> None:
                 (saved / STATE).write_text(json.dumps(state, default=str), encoding="utf-8")
 
     trainer.add_callback(StepState())
-    trainer.train(resume_from_checkpoint=last)
+    if first is not None and not last:
+        first()
+    result = trainer.train(resume_from_checkpoint=last)
     on_main_process(lambda: _remove_step_checkpoints(folder))
+    return result
 
 
 def _step_state(checkpoint: Path) -> dict[str, Any] | None:

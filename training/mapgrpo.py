@@ -89,6 +89,7 @@ from .common import (
     rollouts,
     save_policy,
     serves_with_llamacpp,
+    train_resuming,
     write_log,
 )
 from .devices import barrier, on_main_process, precision_args
@@ -132,9 +133,11 @@ class MAPGRPOConfig:
 
 def grpo_args(config: MAPGRPOConfig, output_dir: str | Path, heldout: bool = False) -> GRPOConfig:
     """GRPOConfig from `config.grpo` over CPU-friendly defaults, use_cpu and bf16 from the policy's device
-    (`devices.precision_args`); with `heldout`, an evaluation every `config.heldout_every` steps, one group of
-    completions per eval batch. Bad arguments raise InvalidInput."""
-    defaults = dict(report_to=[], save_strategy="no", logging_steps=1, disable_tqdm=True,
+    (`devices.precision_args`), a step checkpoint after every step (a stopped role resumes there); with
+    `heldout`, an evaluation every `config.heldout_every` steps, one group of completions per eval batch. Bad
+    arguments raise InvalidInput."""
+    defaults = dict(report_to=[], save_strategy="steps", save_steps=1, save_total_limit=1, logging_steps=1,
+                    disable_tqdm=True,
                     gradient_checkpointing=False, seed=config.model.seed, **precision_args(config.grpo))
     if heldout:
         group = config.grpo.get("num_generations_eval") or config.grpo.get("num_generations") \
@@ -605,9 +608,9 @@ class MAPGRPOTrainer:
                                          train_dataset=Dataset.from_list(rows), experts=expert_texts,
                                          expert_gradient=cfg.expert_gradient,
                                          eval_dataset=Dataset.from_list(held) if held else None)
-            if held:  # the held-back curve's first point: the role before this stage
-                trainer.evaluate()
-            result = trainer.train()
+            state = {"role": role, "roles": cfg.roles, "args": cfg.grpo, "rollout": asdict(cfg.rollout)}
+            result = train_resuming(trainer, state, out / LOG,  # a stopped role resumes at its last step
+                                    first=trainer.evaluate if held else None)  # held-back curve: the role before
         if "ref" in getattr(self.model, "peft_config", {}):  # TRL's frozen copy of the adapter: not trained on
             self.model.delete_adapter("ref")
         return info | {"steps": result.global_step, "train_loss": result.training_loss,
