@@ -101,7 +101,9 @@ def test_behaviour_rates_of_mujica_records():
     records = [record("Tulsa", "mujica", [call("planner"), call("worker"), call("worker"), call("planner")]),
                record("1817", "mujica", [call("planner"), call("worker"), call("worker", REPAIR_PREFIX + " JSON")]),
                record("no", "mujica", [call("planner")])]
+    records[2]["health"]["guards"] = {"unecho": 1}
     rates = behaviour(records)
+    assert rates["guarded"] == 1
     assert rates["worker_rate"] == pytest.approx(2 / 3) and rates["dispatches"] == 3  # the repair is no dispatch
     assert rates["well_formed"] == pytest.approx(2 / 3) and "tool_rate" not in rates
     assert behaviour([])["well_formed"] == 0.0
@@ -223,3 +225,15 @@ def test_dev_slices_must_be_large_enough_and_disjoint_from_training(slices):
         common.check_disjoint(same_file, dev)
     common.check_disjoint(dataclasses.replace(same_file, start=3), dataclasses.replace(dev, limit=3, min_questions=3))
     common.check_disjoint(rollout, DevConfig())  # no dev slice: nothing to check
+
+
+def test_the_guards_off_run_asks_the_trained_policy_without_guards(slices, tmp_path):
+    """`dev.guards_off`: the trained policy's run with guards "none", compared with the untrained run (guards on)."""
+    rollout, dev = slices
+    untrained(rollout, dev, tmp_path / "runs" / "a", counting(DEV, right=False))
+    model = counting(DEV)
+    metrics = common.dev_run(rollout, dev, ModelConfig(name="tiny"), None, tmp_path / "runs" / "a", common.GUARDS_OFF,
+                             lambda folder: (model[0], None))
+    assert metrics["dev_f1"] == 1.0 and metrics["dev_df1"] == pytest.approx(100.0) and metrics["dev_guarded"] == 0
+    run = json.loads((tmp_path / "runs" / "a" / "dev" / common.GUARDS_OFF / "sample0" / "run.json").read_text())
+    assert run["settings"]["guards"] == "none"

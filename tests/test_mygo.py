@@ -106,6 +106,7 @@ def test_each_iteration_is_saved_and_a_rerun_resumes_after_the_last(tmp_path):
     first.tau = 0.7
     first.save(1)
     config.iterations = 2
+    config.dev.guards_off = True
     second = MyGOTrainer(config)
     assert second.resume() == 1 and second.tau == 0.7
     trained = dict(first.model.named_parameters())
@@ -121,6 +122,9 @@ def test_each_iteration_is_saved_and_a_rerun_resumes_after_the_last(tmp_path):
     for row in [e for e in log if "iteration" in e]:  # each iteration's dev line against the untrained run
         assert row["dev_paired"] == 2 and row["dev_better"] + row["dev_worse"] <= 2 and 0 < row["dev_sign_p"] <= 1
     assert json.loads((Path(config.output_dir) / "iter2" / "checkpoint" / "state.json").read_text())["iteration"] == 2
+    guards_off = [e for e in log if e.get("after") == "final_guards_none"]  # the seeds' claim, after the last
+    assert len(guards_off) == 1 and guards_off[0]["dev_paired"] == 2 and guards_off[0]["dev_guarded"] == 0
+    assert summary["dev_guards_none"]["dev_questions"] == 2
 
 
 def test_config_from_yaml_and_bad_configs(tmp_path):

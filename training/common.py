@@ -95,9 +95,12 @@ class DevConfig:
     limit: int | None = 100
     min_questions: int = 100  # a smaller slice raises DevSliceError (tests set it lower)
     cache: str | None = None  # the untrained policy's dev runs, one folder per key; None: <output_dir>/../untrained
+    guards_off: bool = False  # also run the trained policy with guards "none" (GUARDS_OFF), against the untrained
+    # policy with its guards on: does training teach what the guards patch?
 
 
 UNTRAINED = "untrained"  # the dev run of the policy before training
+GUARDS_OFF = "final_guards_none"  # the dev run of the trained policy with guards "none" (`dev.guards_off`)
 
 
 def dev_rollout(rollout: RolloutConfig, dev: DevConfig) -> RolloutConfig:
@@ -221,7 +224,8 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
     slice. The `untrained` run is kept in `untrained_folder`: a finished one is read back without asking the
     model, an interrupted one resumes, and another key (policy, slice, settings) gets a folder of its own; its
     metrics carry `dev_run` (the folder) and `dev_reused`. Every other `name` is a resumable run in
-    `output_dir/dev/<name>`, compared with the untrained run's records when there is one."""
+    `output_dir/dev/<name>`, compared with the untrained run's records when there is one; `GUARDS_OFF` runs
+    with guards "none"."""
     if not dev.path:
         return {}
     run = dev_rollout(rollout, dev)
@@ -236,6 +240,8 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
             llm, roles = llms(cached)
             records = rollouts(run, llm, cached, roles, concurrency=config.rollout_concurrency)
         return dev_metrics(records) | {"dev_run": str(cached), "dev_reused": reused}
+    if name == GUARDS_OFF:
+        run = dataclasses.replace(run, context={**run.context, "guards": "none"})
     folder = Path(output_dir) / "dev" / name
     llm, roles = llms(folder)
     records = rollouts(run, llm, folder, roles, concurrency=config.rollout_concurrency)
@@ -443,10 +449,11 @@ def rollout_store(rollout: RolloutConfig) -> Iterator[Any]:
         yield store
 
 
-def plot_curve(out_dir: Path, title: str) -> str:
+def plot_curve(out_dir: str | Path, title: str) -> str:
     """`out_dir/curve.png` of `out_dir/log.jsonl`, drawn by the main process; returns its path."""
     from .curve import plot_log
 
+    out_dir = Path(out_dir)
     return str(on_main_process(lambda: plot_log(out_dir / LOG, out_dir / "curve.png", title), share=True))
 
 

@@ -74,6 +74,7 @@ from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 
 from .common import (
+    GUARDS_OFF,
     LOG,
     DevConfig,
     ModelConfig,
@@ -626,6 +627,8 @@ class MAPGRPOTrainer:
         for role in self.config.roles:
             summary["roles"][role] = self.train_role(role)
             dev[role] = self.dev(role)
+        if self.config.dev.guards_off:
+            dev[GUARDS_OFF] = self.dev(GUARDS_OFF)
         final = save_policy(self.model, self.tokenizer, out / "final")
         write_log(out / LOG, {"event": "saved", "final": final})
         return summary | {"dev": dev if self.config.dev.path else {}, "final": final,

@@ -32,6 +32,7 @@ from mhqa_graph.errors import InvalidInput
 from mhqa_graph.export import mygo_rows, read_records, reward_of
 
 from .common import (
+    GUARDS_OFF,
     LOG,
     UNTRAINED,
     DevConfig,
@@ -213,5 +214,8 @@ class MyGOTrainer:
             history.append(row)
         history += [self.iteration(k) for k in range(max(1, done + 1), cfg.iterations + 1)]
         final = save_policy(self.model, self.tokenizer, self.out / "final")
+        guards_off = self.dev(GUARDS_OFF) if cfg.dev.guards_off else {}
+        if guards_off:
+            write_log(self.out / LOG, {"event": "dev", "after": GUARDS_OFF, **guards_off})
         return {"iterations": history, "tau": self.tau, "dev_untrained": untrained, "final": final,
-                "curve": plot_curve(self.out, "MyGO")}
+                "curve": plot_curve(self.out, "MyGO")} | ({"dev_guards_none": guards_off} if guards_off else {})

@@ -46,6 +46,7 @@ from mhqa_graph.export import THINK_WEIGHT, sft_rows, weighted_message
 from mhqa_graph.models.chat import TransformersChatModel, chat_dicts, model_device
 
 from .common import (
+    GUARDS_OFF,
     LOG,
     DevConfig,
     ModelConfig,
@@ -610,6 +611,8 @@ class OmneTrainer:
             save_checkpoint(self.model, self.out / name, state)
             summary["stages"].append({k: state[k] for k in SUMMARY_KEYS} | {"log": log.entries})
             summary["dev"][name] = self.dev(name)
+        if self.config.dev.guards_off and self.config.dev.path:
+            summary["dev"][GUARDS_OFF] = self.logged_dev(GUARDS_OFF) or self.dev(GUARDS_OFF)
         if not self.config.dev.path:
             summary["dev"] = {}
         summary["final"] = save_policy(self.model, self.tokenizer, self.out / "final")

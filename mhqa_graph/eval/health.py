@@ -137,8 +137,8 @@ def behaviour(records: list[dict]) -> dict[str, Any]:
     - Omne: `tool_rate` (at least one tool call), `acted_rate` (at least one successful call: a result, not an
       error or a repeat) and `successful_calls` in all;
     - Mujica: `worker_rate` (at least one worker consulted) and `dispatches` (worker calls, repairs not counted);
-    - `answer_chars` (median characters of the answers) and `unknown` (answers that say there is none:
-      empty, "unknown", "not stated", ...)."""
+    - `answer_chars` (median characters of the answers), `unknown` (answers that say there is none:
+      empty, "unknown", "not stated", ...) and `guarded` (questions on which a guard fired)."""
     from ..graphs.refusals import is_no_answer  # here: the graphs import this package (refusals -> scoring)
 
     n = max(1, len(records))
@@ -150,6 +150,7 @@ def behaviour(records: list[dict]) -> dict[str, Any]:
         "malformed": sum(malformed), "repairs": sum(repairs),
         "answer_chars": median([len((r.get("prediction") or "").strip()) for r in records] or [0]),
         "unknown": sum(is_no_answer(r.get("prediction") or "") for r in records),
+        "guarded": sum(bool((r.get("health") or {}).get("guards")) for r in records),
     }
     agents = {t.get("agent") for t in traces}
     if "omne" in agents:
