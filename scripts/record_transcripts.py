@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import hashlib
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from mhqa_graph.graphs.common import chat_model
 from mhqa_graph.eval.diagnostics import chain_json
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
 from mhqa_graph.eval.runner import graph_inputs, load_questions
+from mhqa_graph.models.packs import file_sha256
 from mhqa_graph.testing.replay import RecordingChatModel, RecordingStore, Transcript
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,14 +41,6 @@ PLAN = {  # agent -> environments (DEV_ENVIRONMENTS)
     "direct": ("hotpot",),
 }
 NO_STOP = {"omne": ("pq2h",)}  # also recorded from a provider without stop sequences: `<agent>-<env>-nostop.json`
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def pick(dataset: str, path: Path, start: int, n: int) -> list:
@@ -82,7 +74,7 @@ def record(agent: str, env: str, args: argparse.Namespace, pass_stop: bool = Tru
                   f"{out.get('error') or ''} {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
     gguf = Path(getattr(real, "model_path", "") or "")
     meta = {"agent": agent, "environment": env, "dataset": dataset, "file": rel, "settings": settings,
-            "model": args.llm, "sha256": sha256(gguf) if gguf.is_file() else None, "stop_sequences": pass_stop,
+            "model": args.llm, "sha256": file_sha256(gguf) if gguf.is_file() else None, "stop_sequences": pass_stop,
             "date": datetime.date.today().isoformat(), "command": " ".join(sys.argv)}
     transcript = Transcript(meta=meta, questions=questions, llm=llm.calls, store=reads.reads)
     return transcript.save(args.out / f"{agent}-{env}{'' if pass_stop else '-nostop'}.json")

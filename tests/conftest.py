@@ -100,3 +100,32 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+class StoppedTraining(Exception):
+    """Raised by `stop_training` where a stopped run would end."""
+
+
+@pytest.fixture()
+def stop_training(monkeypatch):
+    """`stop_training(module, step)`: the trainers that `module` builds with its `jsonl_log` callback stop
+    (StoppedTraining) before the step after `step`, once that step's checkpoint is saved; returns a function
+    that lets them train on."""
+    def stop(module, step: int):
+        logging = module.jsonl_log
+
+        def stopping_log(path, **tags):
+            log = logging(path, **tags)
+
+            def on_step_begin(args, state, control, **kwargs):
+                if state.global_step == step:
+                    raise StoppedTraining
+
+            log.on_step_begin = on_step_begin
+            return log
+
+        monkeypatch.setattr(module, "jsonl_log", stopping_log)
+        return lambda: monkeypatch.setattr(module, "jsonl_log", logging)
+
+    stop.error = StoppedTraining
+    return stop

@@ -503,7 +503,7 @@ def test_held_back_prompts_are_never_trained_on_and_their_reward_is_logged(env, 
         [0, 1, 2]
 
 
-def test_a_role_stopped_between_steps_resumes_at_its_last_step(env, tmp_path, monkeypatch):
+def test_a_role_stopped_between_steps_resumes_at_its_last_step(env, tmp_path, stop_training):
     """A role stopped after step 2 of 3 (KL on: the "ref" adapter is in the checkpoint too) resumes there: the
     rerun trains step 3 only and ends with the weights of a run that was never stopped."""
     def tiny(out):
@@ -514,29 +514,14 @@ def test_a_role_stopped_between_steps_resumes_at_its_last_step(env, tmp_path, mo
     whole = MAPGRPOTrainer(tiny(tmp_path / "whole"))
     whole.train()
 
-    class Stop(Exception):
-        pass
-
-    logging = mapgrpo.jsonl_log
-
-    def stopping_log(path, **tags):
-        log = logging(path, **tags)
-
-        def on_step_begin(args, state, control, **kwargs):
-            if state.global_step == 2:
-                raise Stop
-
-        log.on_step_begin = on_step_begin
-        return log
-
     out = tmp_path / "run"
     (out / "analysis").mkdir(parents=True)
     shutil.copytree(tmp_path / "whole" / "analysis" / "rollouts", out / "analysis" / "rollouts")  # the same prompts
-    monkeypatch.setattr(mapgrpo, "jsonl_log", stopping_log)
-    with pytest.raises(Stop):
+    go_on = stop_training(mapgrpo, 2)
+    with pytest.raises(stop_training.error):
         MAPGRPOTrainer(tiny(out)).train()
     assert sorted(p.name for p in (out / "analysis" / "grpo").glob("checkpoint-*")) == ["checkpoint-2"]
-    monkeypatch.setattr(mapgrpo, "jsonl_log", logging)
+    go_on()
     again = MAPGRPOTrainer(tiny(out))
     summary = again.train()
     assert summary["roles"]["analysis"]["steps"] == 3

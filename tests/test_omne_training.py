@@ -432,7 +432,7 @@ def test_a_rerun_resumes_after_the_last_trained_stage(config, monkeypatch):
     assert OmneTrainer(dataclasses.replace(cfg, stages=[3])).resume() == []
 
 
-def test_a_stage_stopped_between_steps_resumes_at_its_last_step(config, monkeypatch, tmp_path):
+def test_a_stage_stopped_between_steps_resumes_at_its_last_step(config, stop_training, tmp_path):
     """A stage stopped after step 2 of 3 leaves checkpoint-2; the rerun trains step 3 only and ends with the
     weights of a run that was never stopped. Step checkpoints of other arguments are not resumed."""
     import mhqa_graph.training.omne as omne
@@ -444,27 +444,12 @@ def test_a_stage_stopped_between_steps_resumes_at_its_last_step(config, monkeypa
     whole = OmneTrainer(dataclasses.replace(cfg, output_dir=str(tmp_path / "whole")))
     whole.train()
 
-    class Stop(Exception):
-        pass
-
-    logging = omne.jsonl_log
-
-    def stopping_log(path, **tags):
-        log = logging(path, **tags)
-
-        def on_step_begin(args, state, control, **kwargs):
-            if state.global_step == 2:
-                raise Stop
-
-        log.on_step_begin = on_step_begin
-        return log
-
-    monkeypatch.setattr(omne, "jsonl_log", stopping_log)
-    with pytest.raises(Stop):
+    go_on = stop_training(omne, 2)
+    with pytest.raises(stop_training.error):
         OmneTrainer(cfg).train()
     stage = Path(cfg.output_dir) / "stage2"
     assert sorted(p.name for p in stage.glob("checkpoint-*")) == ["checkpoint-2"]
-    monkeypatch.setattr(omne, "jsonl_log", logging)
+    go_on()
 
     again = OmneTrainer(cfg)
     summary = again.train()

@@ -170,20 +170,13 @@ def policy_identity(config: ModelConfig) -> dict[str, Any]:
     return identity | {"snapshot": Path(cached).parent.name if isinstance(cached, str) else None}
 
 
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of the file's content."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def untrained_key(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: Any) -> dict[str, Any]:
     """What the untrained policy's dev run depends on: the policy (`policy_identity`) and who serves it, the
     agent, the dev file (path and content hash: a copy or a touch keeps the key) and store, the question slice,
     the decoding settings and agent settings, and the guards the agent runs."""
     from mhqa_graph.graphs.guards import selected
+
+    from mhqa_graph.models.packs import file_sha256
 
     run = dev_rollout(rollout, dev)
     data = Path(run.path).expanduser().resolve()

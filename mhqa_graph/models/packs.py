@@ -140,6 +140,15 @@ def pack_path(name: str) -> Path:
     return pull(name)
 
 
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of a file's content (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def assemble(parts: Sequence[Path], dest: Path, sha256: str, progress: Progress | None = None) -> Path:
     """Concatenate `parts` into `dest`, hashing while writing; ChecksumMismatch leaves no file behind."""
     total = sum(p.stat().st_size for p in parts)
