@@ -247,6 +247,20 @@ def test_tool_result_tokens_get_no_gradient(config, monkeypatch):
     assert torch.all(grad[mask == 0] == 0) and torch.all(grad[mask == 1] != 0)
 
 
+def test_a_group_of_episodes_is_sampled_with_the_trainers_settings(config):
+    """The tiny policy's own generation config is greedy; a GRPO group of one question must still be sampled at
+    GRPOConfig's temperature, or its episodes are identical and every advantage is 0."""
+    trainer = OmneTrainer(config)
+    assert not trainer.model.generation_config.do_sample
+    with open_store(config.rollout.store) as store:
+        env = OmneEnvironment(config.rollout, store)
+        grpo = trainer.grpo_trainer(1, env)
+        prompt = env.dataset()[0]["prompt"]
+        out = env.rollout_func()([prompt] * 4, grpo)
+    assert grpo.generation_config.do_sample and grpo.generation_config.temperature == 1.0
+    assert len({tuple(ids) for ids in out["completion_ids"]}) > 1
+
+
 def test_stage3_reward_is_lower_for_repeated_identical_calls():
     golds = ["Bob 1"]
     distinct, repeated = replies("1", "Bob 1"), replies("1", "Bob 1", repeat=True)

@@ -150,8 +150,8 @@ class EpisodeModel(TransformersChatModel):
     """The policy as the Omne graph's chat model for one episode. The graph's successive prompts extend
     one conversation; each is turned into tokens as the previous sequence (prompt, replies as sampled)
     plus the chat-template tokens of the messages the graph added since the last reply, and the reply
-    is generated from exactly that, sampled as the model's generation config says (in RL, GRPOConfig's
-    temperature, top_p, top_k, ...), stopping at the graph's stop strings (`<tool_response>`: results are
+    is generated from exactly that, sampled as `generation_config` says (in RL the GRPOTrainer's: its
+    temperature, top_p, top_k, ...; None: the model's own), stopping at the graph's stop strings (`<tool_response>`: results are
     the system's to write); the text before the stop is the reply.
 
     The graph keeps a reply only through its last tool call (`parse_reply(...).kept`). When the next
@@ -166,6 +166,7 @@ class EpisodeModel(TransformersChatModel):
 
     budget: int = 3072  # completion tokens of the episode: replies and what the graph adds between them
     reserve: int = 256  # tokens kept back for the forced answer: its message and the reply
+    generation_config: Any = None  # transformers' GenerationConfig of the replies; None: the model's own
 
     _prompt: list[int] = PrivateAttr(default_factory=list)
     _completion: list[int] = PrivateAttr(default_factory=list)
@@ -267,7 +268,8 @@ class EpisodeModel(TransformersChatModel):
         stops = [s for s in (stop or self.stop or []) if s]
         ids = torch.tensor([self._prompt + self._completion], device=model_device(self._model))
         out = self.generate_ids(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
-                                stop_strings=stops or None, tokenizer=self._tokenizer)
+                                stop_strings=stops or None, tokenizer=self._tokenizer,
+                                generation_config=self.generation_config)
         new = out[0, ids.shape[1]:].tolist()
         self._reply_start = len(self._completion)
         self._completion += new
@@ -317,11 +319,13 @@ class OmneEnvironment:
         return Dataset.from_list([{"prompt": [{"role": "user", "content": key}], "answers": q.answers}
                                   for key, q in self.questions.items()])
 
-    def episode(self, model: Any, tokenizer: Any, prompt: str, budget: int, reserve: int = 256) -> dict[str, Any]:
-        """One run of the Omne graph on the question of `prompt` with `model` as the policy."""
+    def episode(self, model: Any, tokenizer: Any, prompt: str, budget: int, reserve: int = 256,
+                generation_config: Any = None) -> dict[str, Any]:
+        """One run of the Omne graph on the question of `prompt` with `model` as the policy, its replies
+        sampled as `generation_config` says (None: the model's own)."""
         question = self.questions[prompt]
         llm = EpisodeModel.from_loaded(model, tokenizer, model_name="policy", max_new_tokens=self.config.max_new_tokens,
-                                       budget=budget, reserve=reserve)
+                                       budget=budget, reserve=reserve, generation_config=generation_config)
         inputs = {"question": question.question, "topic_entities": question.topic_entities}
         output = self.graph.invoke(inputs, context=dataclasses.replace(self.context, llm=llm))
         result = llm.episode()
@@ -336,7 +340,9 @@ class OmneEnvironment:
 
     def rollout_func(self, reserve: int = 256) -> Callable[[list, Any], dict[str, list]]:
         """TRL's `rollout_func`: one episode per prompt (GRPOTrainer repeats each num_generations times),
-        within `max_completion_length` tokens of which `reserve` are kept for the forced answer."""
+        within `max_completion_length` tokens of which `reserve` are kept for the forced answer, sampled with
+        the trainer's generation config. (TRL overrides the model's own config for generation only before
+        transformers 5; a model whose own config is greedy would give a group of identical episodes.)"""
 
         def rollout(prompts: list, trainer: Any) -> dict[str, list]:
             from trl.models.utils import unwrap_model_for_generation
@@ -349,7 +355,8 @@ class OmneEnvironment:
                 for prompt in prompts:
                     key = prompt[-1]["content"] if isinstance(prompt, list) else prompt
                     episodes.append(self.episode(model, trainer.processing_class, key,
-                                                 trainer.args.max_completion_length, reserve))
+                                                 trainer.args.max_completion_length, reserve,
+                                                 trainer.generation_config))
             # logprobs None: no importance-sampling correction, as TRL's own transformers generation
             return {key: [e[key] for e in episodes] for key in EPISODE_KEYS} | {"logprobs": None}
 
