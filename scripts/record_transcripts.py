@@ -23,6 +23,7 @@ from pathlib import Path
 
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs.common import chat_model
+from mhqa_graph.graphs.guards import selected
 
 from mhqa_graph.eval.diagnostics import chain_json
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
@@ -58,7 +59,8 @@ def record(agent: str, env: str, args: argparse.Namespace, pass_stop: bool = Tru
     dataset, rel = DEV_ENVIRONMENTS[env].dataset, DEV_ENVIRONMENTS[env].file
     path = args.data / rel
     with open_environment(args.store, dataset, path) as (store, built):
-        settings = {"corpus": built["corpus"], "graph": built["graph"]}
+        on = sorted(selected("auto", agent))  # by name, not "auto": a replay runs these when the default set changes
+        settings = {"corpus": built["corpus"], "graph": built["graph"], "guards": ",".join(on) or "none"}
         real = chat_model(make_context(agent, llm=args.llm), "any")
         llm, reads = RecordingChatModel(inner=real, pass_stop=pass_stop), RecordingStore(store)
         context = make_context(agent, llm=llm, store=reads, **settings)
