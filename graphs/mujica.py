@@ -20,12 +20,13 @@ Departures from the paper:
   repaired and noted (`mujica_plan`); after a malformed reply or a round that can run nothing, and in round
   `max_rounds`, the planner must give the final answer. It may conclude only after `min_worker_rounds` waves;
   before that, a round that asks nothing sends the question itself to a worker.
-- Guards (graphs/guards.py, each switchable and recorded in `guards`): on the plan `unecho`,
-  `plan_off_topic`, `plan_made_up_entity`, `plan_example_copy` (`mujica_plan`); on worker answers
-  `worker_refusal` and `unknown_contexts` (a sub-question without an answer is reported with the contexts
-  the worker retrieved, so the planner can ask on about the entities they name; off by default: on questions
-  140-159 it turned 2 answers right and 3 wrong); on the conclusion
-  `no_answer_fallback`, `short_answer_reask`, `date_comparison`, `option_answer` (`mujica_conclusion`).
+- Guards (graphs/guards.py, each switchable and recorded in `guards`; the default set is what paid on questions
+  100-139, docs/benchmarks.md): on the plan `unecho`, `plan_made_up_entity`, `plan_example_copy` and
+  `plan_off_topic` (off by default) (`mujica_plan`); on worker answers `worker_refusal` and `unknown_contexts`
+  (a sub-question without an answer is reported with the contexts the worker retrieved, so the planner can ask
+  on about the entities they name; off by default: on questions 140-159 it turned 2 answers right and 3
+  wrong); on the conclusion `date_comparison`, `option_answer`, and off by default `no_answer_fallback` and
+  `short_answer_reask` (`mujica_conclusion`).
 - On graph facts the worker's prompt names relation synonyms (released: publication date).
 
 Replies each role is expected to give (what `fake_llms` scripts; `mujica_prompts` holds their formats):

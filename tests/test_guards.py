@@ -48,7 +48,7 @@ def test_every_guard_is_named_with_its_stage_and_agents():
     # off by default where the ablation did not justify them; answer-replacing guards are on by default only
     # where it showed they paid (Mujica's option guards)
     off = set(G.GUARDS) - G.defaults("opera") - G.defaults("mujica") - G.defaults("omne")
-    assert off == {"no_answer_fallback", "unknown_contexts"}
+    assert off == {"no_answer_fallback", "unknown_contexts", "plan_off_topic", "short_answer_reask"}
     assert {"date_comparison", "option_answer"} <= G.defaults("mujica") - G.defaults("opera")
     assert {g.stage for g in G.GUARDS.values()} == {"plan", "analysis", "worker answer", "conclusion", "tool answer"}
     assert [n for n, g in G.GUARDS.items() if "omne" in g.agents] == ["send_back_ungrounded", "send_back_one_hop"]
@@ -122,7 +122,8 @@ def test_plan_guards_switch_off_one_at_a_time():
     items = [{"id": "q1", "question": "Who directed Inception?", "depends_on": []},
              {"id": "q2", "question": "Which band released the album Tinted Windows?", "depends_on": []}]
     log: list[dict] = []
-    kept, _ = repair_plan(items, [], 12, 1, about=question, ctx=make_context("mujica", llm="fake"), log=log)
+    on = make_context("mujica", llm="fake", guards="+plan_off_topic")  # off by default: it did not pay
+    kept, _ = repair_plan(items, [], 12, 1, about=question, ctx=on, log=log)
     assert [q["id"] for q in kept] == ["q2"] and [f["guard"] for f in log] == ["plan_off_topic"]
     off = make_context("mujica", llm="fake", guards="plan_made_up_entity,plan_example_copy")
     log = []

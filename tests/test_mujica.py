@@ -11,7 +11,7 @@ import time
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
-from mhqa_graph.graphs import mujica, mujica_chat
+from mhqa_graph.graphs import make_context, mujica, mujica_chat
 from mhqa_graph.graphs.common import is_retry
 from mhqa_graph.graphs.mujica import MujicaContext, merge_results, read_plan, repair_plan
 from mhqa_graph.graphs.refusals import is_sentence
@@ -409,12 +409,13 @@ def test_unknown_from_the_planner_gives_way_to_a_workers_answer_to_the_question_
     ('{"answer": "yes"}', "Nolan was born in London, the capital city.", " and gave no short answer when asked"),
 ])
 def test_a_sentence_conclusion_is_asked_once_for_its_short_answer(store, again, answer, note):
+    """With the guard `short_answer_reask` (off by default: it did not pay on questions 100-139)."""
     sentence = "Nolan was born in London, the capital city."
     replies = iter([json.dumps({"subquestions": [subq("q1", "Who directed Inception?")]}),
                     json.dumps({"answer": sentence}), again])
     plan = FakeChatModel(respond=lambda messages: next(replies))
     out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
-                              context=ctx(store, plan, answering_worker()))
+                              context=ctx(store, plan, answering_worker(), guards="+short_answer_reask"))
     assert out["answer"] == answer and out["error"] is None and len(plan.calls) == 3
     assert out["notes"] == [f"LongAnswer: the planner concluded {sentence!r}{note}"]
     system, ask = plan.calls[2]  # asked afresh: the question and the plan's answers, not its own sentence
@@ -436,7 +437,7 @@ def test_a_model_error_when_asking_for_the_short_answer_keeps_the_sentence(store
     plan = FakeChatModel(responses=[json.dumps({"subquestions": [subq("q1", "Who directed Inception?")]}),
                                     json.dumps({"answer": sentence})], cycle=False)  # a third call raises
     out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
-                              context=ctx(store, plan, answering_worker()))
+                              context=ctx(store, plan, answering_worker(), guards="+short_answer_reask"))
     assert out["answer"] == sentence and out["error"] is None
     assert out["notes"][0].startswith(f"LongAnswer: the planner concluded {sentence!r}; asking again failed: ")
 
@@ -836,12 +837,13 @@ def test_sub_questions_off_the_topic_are_dropped():
              {"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]},
              {"id": "q3", "question": "Which band released the album Tinted Windows?", "depends_on": []},
              {"id": "q4", "question": "In what city did #q3 first perform?", "depends_on": ["q3"]}]
-    new, notes = repair_plan(items, [], cap=12, rnd=1, about=question)
+    on = make_context("mujica", llm="fake", guards="+plan_off_topic")  # off by default: it did not pay
+    new, notes = repair_plan(items, [], cap=12, rnd=1, about=question, ctx=on)
     assert [q["id"] for q in new] == ["q3", "q4"]
     assert notes == ["InvalidPlan: q1 is off the question's topic; dropped 'Who directed Inception?'",
                      "InvalidPlan: q2 is off the question's topic; dropped 'Where was #q1 born?'"]
     # an earlier answer is on the topic; without `about` nothing is checked
     later = [{"id": "q5", "question": "Where was Chris Taylor born?", "depends_on": []}]
     done = {"q3": {"status": "answered", "answer": "Chris Taylor", "attempt": 1}}
-    assert [q["id"] for q in repair_plan(later, new, 12, 2, done, about=question)[0]] == ["q5"]
+    assert [q["id"] for q in repair_plan(later, new, 12, 2, done, about=question, ctx=on)[0]] == ["q5"]
     assert [q["id"] for q in repair_plan(items, [], cap=12, rnd=1)[0]] == ["q1", "q2", "q3", "q4"]
