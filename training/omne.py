@@ -151,8 +151,8 @@ class EpisodeModel(TransformersChatModel):
     one conversation; each is turned into tokens as the previous sequence (prompt, replies as sampled)
     plus the chat-template tokens of the messages the graph added since the last reply, and the reply
     is generated from exactly that, sampled as `generation_config` says (in RL the GRPOTrainer's: its
-    temperature, top_p, top_k, ...; None: the model's own), stopping at the graph's stop strings (`<tool_response>`: results are
-    the system's to write); the text before the stop is the reply.
+    temperature, top_p, top_k, ...; None: the model's own), stopping at the graph's stop strings
+    (`<tool_response>`: results are the system's to write); the text before the stop is the reply.
 
     The graph keeps a reply only through its last tool call (`parse_reply(...).kept`). When the next
     prompt holds such a cut reply, the sampled tokens are cut to the shortest prefix that decodes to it
