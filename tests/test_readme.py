@@ -80,8 +80,8 @@ BASH: dict[str, tuple] = {
                                                                                        "folders; "
                                                                                        "test_bench_serving.py "
                                                                                        "tests it"),
-    "python bench/serving.py --eval pq2h,hotpot --limit 20": (SKIP, "runs the real 1.5B model twice side by side "
-                                                                   "for hours; test_bench_serving.py tests its table"),
+    "python bench/serving.py --eval pq2h,hotpot --limit 6": (SKIP, "runs the real 1.5B model twice side by side "
+                                                                  "for 26 min; test_bench_serving.py tests its table"),
     "python bench/probes.py": (SKIP, "a minute of probes; test_store_recovery.py and test_eval_robustness.py "
                                      "test each defect they probe"),
 }
