@@ -166,7 +166,7 @@ def eval_speed(args: argparse.Namespace, sep: str) -> None:
     specs = {"off": f"{args.llm}{sep}cache=0", "on": args.llm}
     envs = [e for e in args.eval.split(",") if e]
     if not args.report_only:
-        store = f"embedded://{(args.out / 'store').resolve()}"
+        store = args.store
         build_environments(store, args.data, envs)  # before two processes open the store read-only
         common = [a for e in envs for a in ("--env", e)] + ["--agents", args.agents, "--start", str(args.start),
                                                            "--limit", str(args.limit), "--jobs", "1", "--store",
@@ -228,6 +228,8 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=BENCH.parent.parent / "shared" / "data", help="with --eval")
     parser.add_argument("--out", type=Path, default=BENCH / "out" / "serving", help="with --eval")
     parser.add_argument("--report-only", action="store_true", help="with --eval: the table of finished runs")
+    parser.add_argument("--store", default=f"embedded://{BENCH / 'out' / 'store'}",
+                        help="with --eval: the store the evals read (default: bench/agents.py's, built once)")
     args = parser.parse_args()
     if args.runs:
         return runs_reuse(args.runs, args.slots)
