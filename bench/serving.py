@@ -166,11 +166,10 @@ def eval_speed(args: argparse.Namespace, sep: str) -> None:
     specs = {"off": f"{args.llm}{sep}cache=0", "on": args.llm}
     envs = [e for e in args.eval.split(",") if e]
     if not args.report_only:
-        store = args.store
-        build_environments(store, args.data, envs)  # before two processes open the store read-only
+        build_environments(args.store, args.data, envs)  # before two processes open the store read-only
         common = [a for e in envs for a in ("--env", e)] + ["--agents", args.agents, "--start", str(args.start),
                                                            "--limit", str(args.limit), "--jobs", "1", "--store",
-                                                           store, "--out", str(args.out), "--data", str(args.data)]
+                                                           args.store, "--out", str(args.out), "--data", str(args.data)]
         with ExitStack() as stack:
             logs = {k: stack.enter_context((args.out / f"serving-{k}.log").open("w", encoding="utf-8")) for k in specs}
             stack.enter_context(stopping_children())

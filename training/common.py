@@ -492,6 +492,10 @@ def load_checkpoint(model: Any, path: Path) -> None:
         model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
 
 
+STEP_SAVES = {"save_strategy": "steps", "save_steps": 1, "save_total_limit": 1}  # TRL arguments: a step
+# checkpoint after every step, the newest kept, so that `train_resuming` resumes a stopped stage at its last step
+
+
 def train_resuming(trainer: Any, state: dict[str, Any], log: Path, first: Callable[[], Any] | None = None) -> Any:
     """`trainer.train()` (its TrainOutput), resumed from the newest step checkpoint (`checkpoint-<step>`, saved
     by the TRL arguments' `save_steps`) in its output_dir that a run of the same `state` (stage, order,

@@ -76,6 +76,7 @@ from mhqa_graph.testing.fakes import FakeChatModel
 from .common import (
     GUARDS_OFF,
     LOG,
+    STEP_SAVES,
     DevConfig,
     ModelConfig,
     RolloutConfig,
@@ -137,9 +138,8 @@ def grpo_args(config: MAPGRPOConfig, output_dir: str | Path, heldout: bool = Fal
     (`devices.precision_args`), a step checkpoint after every step (a stopped role resumes there); with
     `heldout`, an evaluation every `config.heldout_every` steps, one group of completions per eval batch. Bad
     arguments raise InvalidInput."""
-    defaults = dict(report_to=[], save_strategy="steps", save_steps=1, save_total_limit=1, logging_steps=1,
-                    disable_tqdm=True,
-                    gradient_checkpointing=False, seed=config.model.seed, **precision_args(config.grpo))
+    defaults = dict(report_to=[], **STEP_SAVES, logging_steps=1, disable_tqdm=True, gradient_checkpointing=False,
+                    seed=config.model.seed, **precision_args(config.grpo))
     if heldout:
         group = config.grpo.get("num_generations_eval") or config.grpo.get("num_generations") \
             or GRPOConfig.__dataclass_fields__["num_generations"].default

@@ -48,6 +48,7 @@ from mhqa_graph.models.chat import TransformersChatModel, chat_dicts, model_devi
 from .common import (
     GUARDS_OFF,
     LOG,
+    STEP_SAVES,
     DevConfig,
     ModelConfig,
     RolloutConfig,
@@ -77,7 +78,6 @@ EPISODE_KEYS = ("prompt_ids", "completion_ids", "env_mask", "turns", "episode_ro
                 "episode_successful_calls", "episode_repeated_calls", "episode_forced")
 # 3,072 episode tokens: a clean 3-hop PathQuestion episode (entity_matcher, node_info x 3, answer) measures
 # 660-1,080 completion tokens, leaving room for longer reasoning, a failed call or two and the forced answer
-STEP_SAVES = {"save_strategy": "steps", "save_steps": 1, "save_total_limit": 1}  # a stopped stage resumes at its step
 GRPO_DEFAULTS = {"report_to": [], **STEP_SAVES, "logging_steps": 1, "max_completion_length": 3072}
 SFT_DEFAULTS = {"report_to": [], **STEP_SAVES, "logging_steps": 1, "max_length": 4096}
 
