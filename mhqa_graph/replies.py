@@ -80,6 +80,11 @@ class ReplyFormat:
         return {"type": "json_schema", "json_schema": {"name": self.name, "schema": self.schema, "strict": True}}
 
 
+# a character of a JSON string: llama-cpp-python's converter lets raw control characters through, which
+# JSON forbids (json.loads rejects them), so a constrained reply could still fail to parse
+JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+
+
 @functools.lru_cache(maxsize=256)
 def _schema_rules(schema: str) -> tuple[str, ...]:
     """The GBNF rules of a JSON schema given as JSON text (llama.cpp's own converter, run once per schema: the
@@ -88,6 +93,7 @@ def _schema_rules(schema: str) -> tuple[str, ...]:
 
     text = json_schema_to_gbnf(schema)
     rules = [re.sub(r"^root ::=", "json-root ::=", line) for line in text.splitlines() if line.strip()]
+    rules = [JSON_CHAR if r.startswith("char ::=") else r for r in rules]
     clash = [r for r in rules if re.match(r"(reply-[\w-]*|json-root) ::=", r) and not r.startswith("json-root ::=")]
     if clash or sum(r.startswith("json-root ::=") for r in rules) != 1:
         raise ValueError(f"the schema's grammar rules clash with the reply's own: {clash[:2]}")

@@ -7,6 +7,7 @@ stage 1 warm-starts on teacher trajectories and stops when the format stays 0.""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +17,7 @@ import pytest
 pytest.importorskip("trl")
 import torch  # noqa: E402
 from mhqa_graph.graphs.omne_prompts import FORCE_ANSWER  # noqa: E402
+from mhqa_graph.graphs.omne_protocol import parse_reply  # noqa: E402
 from mhqa_graph.training.common import DevConfig, ModelConfig, load_config  # noqa: E402
 from mhqa_graph.training.omne import (  # noqa: E402
     LOG,
@@ -68,8 +70,9 @@ def script(model, tokenizer, monkeypatch, repeat: bool = False, after: str = "")
     they start (as generation with the graph's stop strings does), else they end with the end-of-turn token."""
     inputs, finished = [], [0]
 
-    def generate(input_ids, max_new_tokens, stop_strings=None, **kwargs):
-        assert stop_strings == ["<tool_response>"]
+    def generate(input_ids, generation_config, **kwargs):
+        max_new_tokens = generation_config.max_new_tokens
+        assert generation_config.stop_strings == ["<tool_response>"]
         text = tokenizer.decode(input_ids[0])
         inputs.append(text)
         rid = text.split("father of Ann ")[1].split("?")[0]
@@ -259,6 +262,24 @@ def test_a_group_of_episodes_is_sampled_with_the_trainers_settings(config):
         out = env.rollout_func()([prompt] * 4, grpo)
     assert grpo.generation_config.do_sample and grpo.generation_config.temperature == 1.0
     assert len({tuple(ids) for ids in out["completion_ids"]}) > 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xgrammar") is None, reason="needs xgrammar (models extra)")
+def test_episodes_are_decoded_under_the_inference_grammar(config):
+    """A random policy writes no protocol; its episodes, sampled under the graph's reply grammar as at
+    inference, are turn by turn calls the protocol reads, or an answer. (Room for a full think block of
+    random bytes: max_new_tokens 2000.)"""
+    config = dataclasses.replace(config, rollout=dataclasses.replace(config.rollout, max_new_tokens=2000))
+    trainer = OmneTrainer(config)
+    with open_store(config.rollout.store) as store:
+        env = OmneEnvironment(config.rollout, store)
+        grpo = trainer.grpo_trainer(1, env)
+        prompt = env.dataset()[0]["prompt"]
+        episode = env.episode(trainer.model, trainer.tokenizer, prompt[0]["content"], budget=20000,
+                              generation_config=grpo.generation_config)
+    turns = episode["turns"]
+    assert turns and all(parse_reply(t).calls or parse_reply(t).answer for t in turns), turns
+    assert all(not call["error"] for t in turns for call in parse_reply(t).calls)
 
 
 def test_stage3_reward_is_lower_for_repeated_identical_calls():

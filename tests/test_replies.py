@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -23,7 +24,7 @@ from mhqa_graph.graphs.opera_plan import check_plan
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.models.packs import pack_installed
 from mhqa_graph.parsing import extract_json, final_answer
-from mhqa_graph.replies import answer_reply, can_constrain, decoding_kwargs
+from mhqa_graph.replies import ReplyFormat, answer_reply, can_constrain, decoding_kwargs
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.testing.replay import RecordingChatModel
 from mhqa_graph.traces import TraceRecorder
@@ -211,21 +212,95 @@ def test_openai_servers_get_the_json_schema_and_a_refusal_falls_back(refuse):
         assert len(SchemaStub.requests) == 1 and calls[-1].decoding == "json_schema"
 
 
+def every_format() -> list:
+    """Each format the agents send: think blocks, several calls, a root anyOf."""
+    return [O.plan_format(7), O.analysis_format(True), O.analysis_format(False), O.REWRITE_FORMAT,
+            O.ANSWER_FORMAT, M.SHORT_FORMAT, answer_reply("answer", True), answer_reply("answer", False),
+            *(M.planner_format(final, may, think, 12) for final in (True, False) for may in (True, False)
+              for think in (True, False)),
+            *(M.worker_format(n, think) for n in (0, 5) for think in (True, False)),
+            *(W.tool_format(graphs, think, calls) for graphs in ([], ["a", "b"]) for think in (True, False)
+              for calls in (1, 5))]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_SMOLLM, reason="needs llama-cpp-python and the smollm2-135m pack")
 def test_every_role_format_compiles_in_llama_cpp():
-    """Think blocks, several calls, a root anyOf: llama.cpp's own parser accepts each format the agents send
-    (a grammar it rejected would silently fall back to the prompt)."""
+    """llama.cpp's own parser accepts each format the agents send (a grammar it rejected would silently fall
+    back to the prompt)."""
     from mhqa_graph.models.factory import load_chat_model
 
     model = load_chat_model("llamacpp:smollm2-135m?threads=1")
     model._load()
-    formats = [O.plan_format(7), O.analysis_format(True), O.analysis_format(False), O.REWRITE_FORMAT,
-               O.ANSWER_FORMAT, M.SHORT_FORMAT, answer_reply("answer", True), answer_reply("answer", False),
-               *(M.planner_format(final, may, think, 12) for final in (True, False) for may in (True, False)
-                 for think in (True, False)),
-               *(M.worker_format(n, think) for n in (0, 5) for think in (True, False)),
-               *(W.tool_format(graphs, think, calls) for graphs in ([], ["a", "b"]) for think in (True, False)
-                 for calls in (1, 5))]
-    for fmt in formats:
+    for fmt in every_format():
         model._grammar(fmt.gbnf())  # raises ValueError if llama.cpp rejects it
+
+
+# -- transformers models, through xgrammar -----------------------------------------------------
+needs_xgrammar = pytest.mark.skipif(importlib.util.find_spec("xgrammar") is None or
+                                    importlib.util.find_spec("transformers") is None,
+                                    reason="needs the models extra (transformers, xgrammar)")
+
+
+def tiny_chat(**kwargs):
+    from mhqa_graph.training.tiny import tiny_model_and_tokenizer
+
+    from mhqa_graph.models.chat import TransformersChatModel
+
+    model, tokenizer = tiny_model_and_tokenizer()
+    return TransformersChatModel.from_loaded(model, tokenizer, model_name="tiny", **kwargs)
+
+
+@needs_xgrammar
+def test_every_role_format_compiles_in_xgrammar():
+    from mhqa_graph.training.tiny import tiny_tokenizer
+
+    from mhqa_graph.models.grammar import GrammarCache
+
+    cache = GrammarCache(tiny_tokenizer())
+    for fmt in every_format():
+        cache.processor(fmt.gbnf())  # raises ValueError if xgrammar rejects it
+
+
+@needs_xgrammar
+@pytest.mark.parametrize("role", list(FORMATS))
+def test_a_transformers_model_under_the_grammar_writes_what_the_parser_reads(role):
+    """A random tiny model writes nothing the agents can read; under each role's grammar (decoding "grammar"
+    on every call, as for llama.cpp) every reply parses."""
+    fmt, parse = FORMATS[role]
+    model = tiny_chat(max_new_tokens=1500)
+    kwargs, how = decoding_kwargs(model, fmt)
+    prompt = [SystemMessage(f"Reply in the {fmt.name} format."),
+              HumanMessage(check_question("Who directed Inception, and where was he born?"))]
+    reply = model.invoke(prompt, **kwargs)
+    assert how == "grammar" and reply.response_metadata["decoding"] == "grammar"
+    assert reply.response_metadata["finish_reason"] == "stop" and parse(reply.text), json.dumps(reply.text)
+    assert not readable(parse, model.invoke(prompt).text)
+
+
+def readable(parse, text: str) -> bool:
+    try:
+        return bool(parse(text))
+    except ValueError:
+        return False
+
+
+@needs_xgrammar
+def test_the_grammar_masks_before_the_samplers_top_k():
+    """transformers runs a caller's logits processors after its own top-k: with top_k=1 keeping a token the
+    grammar forbids, nothing would be left to sample. The grammar's mask comes first."""
+    fmt = ReplyFormat("short", turn="answer", answer_chars=12)
+    model = tiny_chat(max_new_tokens=40, temperature=1.0)
+    free = model.invoke("Who?", temperature=0.0).text
+    assert not free.startswith("<answer>")  # the model's own first choice is one the grammar forbids
+    model._model.generation_config.top_k = 1
+    replies = {model.invoke("Who?", grammar=fmt.gbnf()).text for _ in range(3)}
+    assert all(re.fullmatch(r"<answer>[^<\n]{1,12}</answer>", r) for r in replies), replies
+    assert len(replies) == 1  # top_k=1 still applies, among the allowed tokens
+
+
+@needs_xgrammar
+def test_a_grammar_xgrammar_rejects_falls_back_to_the_prompt():
+    reply = tiny_chat(max_new_tokens=4).invoke("Say hi.", grammar="root ::= (")
+    assert reply.response_metadata["decoding"] == "prompt"
+    assert reply.response_metadata["decoding_error"].startswith("xgrammar rejected the grammar")

@@ -23,6 +23,7 @@ supported alternative.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import warnings
@@ -152,7 +153,11 @@ class EpisodeModel(TransformersChatModel):
     plus the chat-template tokens of the messages the graph added since the last reply, and the reply
     is generated from exactly that, sampled as `generation_config` says (in RL the GRPOTrainer's: its
     temperature, top_p, top_k, ...; None: the model's own), stopping at the graph's stop strings
-    (`<tool_response>`: results are the system's to write); the text before the stop is the reply.
+    (`<tool_response>`: results are the system's to write); the text before the stop is the reply. As at
+    inference, the graph's reply grammar constrains each reply where xgrammar is installed (the grammar
+    masks tokens before the sampling warpers; the GRPO loss then scores the sampled tokens under the
+    unconstrained policy). Without it the 0.5B policy writes its calls after `<|im_start|>`, a token the
+    decoded text drops, and never the `<tool_call>` tag (docs/training.md).
 
     The graph keeps a reply only through its last tool call (`parse_reply(...).kept`). When the next
     prompt holds such a cut reply, the sampled tokens are cut to the shortest prefix that decodes to it
@@ -258,7 +263,8 @@ class EpisodeModel(TransformersChatModel):
             raise
         if not self._prompt:
             self._prompt = self._template(chat, True)
-        max_new = min(self.max_new_tokens, self.budget - len(self._completion) - len(added) - 1)  # 1: a closing eos
+        room = self.budget - len(self._completion) - len(added) - 1  # 1: a closing eos
+        max_new = min(int(kwargs.get("max_new_tokens", self.max_new_tokens)), room)
         if max_new < 1:
             self._closed = True
             raise ModelError(f"the episode used its budget of {self.budget} completion tokens")
@@ -266,10 +272,12 @@ class EpisodeModel(TransformersChatModel):
         self._mask += [0] * len(added)
         self._closed = self._forced
         stops = [s for s in (stop or self.stop or []) if s]
+        config = copy.deepcopy(self.generation_config or self._model.generation_config)
+        config.max_new_tokens, config.stop_strings = max_new, stops or None
+        config, processors, decoding = self.constrained(kwargs, config)
         ids = torch.tensor([self._prompt + self._completion], device=model_device(self._model))
-        out = self.generate_ids(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
-                                stop_strings=stops or None, tokenizer=self._tokenizer,
-                                generation_config=self.generation_config)
+        out = self.generate_ids(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                                logits_processor=processors, tokenizer=self._tokenizer)
         new = out[0, ids.shape[1]:].tolist()
         self._reply_start = len(self._completion)
         self._completion += new
@@ -281,7 +289,7 @@ class EpisodeModel(TransformersChatModel):
         self._chat = [*chat, {"role": "assistant", "content": text}]
         finish = "stop" if new and (new[-1] == self._tokenizer.eos_token_id or len(new) < max_new) else "length"
         return ChatResult(generations=[ChatGeneration(message=AIMessage(
-            text, response_metadata={"model_name": self._name, "finish_reason": finish}))])
+            text, response_metadata={"model_name": self._name, "finish_reason": finish, **decoding}))])
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""A LangChain chat model running a local transformers causal LM; its inputs are built on the model's device."""
+"""A LangChain chat model running a local transformers causal LM; its inputs are built on the model's device,
+and `grammar=<GBNF text>` constrains a call where xgrammar is installed (`mhqa_graph.models.grammar`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import PrivateAttr
 
 from ..errors import DeviceError, ModelError, ModelNotInstalled
+from . import grammar as G
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 CUT_MARKER = "\n[...]\n"  # stands where a prompt too long for the context window was cut
@@ -94,6 +96,12 @@ class TransformersChatModel(BaseChatModel):
     _tokenizer: Any = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _device_fault: str | None = PrivateAttr(default=None)
+    _grammars: G.GrammarCache | None = PrivateAttr(default=None)
+
+    @property
+    def accepts_grammar(self) -> bool:
+        """Whether `grammar=<GBNF text>` constrains a call (`mhqa_graph.replies`): when xgrammar is installed."""
+        return G.available()
 
     @property
     def device_fault(self) -> str | None:
@@ -150,6 +158,22 @@ class TransformersChatModel(BaseChatModel):
             raise DeviceError(f"{self._name} failed on its device or dtype ({model_device(self._model)}): "
                               f"{self._device_fault}") from exc
 
+    def constrained(self, kwargs: dict[str, Any], config: Any) -> tuple[Any, list[Any], dict[str, str]]:
+        """(generation config, logits processors, response metadata) of a call: with `kwargs["grammar"]`, the
+        grammar's mask before `config`'s sampling warpers (`grammar.sampling_after_grammar`) and decoding
+        "grammar"; without one, or when xgrammar rejects it (the reason goes in `decoding_error`), `config`
+        unchanged and decoding "prompt". Call with the model loaded."""
+        if not kwargs.get("grammar") or not self.accepts_grammar:
+            return config, [], {"decoding": "prompt"}
+        if self._grammars is None:
+            self._grammars = G.GrammarCache(self._tokenizer, getattr(self._model.config, "vocab_size", None))
+        try:
+            processor = self._grammars.processor(kwargs["grammar"])
+        except ValueError as exc:  # fall back to the prompt, and say so
+            return config, [], {"decoding": "prompt", "decoding_error": str(exc)}
+        config, processors = G.sampling_after_grammar(self._model, config, processor)
+        return config, processors, {"decoding": "grammar"}
+
     def _window(self) -> int | None:
         """The context window: `context_window`, else the smaller of the model's position limit and the
         tokenizer's max length (when set; an unset one is a huge placeholder); None if unknown."""
@@ -172,6 +196,7 @@ class TransformersChatModel(BaseChatModel):
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         import torch
+        from transformers import GenerationConfig
 
         stops = [s for s in (stop or self.stop or []) if s]
         max_new = int(kwargs.get("max_new_tokens", self.max_new_tokens))
@@ -184,11 +209,12 @@ class TransformersChatModel(BaseChatModel):
             ids, cut = self._prompt_ids(chat, max_new)
             input_ids = torch.tensor([ids], device=model_device(self._model))
             inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
-            sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
             pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+            sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+            config = GenerationConfig(max_new_tokens=max_new, pad_token_id=pad, stop_strings=stops or None, **sampling)
+            config, processors, decoding = self.constrained(kwargs, config)
             with torch.inference_mode():
-                out = self.generate_ids(**inputs, max_new_tokens=max_new, pad_token_id=pad,
-                                        stop_strings=stops or None, tokenizer=tok, **sampling)
+                out = self.generate_ids(**inputs, generation_config=config, logits_processor=processors, tokenizer=tok)
             eos = self._model.generation_config.eos_token_id
         n_in = len(ids)
         new = out[0, n_in:].tolist()
@@ -201,6 +227,6 @@ class TransformersChatModel(BaseChatModel):
         message = AIMessage(
             content=text,
             usage_metadata={"input_tokens": n_in, "output_tokens": len(new), "total_tokens": n_in + len(new)},
-            response_metadata={"model_name": self._name, "finish_reason": finish, "truncated_tokens": cut},
+            response_metadata={"model_name": self._name, "finish_reason": finish, "truncated_tokens": cut, **decoding},
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
