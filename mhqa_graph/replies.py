@@ -9,9 +9,10 @@ A `ReplyFormat` is one of four turns, each optionally opened by a bounded `<thin
   `<answer>` (Omne); after the calls only `<tool_response>` may follow, where the stop sequence ends the turn.
 
 `decoding_kwargs(model, fmt)` gives the keyword arguments that make a chat model decode the format:
-a GBNF grammar for llama.cpp (`llamacpp:` specs), `response_format` with a strict JSON schema for
-OpenAI-compatible servers (vLLM included; JSON turns without a think block only), nothing for the others
-(transformers, scripted fakes), which keep the prompt and the tolerant parser. The parsers run on every
+a GBNF grammar for llama.cpp (`llamacpp:` specs) and for transformers models (`hf:` specs and packs, through
+xgrammar when it is installed), `response_format` with a strict JSON schema for OpenAI-compatible servers
+(vLLM included; JSON turns without a think block only), nothing for the others (scripted fakes), which keep
+the prompt and the tolerant parser. The parsers run on every
 reply either way: a constrained reply is a well-formed one, not a right one.
 """
 
@@ -155,4 +156,11 @@ def can_constrain(spec: Any) -> bool:
     """Whether a model spec (or chat model object) names a backend that `decoding_kwargs` can constrain."""
     if isinstance(spec, BaseChatModel):
         return backend_decoding(spec) != "prompt"
-    return isinstance(spec, str) and spec.startswith(("llamacpp:", "openai:"))
+    if not isinstance(spec, str):
+        return False
+    if spec.startswith(("llamacpp:", "openai:")):
+        return True
+    from mhqa_graph.models.grammar import available
+    from mhqa_graph.models.packs import PACKS
+
+    return (spec.startswith("hf:") or spec in PACKS) and available()  # transformers, through xgrammar

@@ -55,8 +55,10 @@ def test_formats_map_to_backends():
         "name": "rewrite", "schema": fmt.schema, "strict": True}}
     assert answer_reply("answer", think=True).response_format() is None  # no JSON schema for a think block
     assert M.worker_format(2, True).response_format() is None
+    transformers = importlib.util.find_spec("xgrammar") is not None  # hf: and packs, through xgrammar
     assert [can_constrain(s) for s in ("llamacpp:qwen2.5-coder-1.5b", "openai:http://x/v1#m", "qwen2.5-coder-1.5b",
-                                       "fake:[\"x\"]")] == [True, True, False, False]
+                                       "hf:/some/folder", "fake:[\"x\"]", "nope")] == \
+        [True, True, transformers, transformers, False, False]
 
 
 def test_schemas_carry_the_constraints():
