@@ -167,6 +167,28 @@ def test_episodes_run_the_omne_graph_and_mask_tool_results(config, monkeypatch):
     assert seen[-1] == tok.decode(ep["prompt_ids"] + ids[:len(ids) - len(tok.encode(ep["turns"][-1])) - 1])
 
 
+@pytest.mark.parametrize("guards", [None, "auto"])
+def test_episodes_run_without_the_guards_unless_the_config_names_them(config, monkeypatch, guards):
+    """An answer with no tool call is one `send_back_ungrounded` sends back; in an RL episode (guards "none"
+    by default) it ends the episode, as the paper's loop does."""
+    if guards:
+        config = dataclasses.replace(config, rollout=dataclasses.replace(
+            config.rollout, context={**config.rollout.context, "guards": guards}))
+    trainer = OmneTrainer(config)
+    tok = trainer.tokenizer
+
+    def generate(input_ids, generation_config, **kwargs):
+        new = tok.encode("<think>A guess.</think><answer>Bob 9</answer>", add_special_tokens=False)
+        return torch.cat([input_ids, torch.tensor([new + [tok.eos_token_id]])], dim=1)
+
+    monkeypatch.setattr(trainer.model, "generate", generate)
+    with open_store(config.rollout.store) as store:
+        env = OmneEnvironment(config.rollout, store)
+        ep = env.episode(trainer.model, tok, next(iter(env.questions)), budget=1024)
+    assert len(ep["turns"]) == (2 if guards else 1)
+    assert format_reward(ep["turns"]) == (0 if guards else 1)
+
+
 def test_generation_stops_at_tool_response_and_what_the_graph_drops_is_cut(config, monkeypatch):
     trainer = OmneTrainer(config)
     tok = trainer.tokenizer

@@ -307,7 +307,10 @@ class Question:
 
 
 class OmneEnvironment:
-    """The questions of `config.path` and the graph they are asked over, ingested into the open `store`."""
+    """The questions of `config.path` and the graph they are asked over, ingested into the open `store`.
+    Episodes run the paper's loop without the small-model guards (`guards: none`, unless `config.context`
+    names some): RL is to teach what the guards patch, and a guard's send-back would put an answer in a
+    turn before the last, which the format reward scores 0."""
 
     def __init__(self, config: RolloutConfig, store: Any) -> None:
         env = prepare(store, config.dataset, config.path, environment_name(config.dataset, config.path))
@@ -317,7 +320,7 @@ class OmneEnvironment:
         items = load_questions(config.dataset, config.path, config.limit, config.start)
         self.questions = {q.prompt: q for q in (Question(i.question, list(i.answers), list(i.topic_entities))
                                                 for i in items)}
-        self.context = make_context("omne", store=store, graph=env["graph"], **config.context)
+        self.context = make_context("omne", store=store, graph=env["graph"], **{"guards": "none", **config.context})
         self.graph = build_graph("omne")
         self.config = config
 
