@@ -289,8 +289,8 @@ def readable(parse, text: str) -> bool:
 
 @needs_xgrammar
 def test_the_grammar_masks_before_the_samplers_top_k():
-    """transformers runs a caller's logits processors after its own top-k: with top_k=1 keeping a token the
-    grammar forbids, nothing would be left to sample. The grammar's mask comes first."""
+    """The grammar's mask must come before transformers' top-k: with top_k=1 keeping a token the grammar
+    forbids, nothing would be left to sample."""
     fmt = ReplyFormat("short", turn="answer", answer_chars=12)
     model = tiny_chat(max_new_tokens=40, temperature=1.0)
     free = model.invoke("Who?", temperature=0.0).text
@@ -306,3 +306,35 @@ def test_a_grammar_xgrammar_rejects_falls_back_to_the_prompt():
     reply = tiny_chat(max_new_tokens=4).invoke("Say hi.", grammar="root ::= (")
     assert reply.response_metadata["decoding"] == "prompt"
     assert reply.response_metadata["decoding_error"].startswith("xgrammar rejected the grammar")
+
+
+@needs_xgrammar
+def test_a_tokenizer_xgrammar_cannot_read_falls_back_to_the_prompt(monkeypatch):
+    from mhqa_graph.models import grammar
+
+    def unreadable(*args, **kwargs):
+        raise RuntimeError("unknown vocabulary type")
+
+    monkeypatch.setattr(grammar, "GrammarCache", unreadable)
+    reply = tiny_chat(max_new_tokens=4).invoke("Say hi.", grammar=answer_reply("a").gbnf())
+    assert reply.response_metadata["decoding"] == "prompt"
+    assert reply.response_metadata["decoding_error"] == \
+        "xgrammar cannot read the tokenizer: RuntimeError: unknown vocabulary type"
+
+
+@needs_xgrammar
+def test_chat_models_over_one_tokenizer_compile_a_grammar_once(monkeypatch):
+    """A trainer makes a chat model per episode over the same tokenizer: the grammar is compiled once."""
+    from mhqa_graph.models.chat import TransformersChatModel
+    from mhqa_graph.models.grammar import cache_for
+
+    first = tiny_chat(max_new_tokens=8)
+    tokenizer = first._tokenizer
+    compiles = []
+    cache = cache_for(tokenizer, first._model.config.vocab_size)
+    compile_grammar = cache._compiler.compile_grammar
+    monkeypatch.setattr(cache._compiler, "compile_grammar", lambda g: compiles.append(g) or compile_grammar(g))
+    gbnf = ReplyFormat("short", turn="answer", answer_chars=5).gbnf()
+    for model in (first, TransformersChatModel.from_loaded(first._model, tokenizer, max_new_tokens=8)):
+        assert model.invoke("Who?", grammar=gbnf).response_metadata["decoding"] == "grammar"
+    assert compiles == [gbnf]

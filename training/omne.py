@@ -154,9 +154,9 @@ class EpisodeModel(TransformersChatModel):
     is generated from exactly that, sampled as `generation_config` says (in RL the GRPOTrainer's: its
     temperature, top_p, top_k, ...; None: the model's own), stopping at the graph's stop strings
     (`<tool_response>`: results are the system's to write); the text before the stop is the reply. As at
-    inference, the graph's reply grammar constrains each reply where xgrammar is installed (the grammar
-    masks tokens before the sampling warpers; the GRPO loss then scores the sampled tokens under the
-    unconstrained policy). Without it the 0.5B policy writes its calls after `<|im_start|>`, a token the
+    inference, the graph's reply grammar constrains each reply where xgrammar is installed (its mask comes
+    before the sampling warpers; the GRPO loss then scores the sampled tokens under the unconstrained
+    policy). Without it the 0.5B policy writes its calls after `<|im_start|>`, a token the
     decoded text drops, and never the `<tool_call>` tag (docs/training.md).
 
     The graph keeps a reply only through its last tool call (`parse_reply(...).kept`). When the next
@@ -164,8 +164,9 @@ class EpisodeModel(TransformersChatModel):
     (tokens of a remainder inside a token, and the end-of-turn token, are added with env_mask 0), so the
     sequence stays what the graph shows the model and nothing after the call is trained.
 
-    `budget` caps the episode's completion tokens (replies and what the graph adds). When fewer than
-    `max_new_tokens + reserve` are left before a turn, the turn is the forced final answer instead: the
+    `budget` caps the episode's completion tokens (replies and what the graph adds). When fewer than the
+    turn's tokens (`max_new_tokens`, plus the think budget of a constrained turn) + `reserve` are left before
+    a turn, the turn is the forced final answer instead: the
     graph's own FORCE_ANSWER message is added (env_mask 0) and the reply answers it; the episode then
     ends (a later call raises ModelError, as does a turn with no room at all)."""
 
@@ -236,15 +237,16 @@ class EpisodeModel(TransformersChatModel):
             added = [eos, *added]  # the reply was cut at max_new_tokens: the template closes it
         return added
 
-    def _next_ids(self, chat: list[dict[str, str]]) -> tuple[list[dict[str, str]], list[int]]:
+    def _next_ids(self, chat: list[dict[str, str]], max_new: int) -> tuple[list[dict[str, str]], list[int]]:
         """The conversation this turn answers and the tokens to add before it: the graph's prompt, or, when
-        the budget runs low, that prompt plus the forced-answer message."""
+        fewer than the turn's `max_new` tokens plus `reserve` are left, that prompt plus the forced-answer
+        message."""
         if not self._prompt:
             return chat, []
         added = self._added_ids(chat)
         if chat[-1]["content"] == P.FORCE_ANSWER:
             return chat, added
-        if self.budget - len(self._completion) - len(added) >= self.max_new_tokens + self.reserve:
+        if self.budget - len(self._completion) - len(added) >= max_new + self.reserve:
             return chat, added
         forced = [*chat, {"role": "user", "content": P.FORCE_ANSWER}]
         self._forced = True
@@ -256,15 +258,16 @@ class EpisodeModel(TransformersChatModel):
 
         if self._closed:
             raise ModelError(f"the episode used its budget of {self.budget} completion tokens")
+        turn = int(kwargs.get("max_new_tokens", self.max_new_tokens))  # a constrained turn adds its think budget
         try:
-            chat, added = self._next_ids(chat_dicts(messages))
+            chat, added = self._next_ids(chat_dicts(messages), turn)
         except ModelError as exc:  # the graph would only record it: episode() raises it
             self._fault = str(exc)
             raise
         if not self._prompt:
             self._prompt = self._template(chat, True)
         room = self.budget - len(self._completion) - len(added) - 1  # 1: a closing eos
-        max_new = min(int(kwargs.get("max_new_tokens", self.max_new_tokens)), room)
+        max_new = min(turn, room)
         if max_new < 1:
             self._closed = True
             raise ModelError(f"the episode used its budget of {self.budget} completion tokens")
@@ -274,7 +277,7 @@ class EpisodeModel(TransformersChatModel):
         stops = [s for s in (stop or self.stop or []) if s]
         config = copy.deepcopy(self.generation_config or self._model.generation_config)
         config.max_new_tokens, config.stop_strings = max_new, stops or None
-        config, processors, decoding = self.constrained(kwargs, config)
+        processors, decoding = self.constrained(kwargs)
         ids = torch.tensor([self._prompt + self._completion], device=model_device(self._model))
         out = self.generate_ids(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config,
                                 logits_processor=processors, tokenizer=self._tokenizer)

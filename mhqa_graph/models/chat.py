@@ -96,7 +96,6 @@ class TransformersChatModel(BaseChatModel):
     _tokenizer: Any = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _device_fault: str | None = PrivateAttr(default=None)
-    _grammars: G.GrammarCache | None = PrivateAttr(default=None)
 
     @property
     def accepts_grammar(self) -> bool:
@@ -158,21 +157,17 @@ class TransformersChatModel(BaseChatModel):
             raise DeviceError(f"{self._name} failed on its device or dtype ({model_device(self._model)}): "
                               f"{self._device_fault}") from exc
 
-    def constrained(self, kwargs: dict[str, Any], config: Any) -> tuple[Any, list[Any], dict[str, str]]:
-        """(generation config, logits processors, response metadata) of a call: with `kwargs["grammar"]`, the
-        grammar's mask before `config`'s sampling warpers (`grammar.sampling_after_grammar`) and decoding
-        "grammar"; without one, or when xgrammar rejects it (the reason goes in `decoding_error`), `config`
-        unchanged and decoding "prompt". Call with the model loaded."""
+    def constrained(self, kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, str]]:
+        """(logits processors, response metadata) of a call: with `kwargs["grammar"]`, the grammar's processor
+        and decoding "grammar"; without one, or when xgrammar rejects the grammar or cannot read the tokenizer
+        (the reason goes in `decoding_error`), none and decoding "prompt". Call with the model loaded."""
         if not kwargs.get("grammar") or not self.accepts_grammar:
-            return config, [], {"decoding": "prompt"}
-        if self._grammars is None:
-            self._grammars = G.GrammarCache(self._tokenizer, getattr(self._model.config, "vocab_size", None))
+            return [], {"decoding": "prompt"}
         try:
-            processor = self._grammars.processor(kwargs["grammar"])
+            cache = G.cache_for(self._tokenizer, getattr(self._model.config, "vocab_size", None))
+            return [cache.processor(kwargs["grammar"])], {"decoding": "grammar"}
         except ValueError as exc:  # fall back to the prompt, and say so
-            return config, [], {"decoding": "prompt", "decoding_error": str(exc)}
-        config, processors = G.sampling_after_grammar(self._model, config, processor)
-        return config, processors, {"decoding": "grammar"}
+            return [], {"decoding": "prompt", "decoding_error": str(exc)}
 
     def _window(self) -> int | None:
         """The context window: `context_window`, else the smaller of the model's position limit and the
@@ -212,7 +207,7 @@ class TransformersChatModel(BaseChatModel):
             pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
             sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
             config = GenerationConfig(max_new_tokens=max_new, pad_token_id=pad, stop_strings=stops or None, **sampling)
-            config, processors, decoding = self.constrained(kwargs, config)
+            processors, decoding = self.constrained(kwargs)
             with torch.inference_mode():
                 out = self.generate_ids(**inputs, generation_config=config, logits_processor=processors, tokenizer=tok)
             eos = self._model.generation_config.eos_token_id

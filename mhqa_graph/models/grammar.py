@@ -1,23 +1,25 @@
 """GBNF grammars for transformers models, through xgrammar: the same reply formats (`mhqa_graph.replies`)
 that llama.cpp enforces, enforced on `generate` by a logits processor that masks the tokens the grammar
-does not allow next.
+does not allow next. transformers runs a caller's processors before its sampling warpers (temperature,
+top-k, top-p), so those choose among the allowed tokens.
 
-xgrammar is optional (the `models` extra installs it); without it `available()` is False and transformers
-models keep the prompt and the tolerant parser. A grammar is compiled once per model and tokenizer (the
-agents ask for the same formats on every call) and each call gets a fresh processor.
-
-transformers applies a caller's logits processors after its own sampling warpers (temperature, top-k,
-top-p, min-p), so a top-k that kept only tokens the grammar forbids would leave nothing to sample.
-`sampling_after_grammar` moves those warpers behind the grammar's mask.
+xgrammar is optional (the `models` and `train` extras install it); without it `available()` is False and
+transformers models keep the prompt and the tolerant parser. A grammar is compiled once per tokenizer
+(`cache_for`: the agents ask for the same formats on every call, and a trainer makes a chat model per
+episode over the same tokenizer) and each call gets a fresh processor.
 """
 
 from __future__ import annotations
 
-import copy
 import importlib.util
+import threading
+import weakref
 from typing import Any
 
-MAX_GRAMMARS = 64  # compiled grammars kept per model, as LlamaCppChatModel keeps
+MAX_GRAMMARS = 64  # compiled grammars kept per tokenizer, as LlamaCppChatModel keeps
+
+_caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> GrammarCache
+_caches_lock = threading.Lock()
 
 
 def available() -> bool:
@@ -27,69 +29,43 @@ def available() -> bool:
 
 class GrammarCache:
     """Compiled grammars of one tokenizer, keyed by GBNF text; a grammar xgrammar rejects is remembered as
-    its ValueError, so it is parsed once."""
+    its ValueError, so it is parsed once. Thread-safe."""
 
     def __init__(self, tokenizer: Any, vocab_size: int | None = None) -> None:
         import xgrammar as xgr
 
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self._compiler = xgr.GrammarCompiler(info, max_threads=2)
+        self._compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size))
         self._compiled: dict[str, Any] = {}
+        self._lock = threading.Lock()
 
     def processor(self, gbnf: str) -> Any:
         """A fresh logits processor enforcing `gbnf` (one `generate` call's worth); ValueError with xgrammar's
         reason if the grammar does not parse."""
         import xgrammar as xgr
 
-        if gbnf not in self._compiled:
-            if len(self._compiled) >= MAX_GRAMMARS:
-                del self._compiled[next(iter(self._compiled))]
-            try:
-                self._compiled[gbnf] = self._compiler.compile_grammar(gbnf)
-            except RuntimeError as exc:
-                self._compiled[gbnf] = ValueError(f"xgrammar rejected the grammar: {str(exc).strip()[-300:]}")
-        found = self._compiled[gbnf]
+        with self._lock:
+            if gbnf not in self._compiled:
+                if len(self._compiled) >= MAX_GRAMMARS:
+                    del self._compiled[next(iter(self._compiled))]
+                try:
+                    self._compiled[gbnf] = self._compiler.compile_grammar(gbnf)
+                except RuntimeError as exc:
+                    self._compiled[gbnf] = ValueError(f"xgrammar rejected the grammar: {str(exc).strip()[-300:]}")
+            found = self._compiled[gbnf]
         if isinstance(found, ValueError):
             raise found
         return xgr.contrib.hf.LogitsProcessor(found)
 
 
-# what transformers' generate uses for a sampling setting that neither the call's nor the model's config sets
-_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "min_p": None}
-
-
-def sampling_after_grammar(model: Any, config: Any, grammar: Any) -> tuple[Any, list[Any]]:
-    """(the generation config to pass to `model.generate`, its logits processors): `config` (None: the
-    model's own) with its sampling warpers turned off, and the processors: the grammar's mask, then those
-    warpers (temperature, top-k, top-p, min-p; each as `generate` would resolve it: the call's config, else
-    the model's, else transformers' default), so that they choose among the tokens the grammar allows."""
-    from transformers import (
-        GenerationConfig,
-        MinPLogitsWarper,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    own = getattr(model, "generation_config", None) or GenerationConfig()
-    config = copy.deepcopy(config) if config is not None else GenerationConfig()
-
-    def setting(name: str) -> Any:
-        for source in (config, own):
-            if (value := getattr(source, name, None)) is not None:
-                return value
-        return _DEFAULTS[name]
-
-    if not setting("do_sample"):
-        return config, [grammar]
-    processors = [grammar]
-    if (temperature := setting("temperature")) != 1.0:
-        processors.append(TemperatureLogitsWarper(temperature))
-    if top_k := setting("top_k"):
-        processors.append(TopKLogitsWarper(top_k))
-    if (top_p := setting("top_p")) < 1.0:
-        processors.append(TopPLogitsWarper(top_p))
-    if min_p := setting("min_p"):
-        processors.append(MinPLogitsWarper(min_p))
-    config.do_sample, config.temperature, config.top_k, config.top_p, config.min_p = True, 1.0, 0, 1.0, 0.0
-    return config, processors
+def cache_for(tokenizer: Any, vocab_size: int | None = None) -> GrammarCache:
+    """The GrammarCache of `tokenizer` (made on first use, dropped with the tokenizer); ValueError if xgrammar
+    cannot read the tokenizer's vocabulary."""
+    with _caches_lock:
+        cache = _caches.get(tokenizer)
+        if cache is None:
+            try:
+                cache = GrammarCache(tokenizer, vocab_size)
+            except Exception as exc:  # noqa: BLE001 - any failure to read the vocabulary means: no grammar
+                raise ValueError(f"xgrammar cannot read the tokenizer: {type(exc).__name__}: {exc}") from exc
+            _caches[tokenizer] = cache
+        return cache
