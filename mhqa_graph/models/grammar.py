@@ -14,12 +14,29 @@ from __future__ import annotations
 import importlib.util
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
-MAX_GRAMMARS = 64  # compiled grammars kept per tokenizer, as LlamaCppChatModel keeps
+MAX_GRAMMARS = 64  # compiled grammars kept per tokenizer or llama.cpp model (Mujica's differ by ids and counts)
 
 _caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> GrammarCache
 _caches_lock = threading.Lock()
+
+
+def remembered(compiled: dict[str, Any], gbnf: str, make: Callable[[str], Any]) -> Any:
+    """`make(gbnf)`, kept in `compiled` (at most MAX_GRAMMARS, the oldest dropped first); a ValueError it
+    raised is kept too, and raised again, so a bad grammar is parsed once."""
+    if gbnf not in compiled:
+        if len(compiled) >= MAX_GRAMMARS:
+            del compiled[next(iter(compiled))]
+        try:
+            compiled[gbnf] = make(gbnf)
+        except ValueError as exc:
+            compiled[gbnf] = exc
+    found = compiled[gbnf]
+    if isinstance(found, ValueError):
+        raise found
+    return found
 
 
 def available() -> bool:
@@ -43,17 +60,14 @@ class GrammarCache:
         reason if the grammar does not parse."""
         import xgrammar as xgr
 
+        def compile_one(text: str) -> Any:
+            try:
+                return self._compiler.compile_grammar(text)
+            except RuntimeError as exc:
+                raise ValueError(f"xgrammar rejected the grammar: {str(exc).strip()[-300:]}") from None
+
         with self._lock:
-            if gbnf not in self._compiled:
-                if len(self._compiled) >= MAX_GRAMMARS:
-                    del self._compiled[next(iter(self._compiled))]
-                try:
-                    self._compiled[gbnf] = self._compiler.compile_grammar(gbnf)
-                except RuntimeError as exc:
-                    self._compiled[gbnf] = ValueError(f"xgrammar rejected the grammar: {str(exc).strip()[-300:]}")
-            found = self._compiled[gbnf]
-        if isinstance(found, ValueError):
-            raise found
+            found = remembered(self._compiled, gbnf, compile_one)
         return xgr.contrib.hf.LogitsProcessor(found)
 
 

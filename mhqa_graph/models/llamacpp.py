@@ -23,9 +23,9 @@ from pydantic import PrivateAttr
 
 from ..errors import ModelError, ModelNotInstalled
 from .chat import CUT_MARKER, chat_dicts, fit_chat
+from .grammar import remembered
 from .prefix_cache import PrefixCache, common_prefix
 
-MAX_GRAMMARS = 64  # checked grammars kept per model (Mujica's differ by their ids and context numbers)
 DEFAULT_CTX = 8192  # tokens; the KV cache of a model's full training context can take gigabytes
 DEFAULT_CACHE_MB = 1024  # qwen2.5-coder-1.5b's KV state takes 28 KB a token: ~18 states of 2,000 tokens
 MIN_RESTORE = 16  # tokens a cached state must add to what the context holds to be worth restoring
@@ -167,19 +167,14 @@ class LlamaCppChatModel(BaseChatModel):
         from llama_cpp import llama_cpp as api
         from llama_cpp.llama_grammar import LlamaGrammar
 
-        if text not in self._grammars:
-            if len(self._grammars) >= MAX_GRAMMARS:
-                del self._grammars[next(iter(self._grammars))]
-            sampler = api.llama_sampler_init_grammar(self._llm._model.vocab, text.encode("utf-8"), b"root")
-            if sampler:
-                api.llama_sampler_free(sampler)
-                self._grammars[text] = LlamaGrammar.from_string(text, verbose=False)
-            else:
-                self._grammars[text] = ValueError("llama.cpp rejected the grammar")
-        found = self._grammars[text]
-        if isinstance(found, ValueError):
-            raise found
-        return found
+        def check(gbnf: str) -> Any:
+            sampler = api.llama_sampler_init_grammar(self._llm._model.vocab, gbnf.encode("utf-8"), b"root")
+            if not sampler:
+                raise ValueError("llama.cpp rejected the grammar")
+            api.llama_sampler_free(sampler)
+            return LlamaGrammar.from_string(gbnf, verbose=False)
+
+        return remembered(self._grammars, text, check)
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
