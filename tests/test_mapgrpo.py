@@ -278,7 +278,7 @@ def test_expert_rows_load_from_the_export_folder(expert_dir):
 # -- expert injection ----------------------------------------------------------------------------
 def completion_logp(model, tokenizer, prompt: list[dict], ids: list[int]) -> float:
     prompt_ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"]
-    inputs = torch.tensor([prompt_ids + ids])
+    inputs = torch.tensor([prompt_ids + ids], device=model.device)
     with torch.no_grad():
         logps = torch.log_softmax(model(input_ids=inputs).logits[0, :-1], dim=-1)
     return sum(logps[len(prompt_ids) - 1 + i, t].item() for i, t in enumerate(ids))

@@ -84,7 +84,7 @@ def script(model, tokenizer, monkeypatch, repeat: bool = False, after: str = "")
         end = tokenizer.encode(after + "<tool_response>", add_special_tokens=False) if after and turn < 2 \
             else [tokenizer.eos_token_id]
         new = tokenizer.encode(reply, add_special_tokens=False)[:max_new_tokens - len(end)] + end
-        return torch.cat([input_ids, torch.tensor([new])], dim=1)
+        return torch.cat([input_ids, torch.tensor([new], device=input_ids.device)], dim=1)
 
     monkeypatch.setattr(model, "generate", generate)
     return inputs
@@ -179,7 +179,7 @@ def test_episodes_run_without_the_guards_unless_the_config_names_them(config, mo
 
     def generate(input_ids, generation_config, **kwargs):
         new = tok.encode("<think>A guess.</think><answer>Bob 9</answer>", add_special_tokens=False)
-        return torch.cat([input_ids, torch.tensor([new + [tok.eos_token_id]])], dim=1)
+        return torch.cat([input_ids, torch.tensor([new + [tok.eos_token_id]], device=input_ids.device)], dim=1)
 
     monkeypatch.setattr(trainer.model, "generate", generate)
     with open_store(config.rollout.store) as store:
