@@ -189,6 +189,17 @@ def test_the_untrained_run_is_reused_until_its_key_changes(slices, tmp_path):
     assert not untrained(rollout, dev, tmp_path / "runs" / "a", counting(DEV))["dev_reused"]
 
 
+def test_a_dev_run_hashes_the_dev_file_once(slices, tmp_path, monkeypatch):
+    from mhqa_graph.models import packs
+
+    hashed: list[Path] = []
+    digest = packs.file_sha256
+    monkeypatch.setattr(packs, "file_sha256", lambda path: hashed.append(Path(path)) or digest(path))
+    rollout, dev = slices
+    assert not untrained(rollout, dev, tmp_path / "runs" / "a", counting(DEV))["dev_reused"]
+    assert hashed == [Path(dev.path).resolve()]  # a miss: the key's folder, then its key.json, from one key
+
+
 def test_an_interrupted_untrained_run_resumes_and_trained_runs_are_compared_with_it(slices, tmp_path):
     rollout, dev = slices
     out = tmp_path / "runs" / "mygo"

@@ -190,13 +190,12 @@ def untrained_key(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, m
             "guards": sorted(selected(run.context.get("guards"), run.agent))}
 
 
-def untrained_folder(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: Any,
-                     output_dir: str | Path) -> Path:
-    """The untrained policy's dev run for this key (`untrained_key`): `<cache>/<agent>-<hash of the key>`, the
+def untrained_folder(key: dict[str, Any], dev: DevConfig, output_dir: str | Path) -> Path:
+    """The untrained policy's dev run for `key` (`untrained_key`): `<cache>/<agent>-<hash of the key>`, the
     cache being `dev.cache` or `<output_dir>/../untrained`."""
-    key = json.dumps(untrained_key(rollout, dev, config, model), sort_keys=True)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:16]
     cache = Path(dev.cache) if dev.cache else Path(output_dir).parent / UNTRAINED
-    return cache / f"{rollout.agent}-{hashlib.sha256(key.encode('utf-8')).hexdigest()[:16]}"
+    return cache / f"{key['agent']}-{digest}"
 
 
 def finished_records(rollout: RolloutConfig, folder: Path) -> list[dict[str, Any]] | None:
@@ -222,12 +221,12 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
     if not dev.path:
         return {}
     run = dev_rollout(rollout, dev)
-    cached = untrained_folder(rollout, dev, config, model, output_dir)
+    key = untrained_key(rollout, dev, config, model)
+    cached = untrained_folder(key, dev, output_dir)
     if name == UNTRAINED:
         records = finished_records(run, cached)
         reused = records is not None
         if records is None:
-            key = untrained_key(rollout, dev, config, model)
             on_main_process(lambda: (cached.mkdir(parents=True, exist_ok=True),
                                      (cached / "key.json").write_text(json.dumps(key, indent=2), encoding="utf-8")))
             llm, roles = llms(cached)
