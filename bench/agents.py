@@ -58,6 +58,7 @@ from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
 from mhqa_graph.eval.health import format_repairs, health_summary
 from mhqa_graph.eval.paired import paired_interval
 from mhqa_graph.eval.report import RESULTS, prefilled_per_question, read_records
+from mhqa_graph.eval.report import carry_over as carry_records
 from mhqa_graph.eval.runner import load_questions
 from mhqa_graph.plots import pyplot, save_png
 
@@ -138,20 +139,14 @@ def guards_off(variant: str) -> tuple[str, frozenset[str]] | None:
 
 def carry_over(args: argparse.Namespace, env: str, variant: str) -> int:
     """Copy into `variant`'s run folder the records of its default run (see `guards_off`) on which none of
-    the guards it turns off fired, for the asked questions it has not answered; returns how many."""
+    the guards it turns off fired, for the asked questions it has not answered (`report.carry_over`); returns
+    how many."""
     found = guards_off(variant)
     if not found:
         return 0
     base, off = found
-    folder = run_dir(args.out, args.llm, env, variant)
-    wanted = asked_ids(args, env) - {r["id"] for r in read_records(folder / RESULTS)}
-    rows = [r for r in read_records(run_dir(args.out, args.llm, env, base) / RESULTS)
-            if r["id"] in wanted and not r.get("error") and not off & set((r.get("health") or {}).get("guards") or {})]
-    if rows:
-        folder.mkdir(parents=True, exist_ok=True)
-        with (folder / RESULTS).open("a", encoding="utf-8") as f:
-            f.write("".join(json.dumps(r | {"carried": base}, ensure_ascii=False) + "\n" for r in rows))
-    return len(rows)
+    return carry_records(run_dir(args.out, args.llm, env, base), run_dir(args.out, args.llm, env, variant),
+                         asked_ids(args, env), off, base)
 
 
 def fired_guards(args: argparse.Namespace, env: str, variant: str) -> list[str]:

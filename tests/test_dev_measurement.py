@@ -248,3 +248,32 @@ def test_the_guards_off_run_asks_the_trained_policy_without_guards(slices, tmp_p
     assert metrics["dev_f1"] == 1.0 and metrics["dev_df1"] == pytest.approx(100.0) and metrics["dev_guarded"] == 0
     run = json.loads((tmp_path / "runs" / "a" / "dev" / common.GUARDS_OFF / "sample0" / "run.json").read_text())
     assert run["settings"]["guards"] == "none"
+
+
+def test_the_guards_off_run_asks_again_only_what_a_guard_touched(slices, tmp_path):
+    """With `alike` (the same weights' run with guards on), the guards-off run carries over the answers on which
+    no guard fired, marked, and asks the model only the questions a guard touched or that failed."""
+    rollout, dev = slices
+    out = tmp_path / "runs" / "a"
+    untrained(rollout, dev, out, counting(DEV, right=False))
+    common.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, "iter2", lambda folder: (counting(DEV)[0], None))
+    results = out / "dev" / "iter2" / "sample0" / "results.jsonl"
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    records[0]["health"]["guards"] = {"send_back_ungrounded": 1}
+    records[1]["error"] = "the model's server went away"
+    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def guards_off(model):
+        return common.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, common.GUARDS_OFF,
+                              lambda folder: (model[0], None), alike="iter2")
+
+    model = counting(DEV)
+    metrics = guards_off(model)
+    assert sorted(model[1]) == sorted(r["question"] for r in records[:2])
+    assert metrics["dev_carried"] == 2 and metrics["dev_questions"] == 4 and metrics["dev_f1"] == 1.0
+    off = out / "dev" / common.GUARDS_OFF / "sample0"
+    assert {r["id"]: r.get("carried") for r in common.read_records(off / "results.jsonl")} == {
+        records[0]["id"]: None, records[1]["id"]: None, records[2]["id"]: "iter2", records[3]["id"]: "iter2"}
+    assert json.loads((off / "run.json").read_text())["settings"]["guards"] == "none"
+    again = counting(DEV)
+    assert guards_off(again)["dev_carried"] == 2 and again[1] == []  # a rerun resumes: nothing asked, nothing copied

@@ -18,6 +18,7 @@ from test_eval import scripted, write_dataset  # noqa: E402
 
 from mhqa_graph.errors import InvalidInput  # noqa: E402
 from mhqa_graph.eval import run_eval  # noqa: E402
+from mhqa_graph.eval.report import read_records  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "train" / "mygo.yaml"
 # yes/no questions: a warm-up on "yes" teaches even a tiny random model answers that score
@@ -125,6 +126,9 @@ def test_each_iteration_is_saved_and_a_rerun_resumes_after_the_last(tmp_path):
     guards_off = [e for e in log if e.get("after") == "final_guards_none"]  # the seeds' claim, after the last
     assert len(guards_off) == 1 and guards_off[0]["dev_paired"] == 2 and guards_off[0]["dev_guarded"] == 0
     assert summary["dev_guards_none"]["dev_questions"] == 2
+    iter2 = read_records(Path(config.output_dir) / "dev" / "iter2" / "sample0" / "results.jsonl")
+    untouched = [r for r in iter2 if not r.get("error") and not r["health"]["guards"]]
+    assert untouched and guards_off[0]["dev_carried"] == len(untouched)  # from iteration 2 (same weights)
 
 
 def test_config_from_yaml_and_bad_configs(tmp_path):

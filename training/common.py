@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from mhqa_graph.errors import DevSliceError, InvalidInput, ModelError, ModelNotFound, ModelNotInstalled, TrainingError
 from mhqa_graph.eval.health import behaviour
 from mhqa_graph.eval.paired import paired_comparison
-from mhqa_graph.eval.report import RESULTS, read_records
+from mhqa_graph.eval.report import RESULTS, carry_over, read_records
 from mhqa_graph.models.chat import TransformersChatModel, model_device
 
 from .devices import is_main_process, on_main_process, policy_device, policy_dtype, world_size
@@ -211,13 +211,14 @@ Llms = Callable[[Path], tuple[Any, dict[str, Any] | None]]  # a run folder -> (l
 
 
 def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: Any, output_dir: str | Path,
-            name: str, llms: Llms) -> dict[str, Any]:
+            name: str, llms: Llms, alike: str | None = None) -> dict[str, Any]:
     """`dev_metrics` of a greedy run over the dev slice, the policy served by `llms(folder)`; {} without a dev
     slice. The `untrained` run is kept in `untrained_folder`: a finished one is read back without asking the
     model, an interrupted one resumes, and another key (policy, slice, settings) gets a folder of its own; its
     metrics carry `dev_run` (the folder) and `dev_reused`. Every other `name` is a resumable run in
-    `output_dir/dev/<name>`, compared with the untrained run's records when there is one; `GUARDS_OFF` runs
-    with guards "none"."""
+    `output_dir/dev/<name>`, compared with the untrained run's records when there is one. `GUARDS_OFF` runs
+    with guards "none"; `alike` names the dev run of the same weights with guards on, whose records on which no
+    guard fired it takes over instead of asking again (`report.carry_over`), counted in `dev_carried`."""
     if not dev.path:
         return {}
     run = dev_rollout(rollout, dev)
@@ -232,19 +233,27 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
             llm, roles = llms(cached)
             records = rollouts(run, llm, cached, roles, concurrency=config.rollout_concurrency)
         return dev_metrics(records) | {"dev_run": str(cached), "dev_reused": reused}
+    folder = Path(output_dir) / "dev" / name
+    carried: dict[str, int] = {}
     if name == GUARDS_OFF:
         run = dataclasses.replace(run, context={**run.context, "guards": "none"})
-    folder = Path(output_dir) / "dev" / name
+        if alike:
+            from mhqa_graph.eval.runner import load_questions
+
+            ids = [q.id for q in load_questions(run.dataset, run.path, run.limit, run.start)]
+            on_main_process(lambda: carry_over(Path(output_dir) / "dev" / alike / "sample0", folder / "sample0",
+                                               ids, None, alike))
+        carried = {"dev_carried": sum(bool(r.get("carried")) for r in read_records(folder / "sample0" / RESULTS))}
     llm, roles = llms(folder)
     records = rollouts(run, llm, folder, roles, concurrency=config.rollout_concurrency)
-    return dev_metrics(records, read_records(cached / "sample0" / RESULTS) or None)
+    return dev_metrics(records, read_records(cached / "sample0" / RESULTS) or None) | carried
 
 
 def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: Any, output_dir: str | Path, name: str,
-               config: ModelConfig) -> dict[str, Any]:
+               config: ModelConfig, alike: str | None = None) -> dict[str, Any]:
     """`dev_run` of an in-memory policy, served greedily as `policy_chat_model` does."""
     return dev_run(rollout, dev, config, model, output_dir, name, lambda folder: (
-        policy_chat_model(model, tokenizer, config, folder, 0.0, rollout.max_new_tokens), None))
+        policy_chat_model(model, tokenizer, config, folder, 0.0, rollout.max_new_tokens), None), alike)
 
 
 def serves_with_llamacpp(model: Any, config: ModelConfig) -> bool:

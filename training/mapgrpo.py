@@ -566,12 +566,12 @@ class MAPGRPOTrainer:
             barrier()  # every process has loaded the reference
             on_main_process(lambda: shutil.rmtree(path))
 
-    def dev(self, name: str) -> dict[str, Any]:
+    def dev(self, name: str, alike: str | None = None) -> dict[str, Any]:
         """Dev metrics of OPERA with every role as trained so far (greedy), compared with the untrained run
-        (`common.dev_run`), logged as event `dev`."""
+        (`common.dev_run`, which `alike` is passed to), logged as event `dev`."""
         cfg = self.config
         metrics = dev_run(cfg.rollout, cfg.dev, cfg.model, self.model, cfg.output_dir, name,
-                          lambda folder: self.role_models(0.0, folder))
+                          lambda folder: self.role_models(0.0, folder), alike)
         if metrics:
             write_log(Path(cfg.output_dir) / LOG, {"event": "dev", "after": name, **metrics})
         return metrics
@@ -628,7 +628,7 @@ class MAPGRPOTrainer:
             summary["roles"][role] = self.train_role(role)
             dev[role] = self.dev(role)
         if self.config.dev.guards_off:
-            dev[GUARDS_OFF] = self.dev(GUARDS_OFF)
+            dev[GUARDS_OFF] = self.dev(GUARDS_OFF, alike=self.config.roles[-1] if self.config.roles else None)
         final = save_policy(self.model, self.tokenizer, out / "final")
         write_log(out / LOG, {"event": "saved", "final": final})
         return summary | {"dev": dev if self.config.dev.path else {}, "final": final,

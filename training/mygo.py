@@ -153,11 +153,11 @@ class MyGOTrainer:
         write_log(self.out / LOG, {"event": "resumed", "after_iteration": k, "tau": self.tau})
         return k
 
-    def dev(self, name: str) -> dict[str, Any]:
+    def dev(self, name: str, alike: str | None = None) -> dict[str, Any]:
         """Dev metrics of the current weights (greedy), a resumable run in `dev/<name>` compared with the untrained
-        run (`common.dev_run`); {} without a dev slice."""
+        run (`common.dev_run`, which `alike` is passed to); {} without a dev slice."""
         cfg = self.config
-        return policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model)
+        return policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model, alike)
 
     def iteration(self, k: int) -> dict[str, Any]:
         """Rollouts, τ, keep, SFT, checkpoint; the iteration's metrics, also appended to log.jsonl."""
@@ -214,7 +214,8 @@ class MyGOTrainer:
             history.append(row)
         history += [self.iteration(k) for k in range(max(1, done + 1), cfg.iterations + 1)]
         final = save_policy(self.model, self.tokenizer, self.out / "final")
-        guards_off = self.dev(GUARDS_OFF) if cfg.dev.guards_off else {}
+        last = f"iter{cfg.iterations}" if cfg.iterations else "iter0" if cfg.warmup_run or cfg.warmup_teacher else None
+        guards_off = self.dev(GUARDS_OFF, alike=last) if cfg.dev.guards_off else {}
         if guards_off:
             write_log(self.out / LOG, {"event": "dev", "after": GUARDS_OFF, **guards_off})
         return {"iterations": history, "tau": self.tau, "dev_untrained": untrained, "final": final,

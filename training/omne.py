@@ -571,11 +571,11 @@ class OmneTrainer:
         train_resuming(trainer, {**state, "args": self.config.sft}, self.out / LOG)
         return trainer
 
-    def dev(self, name: str) -> dict[str, Any]:
+    def dev(self, name: str, alike: str | None = None) -> dict[str, Any]:
         """Dev metrics of the policy (greedy), logged as event `dev`: F1, tool-call and well-formed rates, LLM
-        calls, and ΔF1 against the untrained run (`common.dev_run`)."""
+        calls, and ΔF1 against the untrained run (`common.dev_run`, which `alike` is passed to)."""
         cfg = self.config
-        metrics = policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model)
+        metrics = policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model, alike)
         if metrics:
             write_log(self.out / LOG, {"event": "dev", "after": name, **metrics})
         return metrics
@@ -633,7 +633,8 @@ class OmneTrainer:
             summary["stages"].append({k: state[k] for k in SUMMARY_KEYS} | {"log": log.entries})
             summary["dev"][name] = self.dev(name)
         if self.config.dev.guards_off and self.config.dev.path:
-            summary["dev"][GUARDS_OFF] = self.logged_dev(GUARDS_OFF) or self.dev(GUARDS_OFF)
+            summary["dev"][GUARDS_OFF] = self.logged_dev(GUARDS_OFF) or self.dev(
+                GUARDS_OFF, alike=f"stage{order[-1]}" if order else None)
         if not self.config.dev.path:
             summary["dev"] = {}
         summary["final"] = save_policy(self.model, self.tokenizer, self.out / "final")

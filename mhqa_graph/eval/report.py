@@ -1,11 +1,13 @@
 """Summaries of evaluation runs: metrics of a results file, one run's table, and a side-by-side
-comparison of several runs over the questions they share, with a bar plot."""
+comparison of several runs over the questions they share, with a bar plot; records carried from a run
+with guards on into one with them off."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,27 @@ def read_records(path: str | Path) -> list[dict]:
             if isinstance(record, dict) and "id" in record:
                 records.setdefault(str(record["id"]), record)
     return list(records.values())
+
+
+def carry_over(source: str | Path, target: str | Path, ids: Iterable[str], off: Iterable[str] | None,
+               tag: str) -> int:
+    """Append to the run folder `target` the records of the run folder `source` for the `ids` that `target` has
+    not answered and on which none of the guards `off` fired (None: no guard at all), each marked
+    `carried: tag`; returns how many. A run that differs from `source` only in those guards being off answers
+    such a question alike, given the same model, settings and greedy decoding, so it need not ask it again."""
+    wanted = set(ids) - {r["id"] for r in read_records(Path(target) / RESULTS)}
+    blocking = None if off is None else set(off)
+
+    def alike(record: dict) -> bool:
+        fired = set((record.get("health") or {}).get("guards") or {})
+        return not (fired if blocking is None else fired & blocking)
+
+    rows = [r for r in read_records(Path(source) / RESULTS) if r["id"] in wanted and not r.get("error") and alike(r)]
+    if rows:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        with (Path(target) / RESULTS).open("a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r | {"carried": tag}, ensure_ascii=False) + "\n" for r in rows))
+    return len(rows)
 
 
 def percentile(values: list[float], q: float) -> float:
