@@ -157,6 +157,39 @@ def test_a_stalled_model_call_times_out_and_is_retried(tmp_path):
     assert done.returncode == 0 and done.stdout.strip() == "x", done.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("spec", ["llamacpp:smollm2-135m?threads=1", "smollm2-135m"])
+def test_an_abandoned_call_stops_generating_and_frees_the_model(spec, tmp_path, monkeypatch):
+    """`model_timeout` over a model that generates in this process (llama.cpp, transformers): once the caller
+    stops waiting, the generation ends at its next token, not after max_new_tokens, and the retry finds the
+    model free."""
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.messages import HumanMessage
+
+    from mhqa_graph.models.factory import load_chat_model
+    from mhqa_graph.models.timeout import TimeLimited
+
+    class Ended(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.tokens: list[int] = []
+
+        def on_llm_end(self, response, **kwargs) -> None:
+            self.tokens.append(response.generations[0][0].message.usage_metadata["output_tokens"])
+
+    monkeypatch.setenv("MHQA_CACHE", str(tmp_path))
+    model = load_chat_model(spec, max_new_tokens=1000)
+    prompt = [HumanMessage("Write a very long story about a dragon.")]  # runs to max_new_tokens
+    assert model.invoke(prompt, max_new_tokens=2).usage_metadata["output_tokens"] == 2  # loaded
+    ended = Ended()
+    with pytest.raises(TimeoutError, match="model_timeout"):
+        TimeLimited(model, 0.5).invoke(prompt, config={"callbacks": [ended]})
+    deadline = time.monotonic() + 120
+    while not ended.tokens and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ended.tokens and ended.tokens[0] < 200  # of up to 1,000: it stopped soon after the caller left
+    assert model.invoke(prompt, max_new_tokens=3).usage_metadata["output_tokens"] == 3
+
+
 
 def test_ctrl_c_amid_many_questions_leaves_no_task_pending_and_resumes(tmp_path, caplog, request):
     """SIGINT while 16 questions run: EvalInterrupted, and no task is left pending for asyncio to complain about

@@ -17,6 +17,7 @@ from pydantic import PrivateAttr
 
 from ..errors import DeviceError, ModelError, ModelNotInstalled
 from . import grammar as G
+from .timeout import ABANDONED
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 CUT_MARKER = "\n[...]\n"  # stands where a prompt too long for the context window was cut
@@ -79,6 +80,20 @@ def fit_chat(ids: list[int], chat: list[dict[str, str]], window: int | None, max
         system = system_ids()
         head = len(system) if ids[:len(system)] == system else 0
     return fit_prompt(ids, window - max_new, head, marker_ids())
+
+
+def stopping_when(event: threading.Event | None) -> Any:
+    """transformers' stopping criteria that end a generation once `event` is set; None without an event."""
+    if event is None:
+        return None
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Abandoned(StoppingCriteria):
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            return torch.full((input_ids.shape[0],), event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+    return StoppingCriteriaList([Abandoned()])
 
 
 class TransformersChatModel(BaseChatModel):
@@ -197,7 +212,10 @@ class TransformersChatModel(BaseChatModel):
         max_new = int(kwargs.get("max_new_tokens", self.max_new_tokens))
         temperature = float(kwargs.get("temperature", self.temperature))
         chat = chat_dicts(messages)
+        abandoned = ABANDONED.get()  # set when a time-limited caller stops waiting: stop at the next token
         with self._lock:
+            if abandoned is not None and abandoned.is_set():
+                raise TimeoutError(f"{self._name}: the caller stopped waiting before the call began (model_timeout)")
             if self._model is None:
                 self._load()
             tok = self._tokenizer
@@ -209,7 +227,8 @@ class TransformersChatModel(BaseChatModel):
             config = GenerationConfig(max_new_tokens=max_new, pad_token_id=pad, stop_strings=stops or None, **sampling)
             processors, decoding = self.constrained(kwargs)
             with torch.inference_mode():
-                out = self.generate_ids(**inputs, generation_config=config, logits_processor=processors, tokenizer=tok)
+                out = self.generate_ids(**inputs, generation_config=config, logits_processor=processors, tokenizer=tok,
+                                        stopping_criteria=stopping_when(abandoned))
             eos = self._model.generation_config.eos_token_id
         n_in = len(ids)
         new = out[0, n_in:].tolist()

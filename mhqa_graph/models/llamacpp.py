@@ -25,6 +25,7 @@ from ..errors import ModelError, ModelNotInstalled
 from .chat import CUT_MARKER, chat_dicts, fit_chat
 from .grammar import remembered
 from .prefix_cache import PrefixCache, common_prefix
+from .timeout import ABANDONED
 
 DEFAULT_CTX = 8192  # tokens; the KV cache of a model's full training context can take gigabytes
 DEFAULT_CACHE_MB = 1024  # qwen2.5-coder-1.5b's KV state takes 28 KB a token: ~18 states of 2,000 tokens
@@ -36,6 +37,15 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0)) or 1
     return os.cpu_count() or 1
+
+
+def stopping_when(event: threading.Event | None) -> Any:
+    """llama.cpp's stopping criteria that end a generation once `event` is set; None without an event."""
+    if event is None:
+        return None
+    from llama_cpp import StoppingCriteriaList
+
+    return StoppingCriteriaList([lambda ids, logits: event.is_set()])
 
 
 class LlamaCppChatModel(BaseChatModel):
@@ -183,7 +193,10 @@ class LlamaCppChatModel(BaseChatModel):
         temperature = float(kwargs.get("temperature", self.temperature))
         chat = chat_dicts(messages)
         decoding: dict[str, Any] = {"decoding": "prompt"}
+        abandoned = ABANDONED.get()  # set when a time-limited caller stops waiting: stop at the next token
         with self._lock:
+            if abandoned is not None and abandoned.is_set():
+                raise TimeoutError(f"{self._name}: the caller stopped waiting before the call began (model_timeout)")
             if self._llm is None:
                 self._load()
             ids, cut = self._prompt_ids(chat, max_new)
@@ -198,7 +211,8 @@ class LlamaCppChatModel(BaseChatModel):
                 cache_error = {"cache_error": "llama.cpp refused a cached state; the prompt was prefilled in full"} \
                     if failed else {}
                 out = self._llm.create_completion(prompt=ids, max_tokens=max_new, temperature=temperature,
-                                                  stop=stops or None, grammar=grammar)
+                                                  stop=stops or None, grammar=grammar,
+                                                  stopping_criteria=stopping_when(abandoned))
                 self._save()
             except (ValueError, RuntimeError) as exc:
                 raise ModelError(f"{self._name}: llama.cpp failed: {exc}") from exc
