@@ -1,8 +1,8 @@
 """A time limit on each call of any chat model: the call runs in a daemon thread and the caller stops
 waiting after `seconds` with a TimeoutError (transient: `get_llm` retries it). A thread cannot be killed;
 instead the call sees `ABANDONED`, an event set when the caller stops waiting, so a model that generates in
-this process (llama.cpp) stops at its next token and frees itself for the retry. Any other stalled call goes
-on in the background, and its reply, if one ever comes, is dropped."""
+this process (llama.cpp, transformers) stops at its next token and frees itself for the retry. Any other
+stalled call goes on in the background, and its reply, if one ever comes, is dropped."""
 
 from __future__ import annotations
 
