@@ -198,11 +198,16 @@ def untrained_folder(key: dict[str, Any], dev: DevConfig, output_dir: str | Path
     return cache / f"{key['agent']}-{digest}"
 
 
-def finished_records(rollout: RolloutConfig, folder: Path) -> list[dict[str, Any]] | None:
-    """The records of `rollout`'s questions in the one-sample run `folder`, None unless every question has one."""
+def question_ids(rollout: RolloutConfig) -> list[str]:
+    """The ids of `rollout`'s questions, in order."""
     from mhqa_graph.eval.runner import load_questions
 
-    wanted = [q.id for q in load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)]
+    return [q.id for q in load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)]
+
+
+def finished_records(rollout: RolloutConfig, folder: Path) -> list[dict[str, Any]] | None:
+    """The records of `rollout`'s questions in the one-sample run `folder`, None unless every question has one."""
+    wanted = question_ids(rollout)
     records = {r["id"]: r for r in read_records(folder / "sample0" / RESULTS)}
     return [records[i] | {"sample": 0} for i in wanted] if all(i in records for i in wanted) else None
 
@@ -234,18 +239,14 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
             records = rollouts(run, llm, cached, roles, concurrency=config.rollout_concurrency)
         return dev_metrics(records) | {"dev_run": str(cached), "dev_reused": reused}
     folder = Path(output_dir) / "dev" / name
-    carried: dict[str, int] = {}
     if name == GUARDS_OFF:
         run = dataclasses.replace(run, context={**run.context, "guards": "none"})
         if alike:
-            from mhqa_graph.eval.runner import load_questions
-
-            ids = [q.id for q in load_questions(run.dataset, run.path, run.limit, run.start)]
             on_main_process(lambda: carry_over(Path(output_dir) / "dev" / alike / "sample0", folder / "sample0",
-                                               ids, None, alike))
-        carried = {"dev_carried": sum(bool(r.get("carried")) for r in read_records(folder / "sample0" / RESULTS))}
+                                               question_ids(run), None, alike))
     llm, roles = llms(folder)
     records = rollouts(run, llm, folder, roles, concurrency=config.rollout_concurrency)
+    carried = {"dev_carried": sum(bool(r.get("carried")) for r in records)} if name == GUARDS_OFF else {}
     return dev_metrics(records, read_records(cached / "sample0" / RESULTS) or None) | carried
 
 

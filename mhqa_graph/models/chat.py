@@ -17,7 +17,7 @@ from pydantic import PrivateAttr
 
 from ..errors import DeviceError, ModelError, ModelNotInstalled
 from . import grammar as G
-from .timeout import ABANDONED
+from .timeout import ABANDONED, raise_if_abandoned
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
 CUT_MARKER = "\n[...]\n"  # stands where a prompt too long for the context window was cut
@@ -214,8 +214,7 @@ class TransformersChatModel(BaseChatModel):
         chat = chat_dicts(messages)
         abandoned = ABANDONED.get()  # set when a time-limited caller stops waiting: stop at the next token
         with self._lock:
-            if abandoned is not None and abandoned.is_set():
-                raise TimeoutError(f"{self._name}: the caller stopped waiting before the call began (model_timeout)")
+            raise_if_abandoned(abandoned, self._name)
             if self._model is None:
                 self._load()
             tok = self._tokenizer

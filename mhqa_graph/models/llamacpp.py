@@ -25,7 +25,7 @@ from ..errors import ModelError, ModelNotInstalled
 from .chat import CUT_MARKER, chat_dicts, fit_chat
 from .grammar import remembered
 from .prefix_cache import PrefixCache, common_prefix
-from .timeout import ABANDONED
+from .timeout import ABANDONED, raise_if_abandoned
 
 DEFAULT_CTX = 8192  # tokens; the KV cache of a model's full training context can take gigabytes
 DEFAULT_CACHE_MB = 1024  # qwen2.5-coder-1.5b's KV state takes 28 KB a token: ~18 states of 2,000 tokens
@@ -195,8 +195,7 @@ class LlamaCppChatModel(BaseChatModel):
         decoding: dict[str, Any] = {"decoding": "prompt"}
         abandoned = ABANDONED.get()  # set when a time-limited caller stops waiting: stop at the next token
         with self._lock:
-            if abandoned is not None and abandoned.is_set():
-                raise TimeoutError(f"{self._name}: the caller stopped waiting before the call began (model_timeout)")
+            raise_if_abandoned(abandoned, self._name)
             if self._llm is None:
                 self._load()
             ids, cut = self._prompt_ids(chat, max_new)

@@ -15,6 +15,12 @@ from langchain_core.runnables import Runnable, RunnableConfig
 ABANDONED: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("abandoned", default=None)
 
 
+def raise_if_abandoned(event: threading.Event | None, name: str) -> None:
+    """TimeoutError when `event` (the call's `ABANDONED`) is set: the caller left before the call began."""
+    if event is not None and event.is_set():
+        raise TimeoutError(f"{name}: the caller stopped waiting before the call began (model_timeout)")
+
+
 class TimeLimited(Runnable):
     """`bound`, whose calls raise TimeoutError after `seconds`."""
 
