@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import itertools
 import json
@@ -189,6 +190,30 @@ def test_an_abandoned_call_stops_generating_and_frees_the_model(spec, tmp_path, 
     assert ended.tokens and ended.tokens[0] < 200  # of up to 1,000: it stopped soon after the caller left
     assert model.invoke(prompt, max_new_tokens=3).usage_metadata["output_tokens"] == 3
 
+
+
+def test_an_interrupt_that_strikes_a_gathered_task_is_drained_with_the_rest(caplog):
+    """Ctrl-C raised inside one of several gathered tasks: asyncio re-raises it as the task awaiting the gather
+    ends, while the run is being cancelled. The draining goes on: no task is destroyed pending (a clean-up that
+    was under way), no exception is left unretrieved, and the interrupt reaches the caller."""
+    async def interrupted() -> None:
+        await asyncio.sleep(0)
+        raise KeyboardInterrupt
+
+    async def cleaning_up() -> None:
+        try:
+            await asyncio.sleep(10)
+        finally:
+            await asyncio.shield(asyncio.sleep(0))  # as LangChain's on_chain_error callbacks
+
+    async def main() -> None:
+        await asyncio.gather(interrupted(), cleaning_up())
+
+    with pytest.raises(KeyboardInterrupt):
+        runner_module._interruptible(main(), workers=1)
+    gc.collect()
+    assert "Task was destroyed but it is pending" not in caplog.text
+    assert "never retrieved" not in caplog.text
 
 
 def test_ctrl_c_amid_many_questions_leaves_no_task_pending_and_resumes(tmp_path, caplog, request):

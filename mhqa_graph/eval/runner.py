@@ -238,11 +238,16 @@ def claim_run_folder(out_dir: Path, manifest: dict, force_new: bool = False) -> 
 
 def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
     """Cancel every task of `loop` and let each end: the run's, and the clean-ups (callbacks, exit stacks) that
-    cancelling it starts, so that none is destroyed pending (asyncio's warnings) when the loop closes."""
+    cancelling it starts, so that none is destroyed pending (asyncio's warnings) when the loop closes. A task
+    that the interrupt struck re-raises it once more as the tasks awaiting it end (asyncio does so for
+    KeyboardInterrupt); that is the same Ctrl-C, and the draining goes on."""
     while tasks := asyncio.all_tasks(loop):
         for task in tasks:
             task.cancel()
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        try:
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        except KeyboardInterrupt:
+            pass
     loop.run_until_complete(loop.shutdown_asyncgens())
 
 
@@ -253,10 +258,13 @@ def _interruptible(main: Any, workers: int) -> None:
     loop = asyncio.new_event_loop()
     executor = ThreadPoolExecutor(max_workers=workers)
     loop.set_default_executor(executor)
+    run = loop.create_task(main)
     try:
-        loop.run_until_complete(main)
+        loop.run_until_complete(run)
     except KeyboardInterrupt:
         _cancel_all(loop)
+        if not run.cancelled():
+            run.exception()  # the interrupt, raised here: not left to be logged as never retrieved
         raise
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
