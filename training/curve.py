@@ -43,9 +43,10 @@ def dev_points(entries: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]
 
 
 def step_series(entries: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
-    """'<phase> <metric>' -> [(step, value)] of the per-step training metrics; those of an evaluation on
-    held-back prompts are '<phase> held-back <metric>'."""
-    series: dict[str, list[tuple[int, float]]] = {}
+    """'<phase> <metric>' -> [(step, value)] of the per-step training metrics, by step; those of an evaluation on
+    held-back prompts are '<phase> held-back <metric>'. A later entry for the same step (a phase that a resumed
+    run did again) replaces the earlier."""
+    series: dict[str, dict[int, float]] = {}
     for entry in entries:
         if "step" not in entry or "event" in entry:
             continue
@@ -56,8 +57,8 @@ def step_series(entries: list[dict[str, Any]]) -> dict[str, list[tuple[int, floa
             wanted = metric in STEP_METRICS or (metric.startswith("rewards/") and metric.endswith("/mean"))
             if wanted and isinstance(value, (int, float)) and not (held and metric == "loss"):
                 name = f"{phase} held-back {metric}" if held else f"{phase} {key}"
-                series.setdefault(name.strip(), []).append((entry["step"], float(value)))
-    return series
+                series.setdefault(name.strip(), {})[entry["step"]] = float(value)
+    return {name: sorted(points.items()) for name, points in series.items()}
 
 
 def plot_delta(ax: Any, points: list[tuple[str, dict[str, Any]]]) -> None:
