@@ -131,6 +131,56 @@ def test_each_iteration_is_saved_and_a_rerun_resumes_after_the_last(tmp_path):
     assert untouched and guards_off[0]["dev_carried"] == len(untouched)  # from iteration 2 (same weights)
 
 
+def test_a_run_stopped_in_a_dev_run_makes_it_when_resumed(tmp_path, monkeypatch):
+    """Stopped after iteration 1's checkpoint, in its dev run: the rerun makes the dev run and logs the
+    iteration's line, with the metrics saved beside the checkpoint, without rolling out or training again."""
+    config = tiny_config(tmp_path, iterations=1)
+    config.dev = DevConfig(path=str(write_dataset(tmp_path / "dev.jsonl", DEV)), min_questions=2)
+    first = MyGOTrainer(config)
+    dev = first.dev
+
+    def stopped(name, alike=None):
+        if name == "iter1":
+            raise KeyboardInterrupt
+        return dev(name, alike)
+
+    monkeypatch.setattr(first, "dev", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        first.train()
+    log_path = Path(config.output_dir) / "log.jsonl"
+    steps = [e for e in map(json.loads, log_path.read_text().splitlines()) if e.get("phase") == "iter1"]
+    assert not [e for e in map(json.loads, log_path.read_text().splitlines()) if "iteration" in e]
+
+    summary = MyGOTrainer(config).train()
+    log = [json.loads(line) for line in log_path.read_text().splitlines()]
+    rows = [e for e in log if "iteration" in e]
+    assert [r["iteration"] for r in rows] == [r["iteration"] for r in summary["iterations"]] == [1]
+    assert rows[0]["trajectories"] == 6 and rows[0]["tau"] == first.tau and rows[0]["dev_questions"] == 2
+    assert [e for e in log if e.get("phase") == "iter1"] == steps  # not trained again
+
+
+def test_a_warmup_stopped_between_steps_resumes_at_its_last_step(tmp_path, stop_training):
+    """A warm-up SFT stopped after step 2 of 3 leaves checkpoint-2; the rerun trains step 3 only."""
+    import mhqa_graph.training.mygo as mygo
+
+    config = tiny_config(tmp_path, iterations=1)
+    warm = tmp_path / "warm"
+    run_eval("rag", "hotpotqa", config.rollout.path, None, config.rollout.store, warm,
+             context_overrides={"llm": scripted(YES)}, progress=False)
+    config.warmup_run, config.sft["max_steps"] = str(warm), 3
+    go_on = stop_training(mygo, 2)
+    with pytest.raises(stop_training.error):
+        MyGOTrainer(config).train()
+    folder = Path(config.output_dir) / "warmup"
+    assert sorted(p.name for p in folder.glob("checkpoint-*")) == ["checkpoint-2"]
+    go_on()
+    MyGOTrainer(config).train()
+    log = [json.loads(line) for line in (Path(config.output_dir) / "log.jsonl").read_text().splitlines()]
+    assert [e["from"] for e in log if e.get("event") == "resumed" and "from" in e] == ["checkpoint-2"]
+    assert [e["step"] for e in log if e.get("phase") == "warmup" and "loss" in e] == [1, 2, 3]
+    assert not list(folder.glob("checkpoint-*"))  # removed once the pass is done
+
+
 def test_config_from_yaml_and_bad_configs(tmp_path):
     config = load_config(MyGOConfig, CONFIG)
     assert config.rollout.agent == "mujica" and config.model.lora and config.rollout.samples == 4

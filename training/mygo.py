@@ -9,8 +9,10 @@ Iteration k:
    consulted workers that many rounds (read from the trace: runs of LLM calls with role "worker"), so a
    planner answering alone is never the target;
 4. plain SFT (MLE on the agent's own tokens only; prompts and retrieved text get no loss) on them;
-5. the adapter (or model) and τ are saved to `output_dir/iter{k}/checkpoint`; a rerun resumes after the
-   last saved iteration (rollouts, being eval runs, resume too).
+5. the adapter (or model), τ and the iteration's metrics are saved to `output_dir/iter{k}/checkpoint`, then the
+   dev run is made and the iteration's line logged. A rerun resumes after the last saved iteration, first making
+   its dev run and line if they are missing; rollouts and dev runs, being eval runs, resume too, and a stopped
+   SFT resumes at its last step.
 An optional warm-up SFT on high-scoring trajectories comes first (checkpoint `iter0`), as in the paper (which
 fine-tunes on trajectories with EM 1 before MyGO): those of an eval run (`warmup_run`) or of a stronger model's
 rollouts of the training questions (`warmup_teacher`, a model spec, rolled out once into
@@ -22,6 +24,7 @@ later ones with ΔF1 against the untrained run and its interval.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -34,6 +37,7 @@ from mhqa_graph.export import mygo_rows, read_records, reward_of
 from .common import (
     GUARDS_OFF,
     LOG,
+    STEP_SAVES,
     UNTRAINED,
     DevConfig,
     ModelConfig,
@@ -50,6 +54,7 @@ from .common import (
     save_policy,
     saved_checkpoints,
     teacher_folder,
+    train_resuming,
     write_log,
 )
 from .devices import on_main_process, precision_args
@@ -57,7 +62,7 @@ from .rewards import keep, next_tau
 
 SFT_DEFAULTS: dict[str, Any] = {"learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 1,
                                 "gradient_accumulation_steps": 4, "max_length": 2048, "logging_steps": 1,
-                                "report_to": [], "save_strategy": "no",
+                                "report_to": [], **STEP_SAVES,
                                 "gradient_checkpointing": False}  # use_cpu and bf16: from the device (devices.py)
 
 
@@ -118,13 +123,15 @@ class MyGOTrainer:
             model, tokenizer = load_model(config.model)
         self.model, self.tokenizer = model, tokenizer
         self.tau = config.tau_0
+        self.saved_row: dict[str, Any] = {}  # the metrics of the iteration `resume` loaded
 
     @property
     def min_worker_rounds(self) -> int:
         return int(self.config.rollout.context.get("min_worker_rounds") or 0)
 
     def sft(self, rows: list[dict[str, Any]], out_dir: Path, phase: str) -> float:
-        """One plain-SFT pass over `rows`, its steps logged with `phase`; returns the mean training loss."""
+        """One plain-SFT pass over `rows`, its steps logged with `phase`; returns the mean training loss. A pass
+        stopped midway resumes at its last step when the same rows and arguments come again."""
         from datasets import Dataset
 
         from .weighted_sft import WeightedSFTConfig, WeightedSFTTrainer
@@ -135,14 +142,19 @@ class MyGOTrainer:
         log = jsonl_log(self.out / LOG, phase=phase)
         trainer = WeightedSFTTrainer(model=self.model, args=args, train_dataset=dataset,
                                      processing_class=self.tokenizer, callbacks=[log])
-        return float(trainer.train().training_loss)
+        digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        state = {"phase": phase, "rows": digest, "args": self.config.sft}
+        return float(train_resuming(trainer, state, self.out / LOG).training_loss)
 
-    def save(self, k: int) -> None:
-        """The weights and τ after iteration `k` (0: the warm-up), in `iter{k}/checkpoint` (by the main process)."""
-        save_checkpoint(self.model, self.out / f"iter{k}", {"iteration": k, "tau": self.tau})
+    def save(self, k: int, row: dict[str, Any] | None = None) -> None:
+        """The weights, τ and the metrics `row` of iteration `k` (0: the warm-up), in `iter{k}/checkpoint` (by the
+        main process)."""
+        save_checkpoint(self.model, self.out / f"iter{k}", {"iteration": k, "tau": self.tau,
+                                                            "row": row or {"iteration": k}})
 
     def resume(self) -> int:
-        """Load the last saved checkpoint (weights and τ); returns its iteration, -1 if there is none."""
+        """Load the last saved checkpoint (weights, τ and its metrics, kept in `saved_row`); returns its
+        iteration, -1 if there is none."""
         saved = saved_checkpoints(self.out, "iter*")
         if not saved:
             return -1
@@ -150,8 +162,21 @@ class MyGOTrainer:
         k = state["iteration"]
         load_checkpoint(self.model, path)
         self.tau = state["tau"]
+        self.saved_row = state.get("row") or {"iteration": k}
         write_log(self.out / LOG, {"event": "resumed", "after_iteration": k, "tau": self.tau})
         return k
+
+    def logged(self, k: int) -> bool:
+        """Whether log.jsonl holds iteration `k`'s line (written after its dev run)."""
+        log = self.out / LOG
+        lines = log.read_text(encoding="utf-8").splitlines() if log.is_file() else []
+        return any(json.loads(line).get("iteration") == k for line in lines if line.strip())
+
+    def finish(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Iteration metrics `row` with the dev metrics of the saved weights after it, logged and returned."""
+        row = row | self.dev(f"iter{row['iteration']}")
+        write_log(self.out / LOG, row)
+        return row
 
     def dev(self, name: str, alike: str | None = None) -> dict[str, Any]:
         """Dev metrics of the current weights (greedy), a resumable run in `dev/<name>` compared with the untrained
@@ -174,14 +199,13 @@ class MyGOTrainer:
         rollout_s = time.perf_counter() - started
         loss = self.sft(rows, self.out / f"iter{k}" / "sft", f"iter{k}") if rows else None
         sft_s = time.perf_counter() - started - rollout_s
-        self.save(k)
         row = {"iteration": k, "tau": self.tau, "mean_reward": sum(rewards) / len(rewards),
                "trajectories": len(records), "kept": len(good), "kept_fraction": len(good) / len(records),
                "with_workers": sum(worker_rounds(r) >= max(1, self.min_worker_rounds) for r in records),
                "sft_rows": len(rows), "loss": loss, "failures": sum(bool(r.get("failed")) for r in records),
-               "rollout_s": round(rollout_s, 1), "sft_s": round(sft_s, 1), **self.dev(f"iter{k}")}
-        write_log(self.out / LOG, row)
-        return row
+               "rollout_s": round(rollout_s, 1), "sft_s": round(sft_s, 1)}
+        self.save(k, row)
+        return self.finish(row)
 
     def warmup_records(self) -> list[dict[str, Any]]:
         """The warm-up's eval records: `warmup_run`'s, or the teacher's rollouts of the training questions."""
@@ -201,6 +225,8 @@ class MyGOTrainer:
         done = self.resume()
         if untrained and done < 0:
             write_log(self.out / LOG, {"event": "dev", "after": UNTRAINED, **untrained})
+        if done >= 0 and not self.logged(done):  # stopped after the checkpoint, before its dev run ended
+            history.append(self.finish(self.saved_row))
         if (cfg.warmup_run or cfg.warmup_teacher) and done < 0:
             rows = sft_rows(kept(self.warmup_records(), cfg.warmup_min_reward, cfg.reward, self.min_worker_rounds),
                             cfg.reward)
@@ -208,10 +234,8 @@ class MyGOTrainer:
                 raise InvalidInput(f"the warm-up trajectories ({cfg.warmup_run or cfg.warmup_teacher}) have none "
                                    f"with {cfg.reward} >= {cfg.warmup_min_reward}")
             row = {"iteration": 0, "warmup_rows": len(rows), "loss": self.sft(rows, self.out / "warmup", "warmup")}
-            self.save(0)
-            row |= self.dev("iter0")
-            write_log(self.out / LOG, row)
-            history.append(row)
+            self.save(0, row)
+            history.append(self.finish(row))
         history += [self.iteration(k) for k in range(max(1, done + 1), cfg.iterations + 1)]
         final = save_policy(self.model, self.tokenizer, self.out / "final")
         last = f"iter{cfg.iterations}" if cfg.iterations else "iter0" if cfg.warmup_run or cfg.warmup_teacher else None
