@@ -148,8 +148,9 @@ def test_a_run_stopped_in_a_dev_run_makes_it_when_resumed(tmp_path, monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         first.train()
     log_path = Path(config.output_dir) / "log.jsonl"
-    steps = [e for e in map(json.loads, log_path.read_text().splitlines()) if e.get("phase") == "iter1"]
-    assert not [e for e in map(json.loads, log_path.read_text().splitlines()) if "iteration" in e]
+    stopped_log = [json.loads(line) for line in log_path.read_text().splitlines()]
+    steps = [e for e in stopped_log if e.get("phase") == "iter1"]
+    assert not [e for e in stopped_log if "iteration" in e]
 
     summary = MyGOTrainer(config).train()
     log = [json.loads(line) for line in log_path.read_text().splitlines()]

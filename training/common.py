@@ -190,12 +190,16 @@ def untrained_key(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, m
             "guards": sorted(selected(run.context.get("guards"), run.agent))}
 
 
+def json_digest(value: Any) -> str:
+    """16 hex digits of the SHA-256 of `value` as JSON with sorted keys: a short name for settings or data."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
+
+
 def untrained_folder(key: dict[str, Any], dev: DevConfig, output_dir: str | Path) -> Path:
     """The untrained policy's dev run for `key` (`untrained_key`): `<cache>/<agent>-<hash of the key>`, the
     cache being `dev.cache` or `<output_dir>/../untrained`."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode("utf-8")).hexdigest()[:16]
     cache = Path(dev.cache) if dev.cache else Path(output_dir).parent / UNTRAINED
-    return cache / f"{key['agent']}-{digest}"
+    return cache / f"{key['agent']}-{json_digest(key)}"
 
 
 def question_ids(rollout: RolloutConfig) -> list[str]:

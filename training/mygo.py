@@ -24,7 +24,6 @@ later ones with ΔF1 against the untrained run and its interval.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -43,6 +42,7 @@ from .common import (
     ModelConfig,
     RolloutConfig,
     check_disjoint,
+    json_digest,
     jsonl_log,
     load_checkpoint,
     load_model,
@@ -142,15 +142,13 @@ class MyGOTrainer:
         log = jsonl_log(self.out / LOG, phase=phase)
         trainer = WeightedSFTTrainer(model=self.model, args=args, train_dataset=dataset,
                                      processing_class=self.tokenizer, callbacks=[log])
-        digest = hashlib.sha256(json.dumps(rows, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        state = {"phase": phase, "rows": digest, "args": self.config.sft}
+        state = {"phase": phase, "rows": json_digest(rows), "args": self.config.sft}
         return float(train_resuming(trainer, state, self.out / LOG).training_loss)
 
     def save(self, k: int, row: dict[str, Any] | None = None) -> None:
         """The weights, τ and the metrics `row` of iteration `k` (0: the warm-up), in `iter{k}/checkpoint` (by the
         main process)."""
-        save_checkpoint(self.model, self.out / f"iter{k}", {"iteration": k, "tau": self.tau,
-                                                            "row": row or {"iteration": k}})
+        save_checkpoint(self.model, self.out / f"iter{k}", {"iteration": k, "tau": self.tau, "row": row})
 
     def resume(self) -> int:
         """Load the last saved checkpoint (weights, τ and its metrics, kept in `saved_row`); returns its
