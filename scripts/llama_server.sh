@@ -13,14 +13,20 @@ cd "$(dirname "$0")/.."
 read -r version target < <(python -c \
   "from mhqa_graph.models.server import LLAMA_CPP_VERSION as v, built_binary as b; print(v, b())")
 [ -n "${target:-}" ] || { echo "llama-server: mhqa_graph is not importable here; run scripts/install.sh" >&2; exit 1; }
-if [ -x "$target" ] && "$target" --version >/dev/null 2>&1; then
+# shellcheck disable=SC1091
+. scripts/llama_flags.sh
+flags="CFLAGS=${CFLAGS:-} CXXFLAGS=${CXXFLAGS:-}"
+built() {  # a working binary built with these flags (one built with others, e.g. with AMX, is built again)
+  [ -x "$target" ] && "$target" --version >/dev/null 2>&1 && [ "$(cat "$target.flags" 2>/dev/null)" = "$flags" ]
+}
+if built; then
   echo "llama-server: already built ($target)"
   exit 0
 fi
 mkdir -p "$(dirname "$target")"
 exec 9>"$(dirname "$target")/.build.lock"
 flock 9  # one build at a time; a second caller waits, then finds the binary
-if [ -x "$target" ] && "$target" --version >/dev/null 2>&1; then
+if built; then
   echo "llama-server: built meanwhile ($target)"
   exit 0
 fi
@@ -32,14 +38,14 @@ echo "llama-server: building from llama-cpp-python $version's llama.cpp (once; s
 python -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$work"
 tar -xzf "$work/llama_cpp_python-$version.tar.gz" -C "$work" "llama_cpp_python-$version/vendor/llama.cpp"
 src="$work/llama_cpp_python-$version/vendor/llama.cpp"
-# Static, CPU only, AMX off (its kernels crash on CPUs with AMX units), no HTTPS, no web UI (it would download).
-cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-  -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
+# Static, CPU only, AMX off (CFLAGS and CXXFLAGS from llama_flags.sh), no HTTPS, no web UI (it would download).
+cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF \
   -DLLAMA_USE_PREBUILT_UI=OFF >"$work/cmake.log" 2>&1 || { tail -30 "$work/cmake.log" >&2; exit 1; }
 cmake --build "$work/build" --target llama-server -j "${MHQA_BUILD_JOBS:-$(nproc)}" >"$work/build.log" 2>&1 \
   || { tail -30 "$work/build.log" >&2; exit 1; }
 "$work/build/bin/llama-server" --version >/dev/null 2>&1
 mv "$work/build/bin/llama-server" "$target.tmp" && mv "$target.tmp" "$target"
+echo "$flags" > "$target.flags"
 elapsed=$(( $(date +%s) - started ))
 echo "llama-server: built $target in $(( elapsed / 60 )) min $(( elapsed % 60 )) s"
