@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
+import platform
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
@@ -16,6 +20,8 @@ from mhqa_graph.models.llamacpp import LlamaCppChatModel
 from mhqa_graph.models.packs import PACKS, Pack, pack_installed
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
+ROOT = Path(__file__).resolve().parents[1]
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 @pytest.fixture
@@ -167,3 +173,24 @@ def test_default_threads_are_the_cores_the_process_may_use(monkeypatch):
 
     monkeypatch.setattr(llamacpp.os, "sched_getaffinity", lambda pid: {1}, raising=False)
     assert llamacpp.usable_cores() == 1  # e.g. under `taskset -c 1`, not os.cpu_count()
+
+
+def test_llama_flags_turn_amx_off_once():
+    """scripts/llama_flags.sh adds -mno-amx-* once, however often it is sourced: llama_server.sh keys its
+    binary on the flags, so a second sourcing (install.sh, then llama_server.sh) must not change them."""
+    twice = ". scripts/llama_flags.sh; . scripts/llama_flags.sh; printf '%s|%s' \"$CFLAGS\" \"${CXXFLAGS:-}\""
+    done = subprocess.run(["bash", "-c", twice], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env={"PATH": os.environ["PATH"], "CFLAGS": "-O2"})
+    if platform.machine() == "x86_64":
+        assert done.stdout == f"-O2 {NO_AMX}|{NO_AMX}"
+    else:
+        assert done.stdout == "-O2|"
+
+
+@pytest.mark.skipif(not HAS_LLAMA_CPP, reason="needs the llamacpp extra")
+def test_the_installed_llama_cpp_has_no_amx_kernels():
+    """ggml's AMX kernels segfault at the first model load on CPUs with AMX units; scripts/install.sh builds
+    llama-cpp-python without them, and rebuilds one that has them."""
+    import llama_cpp
+
+    assert b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info(), "rebuild it: bash scripts/install.sh"
