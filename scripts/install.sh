@@ -10,6 +10,9 @@ command -v "$python" >/dev/null || python=python3
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 # shellcheck disable=SC1091
 . .venv/bin/activate
+# llama.cpp is built without AMX, here and in llama_server.sh (its kernels crash on CPUs with AMX units)
+# shellcheck disable=SC1091
+. scripts/llama_flags.sh
 stamp=".venv/.mhqa-installed-${extras//,/_}"
 wanted="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
@@ -22,20 +25,16 @@ else
   # ~2.7 GB of nvidia packages and runs on the CPU as well.
   python -m pip install --progress-bar on ${MHQA_TORCH_INDEX:+--index-url "$MHQA_TORCH_INDEX"} torch==2.13.0
   # llama-cpp-python (the llamacpp extra, and a dependency of the SmolLM2 pack's wheel) is built from source
-  # once (several minutes), without AMX (scripts/llama_flags.sh).
-  # shellcheck disable=SC1091
-  . scripts/llama_flags.sh
+  # once (several minutes), without AMX (the flags above).
   python -m pip install --progress-bar on -e ".[$extras]"
   echo "$wanted" > "$stamp"
 fi
 # A llama-cpp-python built with AMX (one built before scripts/llama_flags.sh, or taken from pip's wheel cache) crashes
 # at the first model load on CPUs with AMX units: drop it from the cache and build it again.
-if python -c "import sys, llama_cpp; sys.exit(b'AMX_INT8 = 1' not in llama_cpp.llama_print_system_info())" 2>/dev/null
-then
-  echo "set-up: rebuilding llama-cpp-python without AMX (the installed build has it and would crash)"
-  # shellcheck disable=SC1091
-  . scripts/llama_flags.sh
-  version="$(python -c 'import llama_cpp; print(llama_cpp.__version__)')"
+version="$(python -c "import llama_cpp as l; print(l.__version__ if b'AMX_INT8 = 1' in l.llama_print_system_info() else '')" \
+  2>/dev/null || true)"  # the installed version if its build has AMX, else nothing
+if [ -n "$version" ]; then
+  echo "set-up: rebuilding llama-cpp-python $version without AMX (the installed build has it and would crash)"
   python -m pip cache remove "llama_cpp_python-$version-*" >/dev/null 2>&1 || true
   python -m pip install --progress-bar on --force-reinstall --no-deps "llama-cpp-python==$version"
 fi
