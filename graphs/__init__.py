@@ -1,4 +1,5 @@
-"""The agent designs, installed as `mhqa_graph.graphs`: OPERA, Mujica, Omne and two baselines.
+"""The agent designs, installed as `mhqa_graph.graphs`: OPERA, Mujica, Omne, two baselines and `auto`, which
+answers with `rag` first and escalates to a design when that answer is not supported.
 
     from mhqa_graph.graphs import build_graph, make_context, as_tool
     graph = build_graph("opera")
@@ -18,6 +19,7 @@ What each role (`ROLES`, the keys of `role_llms`) must reply, e.g. to script fak
                         "arguments": {"query": "Inception", "graph_type": "kg"}}</tool_call>,
                         node_info with {"entity", "graph_type"}, then <answer>London</answer>
     rag, direct answer  <think>...</think><answer>London</answer>
+    auto    rag's answer, then the roles of the design it escalates to (graphs/auto.py)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ AGENTS: dict[str, tuple[str, str]] = {
     "omne": ("omne", "build"),
     "rag": ("baselines", "build_rag"),
     "direct": ("baselines", "build_direct"),
+    "auto": ("auto", "build"),
 }
 # agent name -> the roles its model calls play: the keys of `role_llms`, the `role` of trace LLM calls
 ROLES: dict[str, tuple[str, ...]] = {
@@ -47,6 +50,7 @@ ROLES: dict[str, tuple[str, ...]] = {
     "omne": ("tool-agent",),
     "rag": ("answer",),
     "direct": ("answer",),
+    "auto": ("answer", "plan", "analysis", "rewrite", "planner", "worker", "tool-agent"),  # rag's, then the designs'
 }
 
 
@@ -58,7 +62,7 @@ def _builder(agent: str) -> Any:
 
 
 def build_graph(agent: str, checkpointer: Any = None) -> Any:
-    """The compiled LangGraph graph of `agent` (opera | mujica | omne | rag | direct)."""
+    """The compiled LangGraph graph of `agent` (opera | mujica | omne | rag | direct | auto)."""
     return _builder(agent)(checkpointer=checkpointer)
 
 

@@ -102,6 +102,9 @@ class AgentContext:
     guard_mode: str = setting("enforce", help="enforce: a guard that fires changes the run; log: it is only "
                               "recorded in the run's guards list.")
 
+    def check(self) -> None:
+        """InvalidInput for settings that are each valid but cannot run together (an agent's own rules)."""
+
 
 C = TypeVar("C", bound=AgentContext)
 
@@ -150,6 +153,7 @@ def validate_context(ctx: AgentContext, roles: tuple[str, ...]) -> None:
     if ctx.decoding not in DECODING_MODES:
         raise InvalidInput(f"decoding must be one of {', '.join(DECODING_MODES)}, got {ctx.decoding!r}")
     check_guards(ctx.guards, ctx.guard_mode)
+    ctx.check()
     if ctx.decoding == "constrained":
         for where, spec in specs:
             if not can_constrain(spec):

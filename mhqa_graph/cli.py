@@ -251,7 +251,7 @@ def _brief(update: Any, limit: int = 240) -> str:
 @app.command("ask")
 def ask_cmd(
     question: str,
-    agent: Annotated[str, typer.Option("--agent", help="opera | mujica | omne | rag | direct")] = "opera",
+    agent: Annotated[str, typer.Option("--agent", help="opera | mujica | omne | rag | direct | auto")] = "opera",
     llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: best installed pack).")] = None,
     store: StoreOpt = None,
     corpus: Annotated[str | None, typer.Option("--corpus", help="Passage corpus to search.")] = None,
@@ -305,12 +305,14 @@ def ask_cmd(
 def eval_cmd(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="The benchmark file.")],
     dataset: Annotated[str, typer.Option("--dataset", help="hotpotqa | 2wiki | musique | pathquestion")],
-    agent: Annotated[str, typer.Option("--agent", help="opera | mujica | omne | rag | direct")],
+    agent: Annotated[str, typer.Option("--agent", help="opera | mujica | omne | rag | direct | auto")],
     out_dir: Annotated[Path, typer.Option("--out", help="Run folder (results.jsonl, summary.json); reruns resume.")],
     llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: best installed pack).")] = None,
     store: StoreOpt = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Only N questions.")] = None,
     start: Annotated[int, typer.Option("--start", help="Skip the first N questions (a disjoint slice).")] = 0,
+    ids: Annotated[str | None, typer.Option("--ids", help="Only these question ids of the slice, comma-separated "
+                                                          "(e.g. those a committed record set lacks).")] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", "-k", help="Questions in flight.")] = 4,
     corpus: Annotated[str | None, typer.Option("--corpus", help="Use this corpus of the store (no ingest).")] = None,
     graph: Annotated[str | None, typer.Option("--graph", help="Use this graph of the store (no ingest).")] = None,
@@ -337,7 +339,7 @@ def eval_cmd(
     _check_eval_store(store, given=bool(corpus or graph))
     try:
         run_eval(agent, dataset, file, llm, store, out_dir, limit=limit, concurrency=concurrency, progress=True,
-                 start=start, force_new=force_new,
+                 start=start, force_new=force_new, ids=None if ids is None else [i for i in ids.split(",") if i],
                  context_overrides={"corpus": corpus, "graph": graph, "decoding": decoding, "guards": guards,
                                     "guard_mode": guard_mode, "model_timeout": model_timeout})
     except EvalInterrupted as e:

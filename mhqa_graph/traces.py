@@ -159,7 +159,12 @@ _CITED_STEP = re.compile(r"\[[^\[\]\d]{0,40}?(\d{1,2})[^\[\]\d]{0,40}\]")
 
 
 def plan_and_steps(state: Mapping[str, Any]) -> tuple[list[PlanItem], list[Step], list[ToolCall]]:
-    """The plan, the retrieval steps and the tool calls a final state shows, whichever design made it."""
+    """The plan, the retrieval steps and the tool calls a final state shows, whichever design made it (auto's:
+    those of its stages, in order)."""
+    if "stages" in state and "decisions" in state:  # auto
+        parts = [plan_and_steps(s) for s in state["stages"] or [] if isinstance(s, Mapping)]
+        return ([p for plan, _, _ in parts for p in plan], [s for _, steps, _ in parts for s in steps],
+                [c for _, _, calls in parts for c in calls])
     if "steps" in state and "plan" in state:  # OPERA
         deps = state.get("depends_on") or [sorted(set(_CITED_STEP.findall(q)), key=int) for q in state["plan"] or []]
         plan = [PlanItem(id=str(i), question=q, depends_on=[str(d) for d in (deps[i - 1] if i <= len(deps) else [])])

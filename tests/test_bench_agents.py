@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from mhqa_graph.graphs.common import REPAIR_PREFIX
 
-from mhqa_graph.eval.report import RESULTS
+from mhqa_graph.eval.report import RESULTS, read_records
 
 SPEC = importlib.util.spec_from_file_location("bench_agents", Path(__file__).parents[1] / "bench" / "agents.py")
 bench = importlib.util.module_from_spec(SPEC)
@@ -26,7 +26,8 @@ def folders(tmp_path: Path) -> argparse.Namespace:
     data = tmp_path / "data" / "pathquestion"
     data.mkdir(parents=True)
     (data / "PQ-2H.txt").write_text("".join(ROW.format(n=n) for n in range(6)), encoding="utf-8")
-    args = argparse.Namespace(out=tmp_path / "out", llm=LLM, data=tmp_path / "data", start=0, limit=6)
+    args = argparse.Namespace(out=tmp_path / "out", llm=LLM, data=tmp_path / "data", start=0, limit=6,
+                              results=tmp_path / "results")
     ids = [q.id for q in bench.load_questions("pathquestion", data / "PQ-2H.txt")]
     for agent, answered, right in (("rag", ids, ids[::2]), ("opera", ids[:4], ids[:4])):
         folder = bench.run_dir(args.out, LLM, "pq2h", agent)
@@ -36,7 +37,13 @@ def folders(tmp_path: Path) -> argparse.Namespace:
                 score = float(qid in right)
                 f.write(json.dumps({"id": qid, "em": score, "f1": score, "latency": 2.0, "llm_calls": 3,
                                     "tokens": {"total": 10}, "health": {"acted": True, "repairs": 1}}) + "\n")
+        save(args, "pq2h", agent)
     return args
+
+
+def save(args: argparse.Namespace, env: str, variant: str) -> None:
+    """What bench/agents.py does after each eval: the run folder's records into the records file."""
+    bench.R.save(bench.run_dir(args.out, LLM, env, variant), bench.R.path_of(LLM, env, variant, args.results))
 
 
 def test_a_table_covers_the_asked_range_that_every_agent_answered(folders):
@@ -58,7 +65,7 @@ def test_a_table_covers_the_asked_range_that_every_agent_answered(folders):
 def test_report_only_writes_the_table_and_the_plot(folders, monkeypatch, capsys):
     monkeypatch.setattr("sys.argv", ["agents.py", "--report-only", "--env", "pq2h", "--agents", "rag,opera",
                                      "--llm", LLM, "--limit", "4", "--out", str(folders.out),
-                                     "--data", str(folders.data)])
+                                     "--data", str(folders.data), "--results", str(folders.results)])
     bench.main()
     table = (folders.out / "agents.md").read_text(encoding="utf-8")
     assert "4 questions" in table and "| opera | 100.0 | 100.0 | +50.0 [+0.0, +100.0] |" in table
@@ -96,6 +103,7 @@ def test_a_guards_off_variant_reasks_only_where_one_of_its_guards_fired(folders)
             f.write(json.dumps({"id": qid, "f1": 0.0 if failed else 1.0, "em": 0.0 if failed else 1.0,
                                 "error": "Timeout" if failed else None, "latency": 2.0, "llm_calls": 3,
                                 "tokens": {"total": 9}, "health": {"guards": fired.get(qid, {})}}) + "\n")
+    save(folders, "pq2h", "omne")
 
     assert bench.guards_off("omne:guards=none") == ("omne", frozenset({"send_back_one_hop", "send_back_ungrounded"}))
     assert bench.guards_off("omne:decoding=prompt;guards=-send_back_one_hop") == (
@@ -109,7 +117,7 @@ def test_a_guards_off_variant_reasks_only_where_one_of_its_guards_fired(folders)
     assert bench.carry_over(folders, "pq2h", "omne:guards=none") == 2
     assert bench.carry_over(folders, "pq2h", "omne:guards=none") == 0  # never twice
     assert bench.carry_over(folders, "pq2h", "omne:guards=-send_back_one_hop") == 3  # and question 2
-    carried = bench.read_records(bench.run_dir(folders.out, LLM, "pq2h", "omne:guards=-send_back_one_hop") / RESULTS)
+    carried = read_records(bench.run_dir(folders.out, LLM, "pq2h", "omne:guards=-send_back_one_hop") / RESULTS)
     assert [r["id"] for r in carried] == ids[2:5] and {r["carried"] for r in carried} == {"omne"}
     assert bench.carry_over(folders, "pq2h", "omne:guards=none;guard_mode=log") == 0
 
@@ -119,6 +127,7 @@ def test_a_guards_off_variant_reasks_only_where_one_of_its_guards_fired(folders)
         for qid, f1 in zip((ids[0], ids[1], ids[2], ids[5]), (0.0, 1.0, 0.0, 1.0)):
             f.write(json.dumps({"id": qid, "f1": f1, "em": f1, "latency": 1.0, "llm_calls": 2,
                                 "tokens": {"total": 5}, "health": {}}) + "\n")
+    save(folders, "pq2h", "omne:guards=none")
     n, rows = bench.env_rows(folders, "pq2h", ["omne", "omne:guards=none"])
     share = {r["agent"]: r["guards_share"] for r in rows}
     assert n == 6 and share["omne"] is None
@@ -143,11 +152,8 @@ def record(qid: str, f1: float, *, calls: int = 2, guards: dict | None = None, c
 
 
 def write_run(args: argparse.Namespace, env: str, variant: str, records: list[dict]) -> None:
-    agent, settings = bench.parse_variant(variant)
-    folder = bench.run_dir(args.out, LLM, env, variant)
-    folder.mkdir(parents=True)
-    (folder / "run.json").write_text(json.dumps({"agent": agent, "settings": settings}), encoding="utf-8")
-    (folder / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    """The committed records of one variant, as bench/records.py keeps them."""
+    bench.R.write(bench.R.path_of(LLM, env, variant, args.results), [bench.R.compact(r) for r in records])
 
 
 def scored(env: str, f1s: list[float], **extra) -> list[dict]:
@@ -157,7 +163,7 @@ def scored(env: str, f1s: list[float], **extra) -> list[dict]:
 @pytest.fixture
 def summary_args(tmp_path: Path, monkeypatch) -> argparse.Namespace:
     monkeypatch.setattr(bench, "asked_ids", lambda args, env: set(IDS[env][args.start:args.start + args.limit]))
-    return argparse.Namespace(out=tmp_path / "out", llm=LLM, start=0, limit=4)
+    return argparse.Namespace(out=tmp_path / "out", llm=LLM, start=0, limit=4, results=tmp_path / "results")
 
 
 def test_the_matrix_gives_f1_and_the_paired_interval_against_rag_or_says_what_is_missing(summary_args):
@@ -184,7 +190,7 @@ def test_the_matrix_gives_f1_and_the_paired_interval_against_rag_or_says_what_is
     assert by_env["pq2h"]["cells"]["omne"]["k"] == 2 and "df1" not in by_env["pq2h"]["cells"]["omne"]
 
     # without the run that turned that guard alone off, that question is left out of opera's default records
-    (bench.run_dir(summary_args.out, LLM, "pq3h", "opera:guards=-date_comparison") / RESULTS).unlink()
+    bench.R.path_of(LLM, "pq3h", "opera:guards=-date_comparison", summary_args.results).unlink()
     by_env = bench.summary_envs(summary_args, ["pq3h"], ["rag", "opera"])
     assert "| pq3h | 0.0 | 3 of 4 |" in bench.matrix_table(by_env, ["rag", "opera"])
 
@@ -223,8 +229,8 @@ def test_the_guard_table_pools_a_paired_bootstrap_over_the_questions_of_every_en
     assert lines[3].endswith(", 1 / 0, 4 | +0.00, +0 |")  # pq3h has no mujica runs: left out of the pool
 
     # a guards-off run still going: its environment says how far it is and stays out of the pool
-    folder = bench.run_dir(summary_args.out, LLM, "pq3h", "omne:guards=none")
-    (folder / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in scored("pq3h", [1, 1])), encoding="utf-8")
+    bench.R.path_of(LLM, "pq3h", "omne:guards=none", summary_args.results).unlink()
+    write_run(summary_args, "pq3h", "omne:guards=none", scored("pq3h", [1, 1]))
     table = bench.guards_table(bench.summary_envs(summary_args, ["pq2h", "pq3h"], ["rag"]))
     assert "| omne: all | +25.0 (1/0, 4 re-asked) | 2 of 4 | +25.0 [+0.0, +75.0], 1 / 0, 4 | +1.00, +0 |" in table
 
@@ -235,36 +241,50 @@ def test_the_guard_table_pools_a_paired_bootstrap_over_the_questions_of_every_en
 
 
 def test_targets_say_met_or_missed_and_by_how_much(summary_args):
-    write_run(summary_args, "pq2h", "rag", scored("pq2h", [0, 0, 0, 0]))
-    write_run(summary_args, "pq2h", "omne", scored("pq2h", [1, 0, 0, 0]))  # +25: met by 15
-    write_run(summary_args, "pq2h", "opera", scored("pq2h", [0, 0, 0, 0.4]))  # +10: met by 0.0
-    write_run(summary_args, "pq2h", "mujica", scored("pq2h", [0, 0, 0, 0.2]))  # +5: missed by 5
-    write_run(summary_args, "hotpot", "rag", scored("hotpot", [1, 0, 0, 0], repaired=1))
-    write_run(summary_args, "hotpot", "mujica", scored("hotpot", [1, 1, 0, 0]))  # +25 over rag
-    write_run(summary_args, "hotpot", "opera", scored("hotpot", [1, 0, 0, 0.2]))  # +5: met by 0.0
-    by_env = bench.summary_envs(summary_args, ["pq2h", "hotpot"], ["rag", "opera", "mujica", "omne"])
-    rows = bench.targets_table(by_env, ["rag", "opera", "mujica", "omne"]).splitlines()
+    write_run(summary_args, "pq2h", "rag", scored("pq2h", [0, 0, 0, 0], calls=1))
+    write_run(summary_args, "pq2h", "omne", scored("pq2h", [1, 0, 0, 0]))  # +25
+    write_run(summary_args, "pq2h", "opera", [r | {"trace": {"plan": [{"id": "1"}]}} for r in
+                                              scored("pq2h", [0, 0, 0, 0.4])])  # +10, one sub-goal each
+    write_run(summary_args, "pq2h", "mujica", [r | {"health": {"forced": 1}} for r in scored("pq2h", [0, 0, 0, 0])])
+    write_run(summary_args, "pq2h", "auto", scored("pq2h", [1, 0, 0, 0.6]))  # +40: above omne
+    write_run(summary_args, "hotpot", "rag", scored("hotpot", [1, 0, 0, 0], calls=1, repaired=1))
+    write_run(summary_args, "hotpot", "opera", scored("hotpot", [1, 0, 0, 0.2]))  # +5
+    write_run(summary_args, "hotpot", "auto", scored("hotpot", [1, 0, 0, 0.2], calls=3))  # +5
+    agents = ["rag", "opera", "mujica", "omne", "auto"]
+    rows = bench.targets_table(bench.summary_envs(summary_args, ["pq2h", "hotpot"], agents), agents).splitlines()
 
-    assert rows[2] == ("| every design ≥ `rag` + 10 F1 on each KG environment | **missed** | met 2 of 3 measured; "
-                       "met: opera on pq2h +10.0 (by 0.0), omne on pq2h +25.0 (by 15.0); "
-                       "missed: mujica on pq2h +5.0 (by 5.0) |")
-    assert rows[3] == ("| best design ≥ `rag` + 5 F1 on each text environment | **met** | met 1 of 1 measured; "
-                       "met: mujica on hotpot +25.0 (by 20.0) |")
-    # on hotpot rag answered a format repair on each of its 4 questions: 4 of 8 calls
-    assert rows[4].startswith("| malformed runs and format-repair calls ≤ 1% (each run) | **missed** | "
-                              "malformed runs: 0 of 28 questions; format-repair calls: rag 4 of 16, opera 0 of 16, "
-                              "mujica 0 of 16, omne 0 of 8;")
-    assert rows[4].endswith("the highest share in one run: rag on hotpot, 4 of 8 (50.0%) |")
+    assert rows[2] == ("| `auto` ≥ the best single design − 1 F1 on every environment | **met** | "
+                       "pq2h: 40.0 vs omne 25.0 (+15.0); hotpot: 30.0 vs opera 30.0 (+0.0) |")
+    assert rows[3].startswith("| `auto` ≥ `rag` + 15, pooled over the KG environments | **met** | +40.0 [")
+    assert rows[3].endswith("over 4 questions in 4 clusters (by 25.0) |")
+    assert rows[4].startswith("| `auto` ≥ `rag` + 5, pooled over the text environments | **met** | +5.0 [")
+    assert rows[5] == ("| `auto`: at most 2.5× `rag`'s LLM calls and 3× its seconds | **met** | mean over 2 "
+                       "environments: 2.50× calls, 1.00× seconds; pq2h 2.00× / 1.00×, hotpot 3.00× / 1.00× |")
+    assert rows[6] == ("| every design ≥ `rag` on each KG environment | **met** | met 3 of 3 measured; met: "
+                       "opera on pq2h +10.0 (by 10.0), mujica on pq2h +0.0 (by 0.0), omne on pq2h +25.0 (by 25.0) |")
+    assert rows[7] == ("| the best design ≥ `rag` + 5 on each text environment | **met** | met 1 of 1 measured; "
+                       "met: opera on hotpot +5.0 (by 0.0) |")
+    assert rows[8] == "| Mujica: forced answers ≤ 25% of questions | **missed** | pq2h 4 of 4 |"
+    assert rows[9] == "| OPERA: one-sub-goal plans on two-hop PathQuestion ≤ 20% | **missed** | pq2h 4 of 4 |"
+    # on hotpot rag answered a format repair on each of its 4 questions: 4 of 4 calls
+    assert rows[10].startswith("| no malformed runs; repairs ≤ 1% of calls (each run) | **missed** | "
+                               "malformed runs: 0 of 32 questions; format-repair calls: rag 4 of 8, opera 0 of 16, "
+                               "mujica 0 of 8, omne 0 of 8, auto 0 of 20;")
+    assert rows[10].endswith("the highest share in one run: rag on hotpot, 4 of 4 (100.0%) |")
 
-    (bench.run_dir(summary_args.out, LLM, "hotpot", "rag") / RESULTS).write_text(
-        "".join(json.dumps(r) + "\n" for r in scored("hotpot", [1, 0, 0, 0])), encoding="utf-8")
-    (bench.run_dir(summary_args.out, LLM, "pq2h", "mujica") / RESULTS).write_text(
-        "".join(json.dumps(r) + "\n" for r in scored("pq2h", [1, 1, 1, 0], malformed=True)), encoding="utf-8")
-    rows = bench.targets_table(bench.summary_envs(summary_args, ["pq2h", "hotpot"], ["rag", "opera", "mujica"]),
-                               ["rag", "opera", "mujica"]).splitlines()
-    assert "| **missed** | malformed runs: 4 of 24 questions; format-repair calls: rag 0 of 16," in rows[4]
-    assert "| **met** | met 2 of 2 measured; met: opera on pq2h +10.0 (by 0.0), mujica on pq2h +75.0 (by 65.0) |" \
-        in rows[2]
+    write_run(summary_args, "pq2h", "omne", scored("pq2h", [1, 1, 0, 0]))  # 50: auto falls short by 10
+    rows = bench.targets_table(bench.summary_envs(summary_args, ["pq2h"], agents), agents).splitlines()
+    assert rows[2] == ("| `auto` ≥ the best single design − 1 F1 on every environment | **missed** | "
+                       "pq2h: 40.0 vs omne 50.0 (-10.0) |")
+
+
+def test_clustered_intervals_draw_paraphrases_together():
+    """Four questions in two clusters: a bootstrap by cluster is wider than one by question."""
+    diffs, clusters = [1.0, 1.0, 0.0, 0.0], ["a", "a", "b", "b"]
+    assert bench.paired_interval(diffs, clusters=clusters) == (0.0, 100.0)
+    by_question = bench.paired_interval(diffs * 10)
+    assert 20 < by_question[0] and by_question[1] < 80
+    assert bench.paired_interval([1.0, 0.0], clusters=["a", "a"]) is None  # one cluster: no interval
 
 
 def test_summary_reads_the_run_folders_and_writes_summary_md(summary_args, monkeypatch, capsys):
@@ -272,7 +292,8 @@ def test_summary_reads_the_run_folders_and_writes_summary_md(summary_args, monke
     write_run(summary_args, "pq2h", "omne", scored("pq2h", [1, 1, 0, 0]) + [record("pq2h-9", 1.0)])  # out of range
     monkeypatch.setattr(bench, "run_all", lambda *a: pytest.fail("--summary runs no eval"))
     monkeypatch.setattr("sys.argv", ["agents.py", "--summary", "--env", "pq2h", "--env", "hotpot", "--llm", LLM,
-                                     "--limit", "4", "--out", str(summary_args.out)])
+                                     "--limit", "4", "--out", str(summary_args.out),
+                                     "--results", str(summary_args.results)])
     bench.main()
     text = (summary_args.out / "summary.md").read_text(encoding="utf-8")
     assert capsys.readouterr().out.strip() == text.strip()
@@ -288,14 +309,40 @@ def test_summary_reads_the_run_folders_and_writes_summary_md(summary_args, monke
     assert "| pq3h | rag | 4 | 3.0 | 2.0 | 10 | 5 |" in bench.cost_table(cells, ["rag"])
 
 
-def test_a_folder_made_by_hand_beside_the_runs_is_no_variant(folders):
-    """A run of the agent in a folder of another name (a one-off experiment) must not stand in for its
-    default run."""
-    env = bench.run_dir(folders.out, LLM, "pq2h", "rag").parent
-    for name, agent in (("rag", "rag"), ("opera", "opera"), ("opera_by-hand", "opera")):
-        (env / name).mkdir(exist_ok=True)
-        (env / name / "run.json").write_text(json.dumps({"agent": agent, "settings": {}}), encoding="utf-8")
-    assert bench.variants(folders, "pq2h") == {"opera": env / "opera", "rag": env / "rag"}
+def test_a_records_file_that_names_no_variant_is_left_out(folders):
+    """A file beside the records (a one-off experiment) must not stand in for a variant."""
+    env = bench.R.path_of(LLM, "pq2h", "rag", folders.results).parent
+    (env / ("opera_by-hand" + bench.R.SUFFIX)).write_bytes((env / ("opera" + bench.R.SUFFIX)).read_bytes())
+    assert bench.variants(folders, "pq2h") == {"opera": env / "opera.jsonl.gz", "rag": env / "rag.jsonl.gz"}
+
+
+def test_records_are_compact_sorted_and_merged(folders):
+    """Records keep what the tables read, no trace; a question asked again replaces its record; the same
+    records give the same bytes."""
+    path = bench.R.path_of(LLM, "pq2h", "rag", folders.results)
+    first = bench.R.load(path)
+    assert [r["id"] for r in first] == sorted(r["id"] for r in first) and "trace" not in first[0]
+    assert set(first[0]) >= {"id", "cluster", "em", "f1", "latency", "llm_calls", "tokens", "health", "format_repairs"}
+    before = path.read_bytes()
+    bench.R.write(path, reversed(first))
+    assert path.read_bytes() == before
+    folder = bench.run_dir(folders.out, LLM, "pq2h", "rag")
+    (folder / RESULTS).write_text(json.dumps({**first[0], "f1": 0.25}) + "\n", encoding="utf-8")
+    assert bench.R.save(folder, path) == len(first)
+    assert bench.R.load(path)[0]["f1"] == 0.25 and bench.R.load(path)[1] == first[1]
+
+
+def test_a_run_asks_only_the_questions_the_records_lack(folders, monkeypatch):
+    """A benchmark stopped on one machine goes on from the committed records on another: a complete records
+    file is not asked again, a partial one asks only the ids it lacks."""
+    commands = []
+    monkeypatch.setattr(bench, "build_environments", lambda *a: None)
+    monkeypatch.setattr(bench, "_run", lambda cmd, folder: commands.append(cmd))
+    folders.store, folders.jobs = "embedded:///s", 1
+    bench.run_all(folders, [("pq2h", "rag"), ("pq2h", "opera")])
+    assert len(commands) == 1 and "--agent" in commands[0] and commands[0][commands[0].index("--agent") + 1] == "opera"
+    ids = [q.id for q in bench.load_questions("pathquestion", folders.data / "pathquestion" / "PQ-2H.txt")]
+    assert commands[0][commands[0].index("--ids") + 1] == ",".join(sorted(ids[4:]))
 
 
 def test_sigterm_stops_the_running_evals_and_starts_no_more(tmp_path: Path) -> None:

@@ -70,6 +70,10 @@ CONTEXTS = {
                                         "<answer>London</answer>")},
     "rag": {"corpus": "wiki", "top_k": 2, "llm": fake("<answer>London</answer>")},
     "direct": {"llm": fake("<think>Nolan was born in London.</think><answer>London</answer>")},
+    "auto": {"corpus": "wiki", "llm": fake("unused"), "role_llms": {  # rag says Paris, no passage holds it: OPERA
+        "answer": fake("<answer>Paris</answer>", "London"),
+        "plan": fake(json.dumps({"subgoals": ["Who directed Inception?", "Where was [Answer1] born?"]})),
+        "analysis": fake(said("Christopher Nolan"), said("London"))}},
 }
 
 
@@ -81,6 +85,8 @@ def trace_checks(agent: str, out: dict) -> None:
         assert out["results"]["q2"]["query"] == "Where was Christopher Nolan born?" and out["rounds"] == 3
     elif agent == "omne":
         assert [c["name"] for c in out["tool_calls"]] == ["entity_matcher", "node_info", "node_info"]
+    elif agent == "auto":
+        assert out["answered_by"] == "opera" and [d["action"] for d in out["decisions"]] == ["escalate", "answer"]
     elif agent == "rag":
         assert out["source"] == "corpus:wiki" and len(out["retrieved"]) == 2
     else:

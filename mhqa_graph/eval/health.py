@@ -124,7 +124,10 @@ def _per_guard(rows: list[dict]) -> dict[str, int]:
 
 
 def format_repairs(record: dict) -> int:
-    """Model calls of an eval record that answered a format repair or a nudge (not a send-back guard)."""
+    """Model calls of an eval record that answered a format repair or a nudge (not a send-back guard); a compact
+    record without its trace says it (`format_repairs`)."""
+    if "trace" not in record and "format_repairs" in record:
+        return int(record["format_repairs"])
     texts = [_last_user(c) for c in (record.get("trace") or {}).get("llm_calls") or []]
     return sum(is_retry(t) and not is_send_back(t) for t in texts)
 

@@ -2,13 +2,17 @@
 difference, the questions better and worse, and the sign test of those counts.
 
     paired_comparison(before_records, after_records)
-    # {"paired": 100, "df1": 4.8, "df1_low": -1.2, "df1_high": 10.9, "better": 19, "worse": 11, "sign_p": 0.2}
+    # {"paired": 100, "clusters": 34, "df1": 4.8, "df1_low": -1.2, "df1_high": 10.9, "better": 19, "worse": 11,
+    #  "sign_p": 0.2}
 
-Differences are in points (F1 x 100), as the benchmark tables show them.
+The bootstrap resamples clusters, not questions: questions that share a gold path (PathQuestion asks each
+path in about three paraphrases) are one cluster, so they are drawn together (`cluster_key`). Differences
+are in points (F1 x 100), as the benchmark tables show them.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from typing import Any
@@ -18,12 +22,30 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def paired_interval(diffs: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float] | None:
-    """The 95% paired-bootstrap interval of the mean of per-question differences, in F1 points."""
-    if len(diffs) < 2:
+def cluster_key(record: dict[str, Any]) -> str:
+    """The record's cluster: its gold path (`chain`) where it has one, else its question id."""
+    if record.get("cluster"):
+        return str(record["cluster"])
+    chain = record.get("chain")
+    return json.dumps(chain, sort_keys=True) if chain else f"id:{record.get('id')}"
+
+
+def paired_interval(diffs: list[float], resamples: int = 2000, seed: int = 0,
+                    clusters: list[str] | None = None) -> tuple[float, float] | None:
+    """The 95% paired-bootstrap interval of the mean of per-question differences, in F1 points. With `clusters`
+    (one key per difference) whole clusters are resampled; fewer than 2 clusters give None."""
+    groups: dict[str, list[float]] = {}
+    for i, d in enumerate(diffs):
+        groups.setdefault(clusters[i] if clusters else str(i), []).append(d)
+    if len(groups) < 2:
         return None
     rng = random.Random(seed)
-    means = sorted(_mean(rng.choices(diffs, k=len(diffs))) for _ in range(resamples))
+    parts = [(sum(g), len(g)) for g in groups.values()]
+    means = []
+    for _ in range(resamples):
+        drawn = rng.choices(parts, k=len(parts))
+        means.append(sum(s for s, _ in drawn) / sum(n for _, n in drawn))
+    means.sort()
     return 100 * means[int(0.025 * resamples)], 100 * means[int(0.975 * resamples) - 1]
 
 
@@ -40,11 +62,15 @@ def sign_test(better: int, worse: int) -> float:
 def paired_comparison(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> dict[str, Any]:
     """`after` against `before` (eval records) over the questions both answered, by id: how many (`paired`),
     the mean F1 difference in points with its 95% paired-bootstrap interval (`df1`, `df1_low`,
-    `df1_high`; None with fewer than 2 questions), the questions better and worse, and the sign test's p."""
+    `df1_high`; None with fewer than 2 clusters), the clusters resampled (`cluster_key`), the questions better
+    and worse, and the sign test's p."""
     old = {str(r["id"]): r.get("f1") or 0.0 for r in before}
-    diffs = [(r.get("f1") or 0.0) - old[str(r["id"])] for r in after if str(r["id"]) in old]
-    interval = paired_interval(diffs)
+    pairs = [r for r in after if str(r["id"]) in old]
+    diffs = [(r.get("f1") or 0.0) - old[str(r["id"])] for r in pairs]
+    keys = [cluster_key(r) for r in pairs]
+    interval = paired_interval(diffs, clusters=keys)
     better, worse = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
-    return {"paired": len(diffs), "df1": 100 * _mean(diffs), "df1_low": interval[0] if interval else None,
+    return {"paired": len(diffs), "clusters": len(set(keys)), "df1": 100 * _mean(diffs),
+            "df1_low": interval[0] if interval else None,
             "df1_high": interval[1] if interval else None, "better": better, "worse": worse,
             "sign_p": sign_test(better, worse)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -17,6 +17,7 @@ from rich.table import Table
 
 from .diagnostics import FAILURE_CLASSES, failure_summary
 from .health import health_summary
+from .paired import paired_comparison
 
 RESULTS, SUMMARY = "results.jsonl", "summary.json"
 
@@ -101,6 +102,8 @@ class Summary:
     wall_time: float | None = None  # seconds of the latest invocation
     diagnostics: dict[str, Any] = field(default_factory=dict)  # failure classes, evidence recall (diagnostics.py)
     health: dict[str, Any] = field(default_factory=dict)  # protocol health totals (health.py)
+    routes: dict[str, Any] = field(default_factory=dict)  # auto: {"answered_by": {stage: n}, "decisions": {...: n}}
+    paired: dict[str, Any] = field(default_factory=dict)  # compare(): against the first run (eval/paired.py)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -136,6 +139,17 @@ def prefilled_per_question(records: list[dict]) -> float | None:
     return sum(r["tokens"]["input"] - r["tokens"]["cached"] for r in records) / len(records)
 
 
+def route_counts(records: list[dict]) -> dict[str, Any]:
+    """auto's records: questions per answering stage, and per decision ("rag escalate: not in its evidence")."""
+    routes = [r["route"] for r in records if isinstance(r.get("route"), dict)]
+    if not routes:
+        return {}
+    answered = Counter(r.get("answered_by") or "none" for r in routes)
+    decisions = Counter(f"{d.get('stage')} {d.get('action')}: {d.get('reason')}" for r in routes
+                        for d in r.get("decisions") or [])
+    return {"answered_by": dict(answered.most_common()), "decisions": dict(decisions.most_common())}
+
+
 def summarize(records: list[dict], **meta: Any) -> Summary:
     """The metrics of `records`; `meta` fills agent, llm, dataset, file, environment, wall_time."""
     latencies = [r["latency"] for r in records]
@@ -150,6 +164,7 @@ def summarize(records: list[dict], **meta: Any) -> Summary:
         llm_calls_per_question=_mean(records, "llm_calls"),
         diagnostics=failure_summary(records),
         health=health_summary(r.get("health") for r in records),
+        routes=route_counts(records),
         **meta,
     )
 
@@ -169,11 +184,14 @@ def summary_table(summary: Summary, title: str | None = None) -> Table:
             continue
         for name, g in groups.items():
             table.add_row(f"{label}={name}", str(g.n), _pct(g.em), _pct(g.f1))
+    routes = summary.routes or {}
+    route = ("\nanswered by " + ", ".join(f"{k} {n}" for k, n in routes["answered_by"].items()) + "; " +
+             ", ".join(f"{k} {n}" for k, n in routes["decisions"].items())) if routes else ""
     table.caption = (f"failures {summary.failures}, with error {summary.with_error}, latency p50 "
                      f"{summary.latency_p50:.2f}s p90 {summary.latency_p90:.2f}s, "
                      f"{summary.tokens_per_question:.0f} tokens{_prefilled(summary)} and "
                      f"{summary.llm_calls_per_question:.1f} LLM calls per question"
-                     + _diagnostics_caption(summary) + _guards_caption(summary))
+                     + _diagnostics_caption(summary) + _guards_caption(summary) + route)
     return table
 
 
@@ -216,11 +234,17 @@ def compare(run_dirs: list[str | Path]) -> dict[str, Summary]:
     runs = [load_run(d) for d in run_dirs]
     common = set.intersection(*({r["id"] for r in records} for _, _, records in runs)) if runs else set()
     out: dict[str, Summary] = {}
+    first: list[dict] = []
     for label, meta, records in runs:
         keep = {k: meta.get(k) for k in ("agent", "llm", "dataset", "file")}
         while label in out:
             label += "'"
-        out[label] = summarize([r for r in records if r["id"] in common], **keep)
+        shared = [r for r in records if r["id"] in common]
+        out[label] = summarize(shared, **keep)
+        if out[label] is not next(iter(out.values())):
+            out[label].paired = paired_comparison(first, shared)
+        else:
+            first = shared
     return out
 
 
@@ -240,6 +264,9 @@ def compare_table(summaries: dict[str, Summary]) -> Table:
     table.add_row("agent", *[s.agent or "-" for s in runs])
     table.add_row("llm", *[s.llm or "-" for s in runs])
     table.add_row("failures", *[str(s.failures) for s in runs])
+    if len(runs) > 1:
+        table.add_row(f"ΔF1 vs {next(iter(summaries))} [95% CI] (questions, clusters)",
+                      *["-" if not s.paired else _delta(s.paired) for s in runs])
     table.add_row("latency p50 / p90 (s)", *[f"{s.latency_p50:.2f} / {s.latency_p90:.2f}" for s in runs])
     table.add_row("tokens / question", *[f"{s.tokens_per_question:.0f}" for s in runs])
     table.add_row("prompt tokens prefilled / question", *["-" if s.prefilled_per_question is None
@@ -250,6 +277,7 @@ def compare_table(summaries: dict[str, Summary]) -> Table:
         for k in FAILURE_CLASSES:
             table.add_row(f"{k} misses", *[str(s.diagnostics.get("failures", {}).get(k, 0)) for s in runs])
         table.add_row("first missed hop (hop: questions)", *[_missed_hops(s) for s in runs])
+    _route_rows(table, runs)
     for name, groups_of in _panels():
         keys = _ordered(k for s in runs for k in groups_of(s))
         for key in keys:
@@ -259,6 +287,19 @@ def compare_table(summaries: dict[str, Summary]) -> Table:
             table.add_row(label, *[f"{_pct(g.em)} / {_pct(g.f1)}" if g else "-" for g in cells],
                           style="bold" if name == "all" else None)
     return table
+
+
+def _delta(p: dict[str, Any]) -> str:
+    ci = "" if p.get("df1_low") is None else f" [{p['df1_low']:+.1f}, {p['df1_high']:+.1f}]"
+    return f"{p['df1']:+.1f}{ci} ({p['paired']}, {p['clusters']})"
+
+
+def _route_rows(table: Table, runs: list[Summary]) -> None:
+    """auto's stages and decisions, counted per run."""
+    for key, label in (("answered_by", "answered by {}"), ("decisions", "{}")):
+        names = list(dict.fromkeys(k for s in runs for k in (s.routes or {}).get(key, {})))
+        for name in names:
+            table.add_row(label.format(name), *[str((s.routes or {}).get(key, {}).get(name, 0)) for s in runs])
 
 
 def _missed_hops(summary: Summary) -> str:

@@ -97,8 +97,16 @@ def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace,
         "diagnostics": diagnose(item.chain, trace, em, f1, failed=error is not None),
         "trace": trace.model_dump(mode="json"),
     }
+    if "answered_by" in (output or {}):  # auto: which stage answered, and why it stopped or escalated
+        record["route"] = route(output)
     record["health"] = health(record, trace)
     return record
+
+
+def route(output: dict) -> dict:
+    """auto's decisions, compact: the stage that answered and each stage's action and reason."""
+    return {"answered_by": output.get("answered_by") or "",
+            "decisions": [{k: d.get(k) for k in ("stage", "action", "reason")} for d in output.get("decisions") or []]}
 
 
 class ResultsWriter:
@@ -323,14 +331,15 @@ async def _run_all(graph: Any, agent: str, context: Any, todo: Iterable[QAItem],
 def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatModel | None, store_uri: str | None,
              out_dir: str | Path, limit: int | None = None, concurrency: int = 4,
              context_overrides: dict | None = None, progress: bool = True, start: int = 0,
-             force_new: bool = False) -> Summary:
+             force_new: bool = False, ids: Iterable[str] | None = None) -> Summary:
     """Evaluate `agent` on `limit` questions of a dataset file (from the `start`-th on) and return the summary.
 
     The store (created if missing) gets the dataset's environment first (see `environments.prepare`),
     unless `context_overrides` names a `corpus` or `graph` already in it. Results go to
     `out_dir/results.jsonl` (resumed if present and of the same run, see the module docstring) and
     the summary to `out_dir/summary.json`. `context_overrides` are extra agent settings (they may
-    hold objects, e.g. a chat model as `llm`). Raises EvalInterrupted on Ctrl-C.
+    hold objects, e.g. a chat model as `llm`). `ids`: only these questions of the slice (InvalidInput if one
+    is not in it). Raises EvalInterrupted on Ctrl-C.
     """
     from ..graphs import build_graph, check_sources, make_context
 
@@ -341,6 +350,12 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
     make_context(agent, **{"llm": llm, **overrides})  # checked before any work: not a failure per question
     out_dir = Path(out_dir)
     items = load_questions(dataset, path, limit, start)
+    if ids is not None:
+        only = set(ids)
+        if unknown := only - {item.id for item in items}:
+            raise InvalidInput(f"{len(unknown)} id(s) are not questions of the slice asked, "
+                               f"e.g. {sorted(unknown)[0]!r}")
+        items = [item for item in items if item.id in only]
     graph = build_graph(agent)
     settings = {k: v for k, v in overrides.items() if k != "llm"}
     started = time.perf_counter()

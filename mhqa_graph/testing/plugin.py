@@ -61,12 +61,14 @@ def fake_llms() -> Callable[..., dict[str, FakeChatModel]]:
 
 
 def check_roles(agent: str, scripts: dict[str, object]) -> None:
-    """InvalidInput unless `scripts` has exactly the roles of `agent`."""
+    """InvalidInput unless `scripts` has exactly the roles of `agent` (for `auto`: rag's role and the roles of
+    one design it may escalate to)."""
     from ..graphs import ROLES, build_graph, make_context
-
+    from ..graphs.auto import DESIGNS
 
     build_graph(agent)  # an unknown agent fails here
-    missing = [role for role in ROLES[agent] if role not in scripts]
+    needs = [ROLES[agent]] if agent != "auto" else [("answer", *ROLES[d]) for d in DESIGNS]
+    missing = min(([role for role in roles if role not in scripts] for roles in needs), key=len)
     make_context(agent, role_llms={role: "fake" for role in scripts}, llm="fake")  # an unknown role fails here
     if missing:
         raise InvalidInput(f"fake_llms({agent!r}): no script for role(s) {', '.join(missing)}; "

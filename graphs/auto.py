@@ -1,0 +1,278 @@
+"""`auto`: answer cheaply first, escalate to a multi-hop design only when the cheap answer is not supported.
+
+    START -> first (the `rag` graph) -> judge --stop--------------------------------> END
+                                              \\-escalate-> escalate (omne | opera | mujica) -> reconcile -> END
+
+- **first** runs `rag` as a subgraph: one retrieval, one constrained answer.
+- **judge** decides from the evidence, without a model call. It stops when the answer is supported: found in
+  a shown passage or fact, and, on a graph, not an entity that still has relations the question asks about
+  (George Tabori, for "which nationality is X's husband?", still has a nationality: one hop short). An
+  empty answer, a refusal, an answer no evidence holds or a hop short escalates.
+- **escalate** runs the design that suits the store: Omne over a graph, OPERA over a corpus (`escalate_to`).
+  Its calls are capped by what `budget` leaves after the first stage.
+- **reconcile** keeps the design's answer when it has one, else the first answer (a design that failed,
+  raised or ran out of budget falls back to it). Two answers that agree are marked so.
+
+Every step appends to `decisions` ({stage, action, reason, answer}); `answered_by` names the stage whose
+answer stands. Both are in the output, the trace (`design`) and the eval records, and `mhqa report` counts them.
+With both a corpus and a graph, the first stage reads the corpus (as `rag` does) and the escalation is Omne.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Annotated, Any, ClassVar, NotRequired
+
+from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
+from langchain_core.runnables import RunnableConfig
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import Runtime
+from typing_extensions import TypedDict
+
+from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError
+from mhqa_graph.eval.scoring import normalize_answer
+from mhqa_graph.parsing import words
+from mhqa_graph.tools import stems
+
+from .common import AgentContext, QAInput, QAOutput, check_question, context_as, get_store, setting
+from .refusals import grounded, is_no_answer
+
+DESIGNS = ("opera", "mujica", "omne")  # what auto may escalate to
+MIN_CALLS = {"rag": 1, "opera": 3, "mujica": 3, "omne": 2}  # the fewest model calls a stage can answer in
+
+
+class BudgetExhausted(MhqaError):
+    """auto's `budget` of model calls is spent: the stage that asked for one more stops."""
+
+
+@dataclass
+class AutoContext(AgentContext):
+    """auto's settings: the common ones go to every stage (roles of `role_llms` to the stage that has them)."""
+
+    agent: ClassVar[str] = "auto"
+
+    escalate_to: str = setting("auto", help="The design asked when the first answer is not supported: opera, "
+                               "mujica, omne, or auto (omne over a graph, opera over a corpus).")
+    budget: int = setting(12, help="Most model calls a question may take, all stages together (repairs "
+                          "included); 0 = no cap. Below what the first stage and the design need, it is refused.")
+
+    def check(self) -> None:
+        check_settings(self)
+
+
+def extend(left: list, right: list | None) -> list:
+    """Append-only log; None resets."""
+    return [] if right is None else left + right
+
+
+class AutoOutput(QAOutput):
+    answered_by: str  # the stage whose answer stands: rag or the design's name ("" when none answered)
+    decisions: list[dict[str, Any]]  # {stage, action: stop | escalate | answer | fallback, reason, answer}
+    stages: list[dict[str, Any]]  # each stage's output (the design's own fields), in order
+    guards: list[dict]  # every stage's guard firings
+
+
+class AutoState(TypedDict):
+    question: str
+    topic_entities: NotRequired[list[str]]
+    answer: str
+    error: str | None
+    answered_by: str
+    decisions: Annotated[list[dict[str, Any]], extend]
+    stages: Annotated[list[dict[str, Any]], extend]
+    guards: Annotated[list[dict], extend]
+    calls: int  # model calls made so far
+
+
+# -- settings ----------------------------------------------------------------------------------
+def design_for(ctx: AgentContext) -> str:
+    """The design auto escalates to under these settings."""
+    choice = getattr(ctx, "escalate_to", "auto")
+    if choice != "auto":
+        return choice
+    return "omne" if ctx.graph else "opera"
+
+
+def check_settings(ctx: AutoContext) -> None:
+    """InvalidInput, in one line, for an unknown design, a design the sources cannot serve, or a budget below
+    what the first stage and the design need. (No source at all is refused when the run starts: `mhqa eval`
+    names its sources after checking the settings.)"""
+    if ctx.escalate_to not in ("auto", *DESIGNS):
+        raise InvalidInput(f"escalate_to must be auto or one of {', '.join(DESIGNS)}, got {ctx.escalate_to!r}")
+    design = design_for(ctx)
+    if design == "omne" and ctx.corpus and not ctx.graph:
+        raise InvalidInput("escalate_to=omne needs a graph (set graph=), or choose opera or mujica")
+    need = MIN_CALLS["rag"] + MIN_CALLS[design]
+    if ctx.budget and ctx.budget < need:
+        raise InvalidInput(f"budget {ctx.budget} is below the {need} calls auto needs (rag {MIN_CALLS['rag']}, "
+                           f"{design} {MIN_CALLS[design]}); give at least {need}, or 0 for no cap")
+
+
+def stage_context(ctx: AutoContext, agent: str) -> Any:
+    """The context of the stage `agent`: auto's common settings, and the `role_llms` of its roles."""
+    from . import ROLES, context_schema
+
+    common = {f.name: getattr(ctx, f.name) for f in fields(AgentContext)}
+    common["role_llms"] = {r: m for r, m in ctx.role_llms.items() if r in ROLES[agent]}
+    return context_schema(agent)(**common)
+
+
+# -- calls and their cap -----------------------------------------------------------------------
+class CallCounter(BaseCallbackHandler):
+    """Counts the model calls of a stage; past `cap` (0 = none) the next call raises BudgetExhausted."""
+
+    raise_error = True
+
+    def __init__(self, cap: int = 0) -> None:
+        self.cap, self.calls = cap, 0
+
+    def _count(self) -> None:
+        if self.cap and self.calls >= self.cap:
+            raise BudgetExhausted(f"auto's budget is spent ({self.cap} calls left to this stage, all made)")
+        self.calls += 1
+
+    def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+        self._count()
+
+    def on_llm_start(self, *args: Any, **kwargs: Any) -> None:
+        self._count()
+
+
+def _with_handler(config: RunnableConfig, handler: BaseCallbackHandler) -> RunnableConfig:
+    callbacks = config.get("callbacks")
+    if isinstance(callbacks, BaseCallbackManager):
+        callbacks = callbacks.copy()
+        callbacks.add_handler(handler, inherit=True)
+    else:
+        callbacks = [*(callbacks or []), handler]
+    return {**config, "callbacks": callbacks}
+
+
+def run_stage(agent: str, ctx: AutoContext, state: AutoState, config: RunnableConfig, cap: int,
+              output_keys: list[str] | None = None) -> tuple[dict, int, str | None]:
+    """(the stage's output, the calls it made, the error that stopped it or None). A stage that raises is
+    recorded, not propagated."""
+    from . import build_graph
+
+    counter = CallCounter(cap)
+    inputs = {"question": state["question"], "topic_entities": state.get("topic_entities") or []}
+    try:
+        graph = _graphs.setdefault(agent, build_graph(agent))
+        output = graph.invoke(inputs, _with_handler(config, counter), context=stage_context(ctx, agent),
+                              **({"output_keys": output_keys} if output_keys else {}))
+        return dict(output), counter.calls, None
+    except Exception as exc:  # a stage failing is a decision to record; auto answers with what it has
+        return {}, counter.calls, f"{type(exc).__name__}: {exc}"
+
+
+_graphs: dict[str, CompiledStateGraph] = {}
+
+
+# -- the cheap answer and its judge ------------------------------------------------------------
+def supported(ctx: AutoContext, question: str, answer: str, first: dict) -> tuple[bool, str]:
+    """(whether the first answer is supported by its own evidence, why)."""
+    if not answer:
+        return False, "no answer"
+    if is_no_answer(answer):
+        return False, "a refusal"
+    context = first.get("context") or ""
+    if not grounded(answer, [context]):
+        return False, "not in its evidence"
+    if str(first.get("source", "")).startswith("graph:"):
+        if short := _hop_short(ctx, question, answer, first):
+            return False, f"one hop short ({short})"
+    return True, "found in its evidence"
+
+
+def _hop_short(ctx: AutoContext, question: str, answer: str, first: dict) -> str:
+    """The relations the question asks of the answer itself, when the answer is a graph entity the question does
+    not name: relations of its own, other than those that led to it from the entities shown that the question
+    names ("born in" of "Christopher Nolan" for "where was the director of Inception born?"); "" otherwise."""
+    said = words(answer)
+    if not said or f" {said} " in f" {words(question)} ":
+        return ""
+    store = get_store(ctx)
+    for graph in dict.fromkeys(r["graph"] for r in first.get("retrieved") or [] if r.get("graph")):
+        try:
+            node = store.node_info(graph, answer)
+        except EntityNotFound:
+            continue
+        shown = [store.node_info(graph, r["entity"]) for r in first["retrieved"]
+                 if r.get("graph") == graph and words(r["entity"]) != said]
+        named = [n for n in shown if f" {words(n.name)} " in f" {words(question)} "] or shown  # where the chain starts
+        led = set().union(*(stems(f.relation) for n in named for f in n.facts if words(f.other) == said))
+        asked = stems(question) - led
+        if open_ := list(dict.fromkeys(f.relation for f in node.facts
+                                        if f.direction == "out" and stems(f.relation) & asked)):
+            return ", ".join(open_)
+    return ""
+
+
+# -- nodes ---------------------------------------------------------------------------------------
+def start(state: AutoState, runtime: Runtime[AutoContext]) -> dict:
+    ctx = context_as(AutoContext, runtime)
+    ctx.check()  # a context made without make_context (Studio, a dict)
+    if not (ctx.corpus or ctx.graph):
+        raise InvalidInput("auto needs a corpus or a graph to answer from (set corpus= or graph=)")
+    return {"question": check_question(state.get("question")), "answer": "", "error": None, "answered_by": "",
+            "calls": 0}
+
+
+def first(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoContext]) -> dict:
+    ctx = context_as(AutoContext, runtime)
+    cap = ctx.budget - MIN_CALLS[design_for(ctx)] if ctx.budget else 0
+    output, calls, error = run_stage("rag", ctx, state, config, cap,
+                                     output_keys=["answer", "error", "source", "retrieved", "context", "raw"])
+    answer = output.get("answer") or ""
+    ok, why = supported(ctx, state["question"], answer, output) if not error else (False, error)
+    decision = {"stage": "rag", "action": "stop" if ok else "escalate", "reason": why, "answer": answer}
+    stage = {"stage": "rag", **{k: v for k, v in output.items() if k != "context"},
+             "error": error or output.get("error")}
+    return {"answer": answer, "error": error or output.get("error"), "answered_by": "rag" if answer else "",
+            "calls": calls, "decisions": [decision], "stages": [stage]}
+
+
+def escalate(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoContext]) -> dict:
+    ctx = context_as(AutoContext, runtime)
+    design = design_for(ctx)
+    cap = max(1, ctx.budget - state["calls"]) if ctx.budget else 0
+    output, calls, error = run_stage(design, ctx, state, config, cap)
+    stage = {"stage": design, **{k: v for k, v in output.items() if k != "messages"},
+             "error": error or output.get("error")}
+    return {"stages": [stage], "guards": list(output.get("guards") or []), "calls": state["calls"] + calls}
+
+
+def reconcile(state: AutoState) -> dict:
+    """The design's answer when it gave one, else the first answer; agreement is recorded."""
+    design = state["stages"][-1]
+    said, before = design.get("answer") or "", state["answer"]
+    if said and not is_no_answer(said):
+        agree = bool(before) and normalize_answer(said) == normalize_answer(before)
+        reason = "agrees with rag" if agree else ("rag had none" if not before else "differs from rag")
+        return {"answer": said, "error": design.get("error"), "answered_by": design["stage"],
+                "decisions": [{"stage": design["stage"], "action": "answer", "reason": reason, "answer": said}]}
+    why = design.get("error") or ("a refusal" if said else "no answer")
+    return {"decisions": [{"stage": design["stage"], "action": "fallback", "reason": why, "answer": said}],
+            "error": state["error"] or design.get("error")}
+
+
+def _after_first(state: AutoState) -> str:
+    return END if state["decisions"][-1]["action"] == "stop" else "escalate"
+
+
+def build(checkpointer: Any = None) -> CompiledStateGraph:
+    g = StateGraph(AutoState, context_schema=AutoContext, input_schema=QAInput, output_schema=AutoOutput)
+    g.add_node("start", start)
+    g.add_node("first", first)
+    g.add_node("escalate", escalate)
+    g.add_node("reconcile", reconcile)
+    g.add_edge(START, "start")
+    g.add_edge("start", "first")
+    g.add_conditional_edges("first", _after_first, ["escalate", END])
+    g.add_edge("escalate", "reconcile")
+    g.add_edge("reconcile", END)
+    return g.compile(checkpointer=checkpointer)
+
+
+graph = build()

@@ -1,0 +1,135 @@
+"""`auto`: rag first, a design when rag's answer is not supported; its decisions, budget and failures."""
+
+import json
+
+import pytest
+from mhqa_graph.graphs import AGENTS, ROLES, build_graph, make_context
+from mhqa_graph.graphs import auto as A
+
+from mhqa_graph.errors import InvalidInput
+from mhqa_graph.store import open_store
+from mhqa_graph.testing.fakes import FakeChatModel
+from mhqa_graph.traces import TraceRecorder
+from mhqa_graph.types import Passage
+
+QUESTION = "Where was the director of Inception born?"
+PLAN = json.dumps({"subgoals": ["Who directed Inception?", "Where was [Answer1] born?"]})
+
+
+def said(answer: str) -> str:
+    return json.dumps({"reasoning": "the passage says so", "sufficient": True, "answer": answer})
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    s = open_store(f"embedded://{tmp_path_factory.mktemp('auto')}/s?embedder=hash")
+    s.add_passages("wiki", [Passage("p1", "Inception", "Inception is a 2010 film directed by Christopher Nolan."),
+                            Passage("p2", "Christopher Nolan", "Christopher Nolan was born in London.")])
+    s.add_triples("kg", [("Inception", "directed by", "Christopher Nolan"),
+                         ("Christopher Nolan", "born in", "London")])
+    yield s
+    s.close()
+
+
+def roles(first: str, *, plan=(PLAN,), analysis=(said("Christopher Nolan"), said("London")), final="London") -> dict:
+    return {"answer": FakeChatModel(responses=[f"<think>...</think><answer>{first}</answer>", final], cycle=False),
+            "plan": FakeChatModel(responses=list(plan)), "analysis": FakeChatModel(responses=list(analysis)),
+            "rewrite": FakeChatModel(responses=['{"query": "x"}'])}
+
+
+def run(store, models, question=QUESTION, recorder=None, **settings):
+    settings = {"corpus": "wiki", **settings}
+    ctx = make_context("auto", llm=FakeChatModel(responses=["unused"]), role_llms=models, store=store, **settings)
+    config = {"callbacks": [recorder]} if recorder else None
+    return build_graph("auto").invoke({"question": question}, config, context=ctx)
+
+
+def test_registered_like_the_other_agents():
+    assert "auto" in AGENTS and set(ROLES["auto"]) == {r for a in ("rag", *A.DESIGNS) for r in ROLES[a]}
+    langgraph = json.load(open("langgraph.json"))
+    assert langgraph["graphs"]["auto"]["path"] == "mhqa_graph.graphs.auto:graph"
+
+
+def test_a_supported_answer_stops_after_one_call(store):
+    models = roles("London")
+    out = run(store, models)
+    assert out["answer"] == "London" and out["answered_by"] == "rag"
+    assert out["decisions"] == [{"stage": "rag", "action": "stop", "reason": "found in its evidence",
+                                 "answer": "London"}]
+    assert len(models["answer"].calls) == 1 and not models["plan"].calls
+
+
+@pytest.mark.parametrize("first, reason", [("Paris", "not in its evidence"), ("unknown", "a refusal")])
+def test_an_unsupported_answer_escalates_to_opera_on_a_corpus(store, first, reason):
+    models = roles(first)
+    recorder = TraceRecorder("auto", None)
+    out = run(store, models, recorder=recorder)
+    assert out["answer"] == "London" and out["answered_by"] == "opera"
+    assert [(d["stage"], d["action"], d["reason"]) for d in out["decisions"]] == [
+        ("rag", "escalate", reason), ("opera", "answer", "differs from rag")]
+    assert [s["stage"] for s in out["stages"]] == ["rag", "opera"]
+    trace = recorder.trace(out)
+    assert trace.design["answered_by"] == "opera"
+    assert {c.role for c in trace.llm_calls} == {"answer", "plan", "analysis"}  # every stage's calls are traced
+    assert [s.kind for s in trace.steps][:1] == ["retrieve"] and any(s.kind == "attempt" for s in trace.steps)
+
+
+def test_a_graph_answer_one_hop_short_escalates(store):
+    """'Christopher Nolan' is in the facts shown, but the question still asks where he was born."""
+    models = roles("Christopher Nolan")
+    out = run(store, models, corpus=None, graph="kg", escalate_to="opera")
+    assert out["decisions"][0]["action"] == "escalate"
+    assert out["decisions"][0]["reason"] == "one hop short (born in)"
+    assert out["answer"] == "London"
+
+
+def test_the_design_is_chosen_by_the_store():
+    assert A.design_for(make_context("auto", llm="fake", corpus="wiki")) == "opera"
+    assert A.design_for(make_context("auto", llm="fake", graph="kg")) == "omne"
+    assert A.design_for(make_context("auto", llm="fake", corpus="wiki", graph="kg")) == "omne"
+    assert A.design_for(make_context("auto", llm="fake", corpus="wiki", escalate_to="mujica")) == "mujica"
+
+
+def test_settings_that_cannot_run_are_refused_in_one_line():
+    with pytest.raises(InvalidInput, match=r"budget 3 is below the 4 calls auto needs \(rag 1, opera 3\)"):
+        make_context("auto", llm="fake", corpus="wiki", budget=3)
+    with pytest.raises(InvalidInput, match="escalate_to=omne needs a graph"):
+        make_context("auto", llm="fake", corpus="wiki", escalate_to="omne")
+    with pytest.raises(InvalidInput, match="escalate_to must be"):
+        make_context("auto", llm="fake", corpus="wiki", escalate_to="react")
+    make_context("auto", llm="fake", graph="kg", budget=3)  # rag 1 + omne 2
+    make_context("auto", llm="fake", corpus="wiki", budget=0)  # no cap
+
+
+def test_no_source_is_a_typed_error(store):
+    ctx = make_context("auto", llm=FakeChatModel(responses=["<answer>x</answer>"]), store=store)
+    with pytest.raises(InvalidInput, match="needs a corpus or a graph"):
+        build_graph("auto").invoke({"question": QUESTION}, context=ctx)
+
+
+def test_a_design_that_raises_falls_back_to_the_first_answer(store, monkeypatch):
+    class Broken:
+        def invoke(self, *args, **kwargs):
+            raise RuntimeError("subgraph down")
+
+    monkeypatch.setitem(A._graphs, "opera", Broken())
+    out = run(store, roles("Paris"))
+    assert out["answer"] == "Paris" and out["answered_by"] == "rag"
+    assert out["decisions"][-1] == {"stage": "opera", "action": "fallback", "reason": "RuntimeError: subgraph down",
+                                    "answer": ""}
+
+
+def test_the_budget_caps_the_design(store):
+    """budget 4 leaves OPERA 3 calls; a plan of two sub-goals needs 4 (plan, two analyses, the answer)."""
+    models = roles("Paris")
+    out = run(store, models, budget=4)
+    calls = sum(len(m.calls) for m in models.values())
+    assert calls <= 4
+    assert out["answered_by"] in ("rag", "opera")
+    assert "budget" in json.dumps(out["decisions"] + out["stages"])
+
+
+def test_a_dict_context_is_checked_at_the_first_node(store):
+    with pytest.raises(InvalidInput, match="budget 2"):
+        build_graph("auto").invoke({"question": QUESTION}, context={"llm": "fake", "corpus": "wiki", "budget": 2,
+                                                                    "store": store})
