@@ -5,9 +5,10 @@
 
 - **first** runs `rag` as a subgraph: one retrieval, one constrained answer.
 - **judge** decides from the evidence, without a model call. It stops when the answer is supported: found in
-  a shown passage or fact, and, on a graph, not an entity that still has relations the question asks about
-  (George Tabori, for "which nationality is X's husband?", still has a nationality: one hop short). An
-  empty answer, a refusal, an answer no evidence holds or a hop short escalates.
+  a shown passage or fact, and, on a graph, reached by a chain of at least two facts (or named in the question,
+  as in a comparison). A multi-hop question is not answered by one fact of the entity it names: for "which
+  nationality is X's husband?", the husband is one fact from X, his nationality two. An empty answer, a
+  refusal, an answer no evidence holds, or one fact from the question's entity escalates.
 - **escalate** runs the design that suits the store: Omne over a graph, OPERA over a corpus (`escalate_to`).
   Its calls are capped by what `budget` leaves after the first stage.
 - **reconcile** keeps the design's answer when it has one, else the first answer (a design that failed,
@@ -20,6 +21,7 @@ With both a corpus and a graph, the first stage reads the corpus (as `rag` does)
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, fields
 from typing import Annotated, Any, ClassVar, NotRequired
 
@@ -33,7 +35,6 @@ from typing_extensions import TypedDict
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError
 from mhqa_graph.eval.scoring import normalize_answer
 from mhqa_graph.parsing import words
-from mhqa_graph.tools import stems
 
 from .common import AgentContext, QAInput, QAOutput, check_question, context_as, get_store, setting
 from .refusals import grounded, is_no_answer
@@ -69,7 +70,7 @@ def extend(left: list, right: list | None) -> list:
 class AutoOutput(QAOutput):
     answered_by: str  # the stage whose answer stands: rag or the design's name ("" when none answered)
     decisions: list[dict[str, Any]]  # {stage, action: stop | escalate | answer | fallback, reason, answer}
-    stages: list[dict[str, Any]]  # each stage's output (the design's own fields), in order
+    stages: list[dict[str, Any]]  # each stage's output (the design's own fields, its calls and seconds), in order
     guards: list[dict]  # every stage's guard firings
 
 
@@ -151,8 +152,15 @@ def _with_handler(config: RunnableConfig, handler: BaseCallbackHandler) -> Runna
 
 def run_stage(agent: str, ctx: AutoContext, state: AutoState, config: RunnableConfig, cap: int,
               output_keys: list[str] | None = None) -> tuple[dict, int, str | None]:
-    """(the stage's output, the calls it made, the error that stopped it or None). A stage that raises is
-    recorded, not propagated."""
+    """(the stage's output with its `calls` and `seconds`, the calls it made, the error that stopped it or None).
+    A stage that raises is recorded, not propagated."""
+    started = time.perf_counter()
+    output, calls, error = _invoke(agent, ctx, state, config, cap, output_keys)
+    return output | {"calls": calls, "seconds": round(time.perf_counter() - started, 3)}, calls, error
+
+
+def _invoke(agent: str, ctx: AutoContext, state: AutoState, config: RunnableConfig, cap: int,
+            output_keys: list[str] | None) -> tuple[dict, int, str | None]:
     from . import build_graph
 
     counter = CallCounter(cap)
@@ -180,33 +188,32 @@ def supported(ctx: AutoContext, question: str, answer: str, first: dict) -> tupl
     if not grounded(answer, [context]):
         return False, "not in its evidence"
     if str(first.get("source", "")).startswith("graph:"):
-        if short := _hop_short(ctx, question, answer, first):
-            return False, f"one hop short ({short})"
+        if start := _first_hop(ctx, question, answer, first):
+            return False, f"one fact from {start}"
     return True, "found in its evidence"
 
 
-def _hop_short(ctx: AutoContext, question: str, answer: str, first: dict) -> str:
-    """The relations the question asks of the answer itself, when the answer is a graph entity the question does
-    not name: relations of its own, other than those that led to it from the entities shown that the question
-    names ("born in" of "Christopher Nolan" for "where was the director of Inception born?"); "" otherwise."""
-    said = words(answer)
-    if not said or f" {said} " in f" {words(question)} ":
+def _first_hop(ctx: AutoContext, question: str, answer: str, first: dict) -> str:
+    """The entity the question names that the answer is one fact away from, in the facts shown (either
+    direction; the chain starts at the shown entities the question names, else at the best match); "" when
+    the answer is not next to a start, or is named in the question itself (a comparison)."""
+    said, asked = words(answer), f" {words(question)} "
+    if not said or said in ("yes", "no") or f" {said} " in asked:
         return ""
-    store = get_store(ctx)
-    for graph in dict.fromkeys(r["graph"] for r in first.get("retrieved") or [] if r.get("graph")):
+    store, edges, names = get_store(ctx), {}, {}
+    for item in first.get("retrieved") or []:
+        if not item.get("graph"):
+            continue
         try:
-            node = store.node_info(graph, answer)
+            node = store.node_info(item["graph"], item["entity"])
         except EntityNotFound:
             continue
-        shown = [store.node_info(graph, r["entity"]) for r in first["retrieved"]
-                 if r.get("graph") == graph and words(r["entity"]) != said]
-        named = [n for n in shown if f" {words(n.name)} " in f" {words(question)} "] or shown  # where the chain starts
-        led = set().union(*(stems(f.relation) for n in named for f in n.facts if words(f.other) == said))
-        asked = stems(question) - led
-        if open_ := list(dict.fromkeys(f.relation for f in node.facts
-                                        if f.direction == "out" and stems(f.relation) & asked)):
-            return ", ".join(open_)
-    return ""
+        names[words(node.name)] = node.name
+        for f in node.facts:
+            edges.setdefault(words(node.name), set()).add(words(f.other))
+            edges.setdefault(words(f.other), set()).add(words(node.name))
+    starts = [n for n in names if f" {n} " in asked] or list(names)[:1]
+    return next((names[start] for start in starts if said in edges.get(start, ())), "")
 
 
 # -- nodes ---------------------------------------------------------------------------------------

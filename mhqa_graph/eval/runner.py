@@ -104,9 +104,12 @@ def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace,
 
 
 def route(output: dict) -> dict:
-    """auto's decisions, compact: the stage that answered and each stage's action and reason."""
+    """auto's decisions, compact: the stage that answered, each decision (stage, action, reason, the stage's
+    answer) and each stage's calls and seconds."""
     return {"answered_by": output.get("answered_by") or "",
-            "decisions": [{k: d.get(k) for k in ("stage", "action", "reason")} for d in output.get("decisions") or []]}
+            "decisions": [{k: d.get(k) for k in ("stage", "action", "reason", "answer")}
+                          for d in output.get("decisions") or []],
+            "stages": [{k: s.get(k) for k in ("stage", "calls", "seconds")} for s in output.get("stages") or []]}
 
 
 class ResultsWriter:
