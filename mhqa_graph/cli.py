@@ -533,7 +533,7 @@ def demo_cmd(
     questions: Annotated[int, typer.Option("--questions", "-n", help="Questions per agent: the first N of its "
                                                                      "dev file.")] = 1,
 ) -> None:
-    """Ingest real benchmark data into a store (default .mhqa-demo), query it, and have the five agents
+    """Ingest real benchmark data into a store (default .mhqa-demo), query it, and have the six agents
     answer the first questions of the dev files with an offline model."""
     from .demo import run_demo
 

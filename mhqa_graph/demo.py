@@ -1,8 +1,8 @@
-"""`mhqa demo`: real benchmark data into the embedded store, real queries, the five agents with an offline model.
+"""`mhqa demo`: real benchmark data into the embedded store, real queries, the six agents with an offline model.
 
 The questions follow a fixed rule, never picked by hand: the first `n` questions (default 1) of
 HotpotQA `dev_a.jsonl` for `direct`, `rag`, `opera` and `mujica` over its pooled paragraphs, and of
-PathQuestion `PQ-2H.txt` for `omne` over its KB. The KG is PathQuestion's because its questions are
+PathQuestion `PQ-2H.txt` for `omne` and `auto` over its KB. The KG is PathQuestion's because its questions are
 paths of its own KB, so a walk can reach every answer; 2Wiki's evidence KG names one entity
 differently from row to row (its first question's head entity is stored only as "Duke Alexander Paul
 Ludwig Konstantin of Württemberg"), so a walk often cannot. The corpus and graph carry the names
@@ -38,6 +38,7 @@ KG = ("pathquestion", "pathquestion/PQ-2H.txt")
 DEFAULT_STORE = "embedded://.mhqa-demo"
 DEFAULT_LLM = "llamacpp:qwen2.5-coder-1.5b"
 TEXT_AGENTS = ("direct", "rag", "opera", "mujica")
+KG_AGENTS = ("omne", "auto")
 CORRECT_F1 = 0.5
 # Small settings keep a CPU run to minutes: short prompts, short replies, one rewrite.
 SETTINGS = {"top_k": 3, "max_new_tokens": 192, "max_rewrites": 1}
@@ -133,9 +134,10 @@ def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: in
                 for hit in hits[:1]:
                     console.print(store.node_info(kg, hit.name).as_text(), markup=False, highlight=False)
 
-        with timer(f"4. The five agents with {spec}"):
+        with timer(f"4. The six agents with {spec}"):
             model = _load_model(spec, console)
-            runs = [(agent, hotpot, {"corpus": corpus}) for agent in TEXT_AGENTS] + [("omne", paths, {"graph": kg})]
+            runs = [(agent, hotpot, {"corpus": corpus}) for agent in TEXT_AGENTS] + [
+                (agent, paths, {"graph": kg}) for agent in KG_AGENTS]
             correct = sum(_agent(agent, items, model, store, source, console) for agent, items, source in runs)
     console.rule()
     console.print(f"[bold]{correct} of {len(runs)} agents answered correctly[/] (every answer F1 >= {CORRECT_F1}); "
@@ -199,7 +201,12 @@ def _short(value: Any, limit: int = 100) -> str:
 
 def steps(agent: str, state: dict, item: QAItem) -> list[str]:
     """What the agent did, from its output: OPERA's plan and sub-goals, Mujica's DAG by level, Omne's
-    tool calls, rag's retrieved passages."""
+    tool calls, rag's retrieved passages, auto's stages and decisions."""
+    if agent == "auto":
+        stages = {s.get("stage"): s for s in state.get("stages") or []}
+        return [line for d in state.get("decisions") or []
+                for line in [*steps(d["stage"], stages.get(d["stage"], {}), item)[:3],
+                             f"{d['stage']}: {d['action']} ({d['reason']}) -> {d.get('answer')!r}"]]
     if agent == "opera":
         lines = [f"plan: {' | '.join(state.get('plan') or []) or '(none)'}"]
         for i, step in enumerate(state.get("steps") or [], 1):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up (first run only: .venv, torch, the Qwen packs, llama.cpp) and run the demo: real benchmark
-# data into the embedded store .mhqa-demo, queries, and the five agents answering with
+# data into the embedded store .mhqa-demo, queries, and the six agents answering with
 # llamacpp:qwen2.5-coder-1.5b. Extra arguments go to `mhqa demo` (e.g. --llm SPEC, -n 2, --store URI).
 set -euo pipefail
 cd "$(dirname "$0")/.."

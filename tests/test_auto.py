@@ -142,3 +142,37 @@ def test_a_dict_context_is_checked_at_the_first_node(store):
     with pytest.raises(InvalidInput, match="budget 2"):
         build_graph("auto").invoke({"question": QUESTION}, context={"llm": "fake", "corpus": "wiki", "budget": 2,
                                                                     "store": store})
+
+
+def test_eval_records_and_report_count_the_decisions(tmp_path):
+    """The eval record of each question carries auto's route; `mhqa report` counts stages and decisions."""
+    from mhqa_graph.eval import compare, compare_table, run_eval
+    from rich.console import Console
+
+    rows = [("a1", "Which city did Alpha first perform in?", "Tulsa", "<answer>Tulsa</answer>"),
+            ("a2", "Who founded Gamma Records?", "John Smith", "<answer>Paris</answer>")]
+    data = tmp_path / "tiny.jsonl"
+    data.write_text("".join(json.dumps({
+        "id": rid, "question": q, "answer": gold, "type": "bridge", "level": "easy",
+        "supporting_facts": {"title": [f"Page {rid}"], "sent_id": [0]},
+        "context": {"title": [f"Page {rid}"], "sentences": [[f"Page {rid} is about {gold}."]]}}) + "\n"
+        for rid, q, gold, _ in rows), encoding="utf-8")
+
+    def respond(messages):
+        text = messages[-1].text
+        return next((reply for _, q, _, reply in rows if q in text), '{"subgoals": ["x"]}')
+
+    model = FakeChatModel(respond=respond)
+    summary = run_eval("auto", "hotpotqa", data, None, f"embedded://{tmp_path}/s?embedder=hash", tmp_path / "run",
+                       context_overrides={"llm": model}, progress=False)
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "run" / "results.jsonl").read_text().splitlines())}
+    assert records["a1"]["route"]["answered_by"] == "rag" and records["a1"]["llm_calls"] == 1
+    assert [d["action"] for d in records["a2"]["route"]["decisions"]][0] == "escalate"
+    assert [s["stage"] for s in records["a2"]["route"]["stages"]] == ["rag", "opera"]
+    assert summary.routes["decisions"]["rag stop: found in its evidence"] == 1
+    assert summary.routes["decisions"]["rag escalate: not in its evidence"] == 1
+    console = Console(width=200, record=True)
+    console.print(compare_table(compare([tmp_path / "run", tmp_path / "run"])))
+    shown = console.export_text()
+    assert "rag stop: found in its evidence" in shown and "answered by rag" in shown
+    assert "ΔF1 vs run [95% CI] (questions, clusters)" in shown

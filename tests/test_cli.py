@@ -354,13 +354,14 @@ def test_demo_with_a_fake_model(data_dir, tmp_path):
     args = ["demo", "--data", str(data), "--store", store, "--llm", f'fake:["<answer>{gold}</answer>"]']
     done = mhqa(*args)
     assert done.returncode == 0, done.stderr
-    for agent in ("direct", "rag", "opera", "mujica", "omne"):
+    for agent in ("direct", "rag", "opera", "mujica", "omne", "auto"):
         assert f"{agent} Q: " in done.stdout
+    assert "rag: escalate (not in its evidence)" in done.stdout and "omne: answer (" in done.stdout
     assert "(no retrieval: the model's own knowledge)" in done.stdout and "retrieved: " in done.stdout
     assert "plan: " in done.stdout and "level 0: q1 " in done.stdout and "(no tool call)" in done.stdout
     assert f"gold: {gold!r}" in done.stdout and "gold: 'united kingdom'" in done.stdout
-    # direct, rag and OPERA (its synthesis; its plan was not JSON) say the gold answer; Mujica and Omne cannot
-    assert "3 of 5 agents answered correctly" in done.stdout and "total time" in done.stdout
+    # direct, rag and OPERA (its synthesis; its plan was not JSON) say the gold answer; Mujica, Omne and auto cannot
+    assert "3 of 6 agents answered correctly" in done.stdout and "total time" in done.stdout
     assert re.search(r"total time .*\(step 1 [\d.]+ s, step 2 [\d.]+ s, step 3 [\d.]+ s, step 4 ", done.stdout)
     assert "  step 4: " in done.stdout
     again = mhqa(*args)

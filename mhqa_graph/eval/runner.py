@@ -98,18 +98,26 @@ def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace,
         "trace": trace.model_dump(mode="json"),
     }
     if "answered_by" in (output or {}):  # auto: which stage answered, and why it stopped or escalated
-        record["route"] = route(output)
+        record["route"] = route(output, trace)
     record["health"] = health(record, trace)
     return record
 
 
-def route(output: dict) -> dict:
+def route(output: dict, trace: Trace) -> dict:
     """auto's decisions, compact: the stage that answered, each decision (stage, action, reason, the stage's
-    answer) and each stage's calls and seconds."""
+    answer) and each stage's calls, seconds and tokens (its calls are the next ones of the trace: stages run
+    one after the other)."""
+    stages, calls = [], iter(trace.llm_calls)
+    for s in output.get("stages") or []:
+        mine = [c for _, c in zip(range(int(s.get("calls") or 0)), calls)]
+        stages.append({k: s.get(k) for k in ("stage", "calls", "seconds")} | {"tokens": {
+            "input": sum(c.input_tokens for c in mine), "output": sum(c.output_tokens for c in mine),
+            "total": sum(c.input_tokens + c.output_tokens for c in mine),
+            "cached": sum(c.cached_tokens for c in mine)}})
     return {"answered_by": output.get("answered_by") or "",
             "decisions": [{k: d.get(k) for k in ("stage", "action", "reason", "answer")}
                           for d in output.get("decisions") or []],
-            "stages": [{k: s.get(k) for k in ("stage", "calls", "seconds")} for s in output.get("stages") or []]}
+            "stages": stages}
 
 
 class ResultsWriter:
