@@ -37,6 +37,7 @@ and seconds, calls and tokens per question.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import re
@@ -57,9 +58,10 @@ from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
 from mhqa_graph.eval.health import format_repairs, health_summary
 from mhqa_graph.eval.paired import cluster_key, paired_interval
+from mhqa_graph.eval.report import RESULTS, prefilled_per_question, read_records
 from mhqa_graph.eval.report import carry_over as carry_records
-from mhqa_graph.eval.report import prefilled_per_question
 from mhqa_graph.eval.runner import load_questions
+from mhqa_graph.eval.scoring import score
 from mhqa_graph.plots import pyplot, save_png
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -155,6 +157,35 @@ def carry_over(args: argparse.Namespace, env: str, variant: str) -> int:
                          asked_ids(args, env), off, base)
 
 
+def from_auto(args: argparse.Namespace, env: str, variant: str) -> int:
+    """Copy into a design's run folder, for the asked questions it has not answered, what auto's run got from
+    that design: auto runs the design as a subgraph with the same model and settings (greedy decoding), so
+    the design's stage is the design's run on that question. Its answer, scored against the gold one, its calls,
+    seconds and tokens; health, diagnostics and plan are the whole auto run's (rag's stage adds no guard, plan
+    or forced answer). Each record is marked `carried: "auto"`; returns how many."""
+    agent, settings = parse_variant(variant)
+    if settings or agent not in DESIGNS:
+        return 0
+    target = run_dir(args.out, args.llm, env, variant)
+    wanted = asked_ids(args, env) - {r["id"] for r in read_records(target / RESULTS)}
+    rows = []
+    for r in read_records(run_dir(args.out, args.llm, env, "auto") / RESULTS):
+        route = r.get("route") or {}
+        stage = next((s for s in route.get("stages") or [] if s.get("stage") == agent), None)
+        said = next((d for d in route.get("decisions") or [] if d.get("stage") == agent), None)
+        if r["id"] not in wanted or r.get("failed") or not stage or not said or "error" in said.get("action", ""):
+            continue
+        em, f1 = score(said.get("answer") or "", r.get("answers") or [])
+        rows.append({k: v for k, v in r.items() if k != "route"} | {
+            "prediction": said.get("answer") or "", "em": em, "f1": f1, "latency": stage["seconds"],
+            "llm_calls": stage["calls"], "tokens": stage["tokens"], "carried": "auto"})
+    if rows:
+        target.mkdir(parents=True, exist_ok=True)
+        with (target / RESULTS).open("a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return len(rows)
+
+
 def fired_guards(args: argparse.Namespace, env: str, variant: str) -> list[str]:
     """The guards that fired in `variant`'s run on the asked questions, most frequent first."""
     wanted = asked_ids(args, env)
@@ -238,7 +269,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[str, str]]) -> None:
         if not missing:
             print(f"  {job[0]}/{job[1]}: every question is in {path.name}, not asked again", file=sys.stderr)
             return
-        carried = carry_over(args, *job)
+        carried = carry_over(args, *job) + from_auto(args, *job)
         if carried:
             print(f"  {job[0]}/{job[1]}: {carried} questions carried over", file=sys.stderr, flush=True)
         folder = run_dir(args.out, args.llm, *job)
@@ -437,7 +468,8 @@ def _cell(agent: str, env: str, asked: set[str], runs: dict[str, dict[str, dict]
             "calls": _mean([r["llm_calls"] for r in recs]), "tokens": _mean([r["tokens"]["total"] for r in recs]),
             "prefilled": prefilled_per_question(recs),
             "malformed": sum(bool((r.get("health") or {}).get("malformed")) for r in recs),
-            "llm_calls": sum(r["llm_calls"] for r in recs), "repairs": sum(format_repairs(r) for r in recs)}
+            "llm_calls": sum(r["llm_calls"] for r in recs), "repairs": sum(format_repairs(r) for r in recs),
+            "from_auto": sum(r.get("carried") == "auto" for r in recs)}
 
 
 def summary_envs(args: argparse.Namespace, envs: list[str], agents: list[str]) -> dict[str, dict]:
@@ -478,6 +510,9 @@ def matrix_table(by_env: dict[str, dict], agents: list[str]) -> str:
             shown.append(text + (f" ({cell['df1']:+.1f}{_interval(cell['ci'])})" if "df1" in cell else ""))
             notes += [f"- {cell['agent']} on {env}: {k} of {cell['n']} questions from `{v}` (a guard outside "
                       "today's default set fired on them in the default run)" for v, k in cell.get("taken", {}).items()]
+            if cell.get("from_auto"):
+                notes.append(f"- {cell['agent']} on {env}: {cell['from_auto']} of {cell['n']} questions from auto's "
+                             f"{cell['agent']} stage (the same subgraph and settings; `from_auto`)")
         lines.append(f"| {env} | " + " | ".join(shown) + " |")
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 

@@ -146,8 +146,9 @@ def test_a_dict_context_is_checked_at_the_first_node(store):
 
 def test_eval_records_and_report_count_the_decisions(tmp_path):
     """The eval record of each question carries auto's route; `mhqa report` counts stages and decisions."""
-    from mhqa_graph.eval import compare, compare_table, run_eval
     from rich.console import Console
+
+    from mhqa_graph.eval import compare, compare_table, run_eval
 
     rows = [("a1", "Which city did Alpha first perform in?", "Tulsa", "<answer>Tulsa</answer>"),
             ("a2", "Who founded Gamma Records?", "John Smith", "<answer>Paris</answer>")]

@@ -378,3 +378,33 @@ with ThreadPoolExecutor(2) as pool:  # four evals, two at a time
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert len(pids.read_text().split()) == 2  # the two queued evals never started
+
+
+def test_a_design_takes_its_answers_from_autos_stage_and_asks_the_rest(folders):
+    """auto ran OPERA on questions 0 and 1 (rag stopped on 2): OPERA's run gets those two, scored against the
+    gold answer, with the stage's calls, seconds and tokens; the others are left to ask."""
+    ids = [q.id for q in bench.load_questions("pathquestion", folders.data / "pathquestion" / "PQ-2H.txt")]
+    auto = bench.run_dir(folders.out, LLM, "pq2h", "auto")
+    auto.mkdir(parents=True)
+    stage = {"stage": "opera", "calls": 4, "seconds": 9.5, "tokens": {"input": 30, "output": 5, "total": 35}}
+    rows = [{"id": ids[i], "answers": [f"answer_{i}"], "prediction": "x", "em": 0.0, "f1": 0.0, "latency": 12.0,
+             "llm_calls": 5, "tokens": {"total": 50}, "health": {},
+             "route": {"answered_by": "opera", "stages": [{"stage": "rag", "calls": 1}, stage],
+                       "decisions": [{"stage": "rag", "action": "escalate"},
+                                     {"stage": "opera", "action": "answer", "answer": answer}]}}
+            for i, answer in ((0, "answer_0"), (1, "nobody"))]
+    rows.append({"id": ids[2], "answers": ["answer_2"], "prediction": "answer_2", "em": 1.0, "f1": 1.0,
+                 "latency": 2.0, "llm_calls": 1, "tokens": {"total": 9}, "health": {},
+                 "route": {"answered_by": "rag", "stages": [{"stage": "rag", "calls": 1}],
+                           "decisions": [{"stage": "rag", "action": "stop"}]}})
+    (auto / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    folders.limit = 6
+    assert bench.from_auto(folders, "pq2h", "mujica") == 0 and bench.from_auto(folders, "pq2h", "rag") == 0
+    opera = bench.run_dir(folders.out, LLM, "pq2h", "opera")
+    (opera / RESULTS).unlink()
+    assert bench.from_auto(folders, "pq2h", "opera") == 2
+    assert bench.from_auto(folders, "pq2h", "opera") == 0  # never twice
+    carried = read_records(opera / RESULTS)
+    assert [(r["id"], r["f1"], r["llm_calls"], r["latency"], r["carried"]) for r in carried] == [
+        (ids[0], 1.0, 4, 9.5, "auto"), (ids[1], 0.0, 4, 9.5, "auto")]
+    assert carried[0]["tokens"]["total"] == 35 and "route" not in carried[0]
