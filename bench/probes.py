@@ -403,12 +403,82 @@ def ctrl_c(tmp: Path) -> Result:
     return 3, failures, f"{extra} more stderr lines"
 
 
+def store_path_chars(tmp: Path) -> Result:
+    """Stores in folders named with URI characters: each keeps its database inside, readable by `mhqa stats`."""
+    failures = 0
+    names = ("st%231", "st%232", "q%3Fx", "e%41f", "p%25")
+    for name in names:
+        store = f"embedded://{tmp}/{name}?embedder=hash"
+        rows = tmp / f"{name}.tsv"
+        rows.write_text(f"a\tr\t{name}\n", encoding="utf-8")
+        done = mhqa("ingest", "triples", str(rows), "--graph", "g", "--store", store)
+        stats = mhqa("stats", "--store", store)
+        failures += broken(done) or done.returncode != 0 or stats.returncode != 0 or "g" not in stats.stdout
+    outside = [p.name for p in tmp.iterdir() if p.is_file() and not p.name.endswith(".tsv")]
+    return len(names), failures + len(outside), f"{len(outside)} files outside the stores"
+
+
+def long_integer(tmp: Path) -> Result:
+    """A JSON integer of 5,000 digits and the number 1e400 in triple, passage and question files."""
+    big = "9" * 5000
+    files = {"triples": ('["a", "r", "b"]\n["x", "r", ' + big + ']\n["c", "r", 1e400]\n', ["--graph", "g"]),
+             "passages": ('{"id": "p1", "title": "T", "text": "t"}\n{"id": ' + big + ', "title": "T", "text": "t"}\n',
+                          ["--corpus", "c"])}
+    failures, tries = 0, 0
+    for kind, (text, extra) in files.items():
+        path = tmp / f"{kind}.jsonl"
+        path.write_text(text, encoding="utf-8")
+        for skip in ([], ["--skip-bad"]):
+            tries += 1
+            done = mhqa("ingest", kind, str(path), *extra, "--store", uri(tmp / "s"), *skip)
+            failures += broken(done) or (bool(skip) and done.returncode != 0)
+    questions = hotpot_file(tmp / "qa.jsonl", ["Where?"])
+    with questions.open("a", encoding="utf-8") as f:
+        f.write('{"id": ' + big + ', "question": "x"}\n')
+    done = mhqa("eval", str(questions), "--dataset", "hotpotqa", "--agent", "direct", "--llm",
+                'fake:["<answer>Tulsa</answer>"]', "--store", uri(tmp / "e"), "--out", str(tmp / "run"))
+    return tries + 1, failures + broken(done), "tracebacks" if failures else "one line each"
+
+
+def torn_utf8_export(tmp: Path) -> Result:
+    """`mhqa export` of a run whose last line was cut inside a CJK character, at three points."""
+    record = {"id": "q1", "question": "東京は?", "answers": ["東京"], "prediction": "東京", "em": 1.0, "f1": 1.0,
+              "trace": {"schema_version": 1, "agent": "rag", "question": "東京は?"}}
+    line = json.dumps(record, ensure_ascii=False).encode("utf-8")
+    failures = 0
+    for cut in (1, 2):
+        run = tmp / f"run{cut}"
+        run.mkdir()
+        (run / "results.jsonl").write_bytes(line + b"\n" + line[:line.index("東".encode()) + cut])
+        done = mhqa("export", str(run), "--format", "sft", "--out", str(tmp / f"ds{cut}"))
+        failures += broken(done)
+    return 2, failures, f"{failures} tracebacks"
+
+
+def planted_symlinks(tmp: Path) -> Result:
+    """Symlinks planted in a run folder (results.jsonl, summary.json.tmp) to a file outside it."""
+    questions = hotpot_file(tmp / "qa.jsonl", ["Where?"])
+    target = tmp / "precious.txt"
+    target.write_text("keep", encoding="utf-8")
+    failures = 0
+    for name in ("results.jsonl", "summary.json.tmp"):
+        out = tmp / f"run-{name}"
+        out.mkdir()
+        (out / name).symlink_to(target)
+        done = mhqa("eval", str(questions), "--dataset", "hotpotqa", "--agent", "direct", "--llm",
+                    'fake:["<answer>Tulsa</answer>"]', "--store", uri(tmp / "s"), "--out", str(out))
+        failures += broken(done) or target.read_text(encoding="utf-8") != "keep"
+    return 2, failures, "target unchanged" if not failures else "target written"
+
+
 PROBES: dict[str, Callable[[Path], Result]] = {
     "surrogate-eval": surrogate_eval, "surrogate-ask": surrogate_ask, "handles": handles,
     "readers-during-ingest": readers_during_ingest, "two-evals-one-out": two_evals_one_out,
     "damaged-sqlite": damaged_sqlite, "indexes-ahead": indexes_ahead, "nested-json": nested_json,
     "vector-files": vector_files, "model-timeout": model_timeout, "topic-entities": topic_entities,
     "trace-size": trace_size, "hub-node-info": hub_node_info, "ctrl-c": ctrl_c,
+    "store-path-chars": store_path_chars, "long-integer": long_integer, "torn-utf8-export": torn_utf8_export,
+    "planted-symlinks": planted_symlinks,
 }
 
 

@@ -84,7 +84,7 @@ def _trace_file_records(path: Path, text: str) -> list[dict[str, Any]] | None:
         return None
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: JSONDecodeError, an integer too long to read
         return None  # JSONL: one record per line
     values = value if isinstance(value, list) else [value]
     if not values or not all(isinstance(v, dict) and "schema_version" in v and "llm_calls" in v for v in values):
@@ -105,7 +105,13 @@ def read_records(run: str | Path) -> list[dict[str, Any]]:
     path = path / "results.jsonl" if path.is_dir() else path
     if not path.is_file():
         raise TraceError(f"no results file at {path}")
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
+    if raw and not raw.endswith(b"\n") and b"\n" in raw:  # a torn last line, maybe cut inside a character
+        raw = raw[:raw.rindex(b"\n") + 1]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceError(f"{path}: not UTF-8 at byte {exc.start}") from None
     traces = _trace_file_records(path, text)
     if traces is not None:
         return traces
@@ -116,7 +122,7 @@ def read_records(run: str | Path) -> list[dict[str, Any]]:
             continue
         try:
             record = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:
             if n == len(lines):  # an interrupted writer's last line
                 break
             raise TraceError(f"{path}:{n}: not JSON ({exc})") from exc

@@ -120,13 +120,27 @@ def route(output: dict, trace: Trace) -> dict:
             "stages": stages}
 
 
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a symlink planted in a run folder is refused, not followed
+
+
+def write_new(path: Path, text: str) -> None:
+    """Write `text` to a file made afresh at `path`: whatever was there (a symlink included) is removed first, and
+    the file is created exclusively, so nothing outside the run folder is written through it."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644), "w", encoding="utf-8") as f:
+        f.write(text)
+
+
 class ResultsWriter:
     """Appends complete records to a JSONL file: one write of a full line, flush, fsync, under a lock."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._file = path.open("ab")
+        self._file = os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o644), "ab")
 
     def write(self, record: dict) -> None:
         line = encodable(json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")  # a lone surrogate: U+FFFD
@@ -144,7 +158,7 @@ def cut_torn_line(path: Path) -> int:
     """Truncate a partial last line (no newline) left by a killed writer; returns bytes removed."""
     if not path.exists():
         return 0
-    with path.open("r+b") as f:
+    with os.fdopen(os.open(path, os.O_RDWR | NOFOLLOW), "r+b") as f:
         size = f.seek(0, os.SEEK_END)
         if size == 0:
             return 0
@@ -238,6 +252,10 @@ def claim_run_folder(out_dir: Path, manifest: dict, force_new: bool = False) -> 
     """Make `out_dir` a run folder of `manifest`: new, the same run (resumed), or with `force_new`
     emptied of an earlier run; RunMismatch if it holds another run."""
     path = out_dir / MANIFEST
+    for name in (RESULTS, SUMMARY, MANIFEST):
+        if (out_dir / name).is_symlink():
+            raise InvalidInput(f"{out_dir / name} is a symbolic link; a run folder's files are not followed out of "
+                               "it: remove the link, or use another --out")
     if force_new:
         for name in (RESULTS, SUMMARY, MANIFEST):
             (out_dir / name).unlink(missing_ok=True)
@@ -251,7 +269,7 @@ def claim_run_folder(out_dir: Path, manifest: dict, force_new: bool = False) -> 
         return
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, ensure_ascii=False, indent=2), encoding="utf-8")
+    write_new(tmp, json.dumps(manifest, ensure_ascii=False, indent=2))
     os.replace(tmp, path)
 
 
@@ -408,8 +426,8 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
                             llm=model if isinstance(model, str) or model is None else type(model).__name__,
                             environment=env, wall_time=round(time.perf_counter() - started, 3))
         tmp = out_dir / (SUMMARY + ".tmp")
-        tmp.write_text(json.dumps(summary.as_dict() | {"complete": not interrupted, "questions": len(items)},
-                                  ensure_ascii=False, indent=2), encoding="utf-8")
+        write_new(tmp, json.dumps(summary.as_dict() | {"complete": not interrupted, "questions": len(items)},
+                                  ensure_ascii=False, indent=2))
         os.replace(tmp, out_dir / SUMMARY)
         if interrupted:
             raise EvalInterrupted(len(records), len(items))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Iterator
 from os import PathLike
 from typing import Any, TypeVar
@@ -85,6 +86,9 @@ def iter_json(path: StrPath) -> Iterator[tuple[int, Any] | IngestError]:
             if e.msg != "Extra data":
                 yield IngestError(f"invalid JSON: {e.msg}", str(path), e.lineno)
                 return
+        except ValueError as e:  # an integer longer than Python reads (4,300 digits)
+            yield IngestError(f"invalid JSON: {e}", str(path))
+            return
         except RecursionError:
             yield IngestError(f"invalid JSON: {TOO_DEEP}", str(path))
             return
@@ -100,6 +104,8 @@ def iter_json(path: StrPath) -> Iterator[tuple[int, Any] | IngestError]:
             yield n, json.loads(text)
         except json.JSONDecodeError as e:
             yield IngestError(f"invalid JSON: {e.msg}", str(path), n)
+        except ValueError as e:  # an integer longer than Python reads (4,300 digits)
+            yield IngestError(f"invalid JSON: {e}", str(path), n)
         except RecursionError:
             yield IngestError(f"invalid JSON: {TOO_DEEP}", str(path), n)
 
@@ -110,6 +116,8 @@ def triple(parts: Any) -> Triple:
         raise ValueError(f"expected [subject, relation, object], got {parts!r:.200}")
     out = []
     for part in parts:
+        if isinstance(part, float) and not math.isfinite(part):  # 1e400 is read as inf: no entity
+            raise ValueError(f"triple parts must be names, got the number {part!r} in {parts!r:.200}")
         if isinstance(part, (int, float)) and not isinstance(part, bool):
             part = str(part)
         if not isinstance(part, str) or not part.strip():

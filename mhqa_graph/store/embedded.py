@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import numpy as np
 from filelock import FileLock, Timeout
@@ -230,7 +231,9 @@ class EmbeddedStore(KnowledgeStore):
 
     def _connect(self) -> sqlite3.Connection:
         path = self.root / "store.sqlite"
-        uri = f"file:{path}?mode=ro" if self.read_only else f"file:{path}"
+        # a SQLite URI: the path percent-encoded, or a '#', '?' or '%' in a folder name would end or change it
+        where = quote(str(path), safe="/")
+        uri = f"file:{where}?mode=ro" if self.read_only else f"file:{where}"
         conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
         if not self.read_only:
             conn.execute("PRAGMA journal_mode=WAL")
