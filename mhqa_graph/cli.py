@@ -264,17 +264,21 @@ def ask_cmd(
     guards: Annotated[str | None, typer.Option("--guards", help="auto | none | guard names | -name,+name "
                                                                 "(graphs/guards.py).")] = None,
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
+    decoding: Annotated[str | None, typer.Option("--decoding", help="auto | constrained | prompt: constrain "
+                                                                    "replies to their format (default auto).")] = None,
     model_timeout: ModelTimeoutOpt = None,
 ) -> None:
-    """Answer QUESTION with an agent over the store."""
+    """Answer QUESTION with an agent over the store. Exits 1 when the run failed (no answer)."""
     from .graphs import build_graph, check_sources, make_context
     from .graphs.common import check_question
     from .traces import TraceRecorder
 
     compiled = build_graph(agent)
     check_question(question)
+    if trace and not trace.parent.is_dir():
+        raise InvalidInput(f"--trace {trace}: the folder {trace.parent} does not exist")
     context = make_context(agent, llm=llm, store=store, corpus=corpus, graph=graph, top_k=top_k, guards=guards,
-                           guard_mode=guard_mode, model_timeout=model_timeout)
+                           guard_mode=guard_mode, model_timeout=model_timeout, decoding=decoding)
     if corpus or graph:
         check_sources(context)
     elif agent != "direct":  # the others search the store: it must say what to search
@@ -291,14 +295,17 @@ def ask_cmd(
             for node, update in chunk.items():  # untrusted text (passages, replies): never rich markup
                 err.print(Text.assemble((node, "cyan"), " ", _brief(update)), highlight=False)
     recorded = recorder.trace(state)
+    if as_json:
+        _print_json({"answer": state.get("answer", ""), "error": state.get("error"),
+                     "trace": recorded.model_dump(mode="json")})
+    else:
+        out.print(state.get("answer") or "", markup=False, highlight=False)
+        if state.get("error"):
+            err.print(Text.assemble(("note: ", "yellow"), str(state["error"])), highlight=False)
     if trace:
         trace.write_text(recorded.model_dump_json(indent=2), encoding="utf-8")
-    if as_json:
-        return _print_json({"answer": state.get("answer", ""), "error": state.get("error"),
-                            "trace": recorded.model_dump(mode="json")})
-    out.print(state.get("answer") or "", markup=False, highlight=False)
-    if state.get("error"):
-        err.print(Text.assemble(("note: ", "yellow"), str(state["error"])), highlight=False)
+    if not state.get("answer"):
+        raise typer.Exit(1)  # the run failed: a script can tell
 
 
 @app.command("eval")
@@ -325,8 +332,9 @@ def eval_cmd(
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
     model_timeout: ModelTimeoutOpt = None,
 ) -> None:
-    """Evaluate an agent on a benchmark file. The store (which must exist) gets the file's corpus/graph
-    first, unless --corpus/--graph name ones it has. Ctrl-C stops; rerunning the command resumes."""
+    """Evaluate an agent on a benchmark file. The store gets the file's corpus/graph first (a missing store is
+    created; its parent folder must exist), unless --corpus/--graph name ones it already has (then the store
+    must exist). Ctrl-C stops; rerunning the command resumes."""
     from .eval import run_eval
     from .eval.runner import EvalInterrupted
     from .ingest.datasets import DATASETS, check_dataset_file
@@ -558,7 +566,9 @@ def main() -> None:
     """Entry point: usage errors and typed errors become one line on stderr and exit code 2
     (tracebacks of typed errors with --debug); Ctrl-C exits 130."""
     try:
-        app(standalone_mode=False, prog_name="mhqa")
+        code = app(standalone_mode=False, prog_name="mhqa")  # a command's typer.Exit(n) comes back as n
+        if isinstance(code, int) and code:
+            sys.exit(code)
     except (MhqaError, OSError) as e:  # OSError: a path the user gave cannot be read or written
         if _state["debug"]:
             raise

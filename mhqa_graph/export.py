@@ -106,12 +106,13 @@ def read_records(run: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise TraceError(f"no results file at {path}")
     raw = path.read_bytes()
-    if raw and not raw.endswith(b"\n") and b"\n" in raw:  # a torn last line, maybe cut inside a character
-        raw = raw[:raw.rindex(b"\n") + 1]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TraceError(f"{path}: not UTF-8 at byte {exc.start}") from None
+        last = raw.rfind(b"\n")
+        if not 0 <= last < exc.start:
+            raise TraceError(f"{path}: not UTF-8 at byte {exc.start}") from None
+        text = raw[:last + 1].decode("utf-8")  # a last line torn inside a character: an interrupted writer's
     traces = _trace_file_records(path, text)
     if traces is not None:
         return traces
@@ -434,10 +435,16 @@ def export(run: str | Path, fmt: str, out: str | Path, min_reward: float | None 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     built = {name: d.Dataset.from_list(rows, features=_features(name)) for name, rows in tables.items() if rows}
-    if fmt == "roles":
-        d.DatasetDict(built).save_to_disk(str(out))
-    else:
-        built[fmt].save_to_disk(str(out))
+    shown = d.is_progress_bar_enabled()
+    d.disable_progress_bars()  # a save is seconds: no bar per split and shard
+    try:
+        if fmt == "roles":
+            d.DatasetDict(built).save_to_disk(str(out))
+        else:
+            built[fmt].save_to_disk(str(out))
+    finally:
+        if shown:
+            d.enable_progress_bars()
     for name, rows in tables.items():
         if rows:
             _write_jsonl(rows, out / f"{name}.jsonl")

@@ -186,7 +186,7 @@ MISTAKES = {  # what the user typed -> what the one line must say
     "extract with a bad model": (["ingest", "extract", "--corpus", "docs", "--graph", "g", "--llm", "gpt4",
                                   "--store", "{store}"], "unknown chat model spec"),
     "trace into a missing folder": (["ask", "Who?", "--agent", "direct", "--llm", "fake", "--trace",
-                                     "/no/such/dir/t.json"], "No such file or directory"),
+                                     "/no/such/dir/t.json"], "the folder /no/such/dir does not exist"),
     "demo with a missing data folder": (["demo", "--data", "/no/such/data", "--llm", "fake"], "not found; pass --data"),
 }
 
@@ -366,3 +366,17 @@ def test_demo_with_a_fake_model(data_dir, tmp_path):
     assert "  step 4: " in done.stdout
     again = mhqa(*args)
     assert "hotpotqa-dev_a: in the store already" in again.stdout
+
+
+def test_ask_exits_1_when_the_run_failed_and_prints_the_answer_before_the_trace(tmp_path):
+    """A script can tell a failed run (no answer) from an answered one; the answer is printed, then the trace
+    written; --decoding is accepted as by eval."""
+    failed = subprocess.run([sys.executable, "-m", "mhqa_graph.cli", "ask", "Who?", "--agent", "direct", "--llm",
+                             'fake:["<answer></answer>"]'], capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1 and "note: MalformedOutput" in failed.stderr and "Traceback" not in failed.stderr
+    trace = tmp_path / "t.json"
+    done = subprocess.run([sys.executable, "-m", "mhqa_graph.cli", "ask", "Who?", "--agent", "direct", "--llm",
+                           'fake:["<answer>Nolan</answer>"]', "--decoding", "prompt", "--trace", str(trace)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "Nolan"
+    assert json.loads(trace.read_text())["answer"] == "Nolan"
