@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import uuid
 from typing import Any
 
 from langchain_core.tools import BaseTool, StructuredTool
@@ -88,17 +89,21 @@ def make_context(agent: str, **settings: Any) -> Any:
 def as_tool(agent: str, name: str | None = None, description: str | None = None, checkpointer: Any = None,
             **settings: Any) -> BaseTool:
     """A LangChain tool that answers a multi-hop question with `agent`, for use inside other agents.
-    Its settings are checked as `make_context` does, and its corpus/graph must be in an existing store."""
+    Its settings are checked as `make_context` does, and its corpus/graph must be in an existing store. With a
+    `checkpointer`, each call runs in a thread of its own (a new `thread_id`), so a plain `.invoke` works."""
     graph = build_graph(agent, checkpointer=checkpointer)
     context = make_context(agent, **settings)
     check_sources(context)
 
+    def config() -> dict | None:  # with a checkpointer, each call is a thread of its own
+        return {"configurable": {"thread_id": f"{agent}-{uuid.uuid4().hex}"}} if checkpointer is not None else None
+
     def answer(question: str) -> str:
-        result = graph.invoke({"question": question}, context=context)
+        result = graph.invoke({"question": question}, config(), context=context)
         return result.get("answer") or f"No answer ({result.get('error') or 'unknown reason'})"
 
     async def aanswer(question: str) -> str:
-        result = await graph.ainvoke({"question": question}, context=context)
+        result = await graph.ainvoke({"question": question}, config(), context=context)
         return result.get("answer") or f"No answer ({result.get('error') or 'unknown reason'})"
 
     return StructuredTool.from_function(

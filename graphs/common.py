@@ -102,6 +102,17 @@ class AgentContext:
     guard_mode: str = setting("enforce", help="enforce: a guard that fires changes the run; log: it is only "
                               "recorded in the run's guards list.")
 
+    def __new__(cls, *args: Any, **settings: Any) -> AgentContext:
+        """InvalidInput, naming the closest setting, for an unknown one (LangGraph builds a context from a dict
+        with `cls(**context)`, which would raise a bare TypeError)."""
+        known = {f.name for f in fields(cls)}
+        if unknown := sorted(set(settings) - known):
+            hints = [k + (f" (did you mean {close[0]!r}?)" if (close := get_close_matches(str(k), known, 1)) else "")
+                     for k in unknown]
+            raise InvalidInput(f"{cls.__name__}: unknown setting(s) {', '.join(hints)}; known: "
+                               f"{', '.join(sorted(known))}")
+        return super().__new__(cls)
+
     def check(self) -> None:
         """InvalidInput for settings that are each valid but cannot run together (an agent's own rules)."""
 
@@ -111,13 +122,34 @@ C = TypeVar("C", bound=AgentContext)
 
 def context_as(cls: type[C], runtime: Any) -> C:
     """The run's context as `cls` (an AgentContext subclass), whether LangGraph passed one, a plain
-    AgentContext, a dict or nothing."""
+    AgentContext, a dict, or nothing; with nothing, the settings in `config["configurable"]` are read, as
+    the LangGraph server reads them. A context of another class is an InvalidInput (an unknown setting is one
+    at construction: `AgentContext.__new__`)."""
     ctx = runtime.context
     if isinstance(ctx, cls):
         return ctx
     if isinstance(ctx, AgentContext):
         return cls(**{f.name: getattr(ctx, f.name) for f in fields(AgentContext)})
-    return cls(**(ctx or {}))
+    if ctx is None:
+        ctx = configured_settings(cls)
+    if not isinstance(ctx, dict):
+        raise InvalidInput(f"the run's context must be a {cls.__name__}, an AgentContext or a dict of settings, "
+                           f"got {type(ctx).__name__}; a parent graph with a context of its own passes this graph "
+                           f"a {cls.__name__} (make_context) when it invokes it")
+    return cls(**ctx)
+
+
+def configured_settings(cls: type) -> dict[str, Any]:
+    """The settings of `cls` found in the running graph's `config["configurable"]` (its other keys, such as
+    `thread_id`, are LangGraph's)."""
+    from langgraph.config import get_config
+
+    try:
+        configurable = get_config().get("configurable") or {}
+    except RuntimeError:  # not inside a run
+        return {}
+    known = {f.name for f in fields(cls)}
+    return {k: v for k, v in configurable.items() if k in known}
 
 
 POSITIVE_SETTINGS = ("top_k", "max_rounds", "max_new_tokens")  # other int settings may be 0

@@ -52,6 +52,7 @@ from typing import (
     NotRequired,  # pydantic needs these on 3.11 (Studio schemas)
 )
 
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
     AnyMessage,
@@ -107,6 +108,12 @@ class OmneContext(AgentContext):
                                 "relevant to the question first).")
     context_chars: int = setting(16000, help="Characters of the whole prompt; the oldest tool results are cut "
                                  "first to stay within it.")
+
+    def check(self) -> None:
+        model = self.role_llms.get(ROLE, self.llm)
+        if self.tool_mode == "native" and isinstance(model, BaseChatModel) and not supports_tool_calling(model):
+            raise InvalidInput(f"tool_mode=native: {type(model).__name__} has no native tool calling (bind_tools); "
+                               "use tool_mode=text or auto")
 
 
 class ToolCallRecord(TypedDict):
@@ -216,6 +223,9 @@ def _native(ctx: OmneContext) -> bool:
         raise InvalidInput(f"tool_mode must be auto, native or text, got {ctx.tool_mode!r}")
     if ctx.tool_mode == "auto":
         return supports_tool_calling(chat_model(ctx, ROLE))
+    if ctx.tool_mode == "native" and not supports_tool_calling(model := chat_model(ctx, ROLE)):
+        raise InvalidInput(f"tool_mode=native: {type(model).__name__} has no native tool calling (bind_tools); "
+                           "use tool_mode=text or auto")
     return ctx.tool_mode == "native"
 
 

@@ -79,3 +79,59 @@ def test_a_symlink_planted_in_a_run_folder_is_refused_and_its_target_untouched(t
     run_eval("rag", "hotpotqa", data, None, f"embedded://{tmp_path}/s?embedder=hash", out,
              context_overrides={"llm": FakeChatModel(responses=["<answer>x</answer>"])}, progress=False)
     assert target.read_text() == "keep me" and json.loads((out / "summary.json").read_text())["n"] == 1
+
+
+# -- integration as LangGraph users expect ---------------------------------------------------------------
+@pytest.fixture
+def wiki(tmp_path):
+    from mhqa_graph.types import Passage
+
+    store = open_store(f"embedded://{tmp_path}/w?embedder=hash")
+    store.add_passages("wiki", [Passage("p1", "Inception", "Inception is a 2010 film directed by Christopher Nolan.")])
+    yield store
+    store.close()
+
+
+def test_as_tool_with_a_checkpointer_answers_a_plain_invoke(wiki):
+    from langgraph.checkpoint.memory import InMemorySaver
+    from mhqa_graph.graphs import as_tool
+
+    tool = as_tool("rag", checkpointer=InMemorySaver(), llm=FakeChatModel(responses=["<answer>Nolan</answer>"]),
+                   store=wiki, corpus="wiki")
+    assert tool.invoke({"question": "Who directed Inception?"}) == "Nolan"
+    assert tool.invoke({"question": "Who directed Inception?"}) == "Nolan"  # a second call, a second thread
+
+
+def test_settings_in_configurable_are_honoured_as_the_server_honours_them(wiki):
+    from mhqa_graph.graphs import build_graph
+
+    model = FakeChatModel(responses=["<answer>Nolan</answer>"])
+    out = build_graph("rag").invoke({"question": "Who directed Inception?"},
+                                    {"configurable": {"llm": model, "store": wiki, "corpus": "wiki", "top_k": 1}})
+    assert out["answer"] == "Nolan" and len(out["retrieved"]) == 1
+
+
+def test_a_typo_or_a_foreign_context_class_is_a_typed_error(wiki):
+    from dataclasses import dataclass
+
+    from mhqa_graph.graphs import build_graph
+
+    with pytest.raises(InvalidInput, match=r"unknown setting\(s\) crpus \(did you mean 'corpus'\?\)"):
+        build_graph("rag").invoke({"question": "Who?"}, context={"crpus": "wiki", "llm": "fake"})
+
+    @dataclass
+    class ParentContext:
+        user: str = "me"
+
+    with pytest.raises(InvalidInput, match="must be a BaselineContext, an AgentContext or a dict"):
+        build_graph("rag").invoke({"question": "Who?"}, context=ParentContext())
+
+
+def test_native_tool_mode_with_a_model_without_tools_says_so(wiki):
+    from mhqa_graph.graphs import build_graph, make_context
+
+    with pytest.raises(InvalidInput, match="tool_mode=native: FakeChatModel has no native tool calling"):
+        make_context("omne", llm=FakeChatModel(responses=["x"]), store=wiki, corpus="wiki", tool_mode="native")
+    out = build_graph("omne").invoke({"question": "Who?"}, context={  # a dict context: the run says why
+        "llm": FakeChatModel(responses=["x"]), "store": wiki, "corpus": "wiki", "tool_mode": "native"})
+    assert out["error"].startswith("InvalidInput: tool_mode=native: FakeChatModel has no native tool calling")
