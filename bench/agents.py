@@ -501,7 +501,7 @@ def _status(cell: dict) -> str | None:
 
 
 def matrix_table(by_env: dict[str, dict], agents: list[str]) -> str:
-    lines = ["| environment | " + " | ".join(agents) + " |", "|---|" + "---|" * len(agents)]
+    lines = ["| environment | questions (clusters) | " + " | ".join(agents) + " |", "|---|---|" + "---|" * len(agents)]
     notes = []
     for env, found in by_env.items():
         shown = []
@@ -513,7 +513,9 @@ def matrix_table(by_env: dict[str, dict], agents: list[str]) -> str:
             if cell.get("from_auto"):
                 notes.append(f"- {cell['agent']} on {env}: {cell['from_auto']} of {cell['n']} questions from auto's "
                              f"{cell['agent']} stage (the same subgraph and settings; `from_auto`)")
-        lines.append(f"| {env} | " + " | ".join(shown) + " |")
+        clusters = {cluster_key(r) for r in found["runs"].get("rag", {}).values()}
+        lines.append(f"| {env} | {len(found['asked'])} ({len(clusters) if clusters else '-'}) | " + " | ".join(shown)
+                     + " |")
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
@@ -693,18 +695,56 @@ def targets_table(by_env: dict[str, dict], agents: list[str]) -> str:
                      [f"| {t} | **{v}** | {s} |" for t, v, s in rows]) + "\n"
 
 
+def routes_table(by_env: dict[str, dict]) -> str | None:
+    """auto per environment: questions that stopped at rag, escalated, and how each escalation ended; F1 of
+    each group; the reasons, counted."""
+    rows = []
+    for env, found in by_env.items():
+        cell = found["cells"].get("auto")
+        if not cell or not cell["k"]:
+            continue
+        recs = list(cell["records"].values())
+        decisions = [(r.get("route") or {}).get("decisions") or [] for r in recs]
+        stopped = [r for r, d in zip(recs, decisions) if d and d[0].get("action") == "stop"]
+        escalated = [(r, d) for r, d in zip(recs, decisions) if d and d[0].get("action") == "escalate"]
+        took = [r for r, d in escalated if d[-1].get("action") == "answer"]
+        agree = sum(1 for _, d in escalated if d[-1].get("reason") == "agrees with rag")
+        back = [r for r, d in escalated if d[-1].get("action") == "fallback"]
+        reasons: dict[str, int] = {}
+        for d in decisions:
+            if d and d[0].get("action") == "escalate":
+                why = re.sub(r"one fact from .*", "one fact from the question's entity", str(d[0].get("reason")))
+                reasons[why] = reasons.get(why, 0) + 1
+
+        def f1(group: list[dict]) -> str:
+            return f"{100 * _mean([r['f1'] for r in group]):.1f}" if group else "-"
+
+        rows.append(f"| {env} | {len(recs)} | {len(stopped)} ({f1(stopped)}) | {len(escalated)} | {len(took)} "
+                    f"({f1(took)}; {agree} agree with rag) | {len(back)} ({f1(back)}) | "
+                    + ", ".join(f"{k} {n}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])) + " |")
+    if not rows:
+        return None
+    return "\n".join(["| environment | questions | stopped at rag (F1) | escalated | the design answered (F1) | "
+                      "fell back to rag (F1) | why it escalated |", "|---|---|---|---|---|---|---|", *rows]) + "\n"
+
+
 def summary(args: argparse.Namespace, envs: list[str], agents: list[str]) -> str:
     """The tables that docs/benchmarks.md opens with, from the run folders of `args.out`; runs no model."""
     by_env = summary_envs(args, envs, agents)
     agents = [a for a in agents if a == "rag" or a in DESIGNS or any(f["cells"][a]["k"] for f in by_env.values())]
     text = [f"## Across environments: `{args.llm}`, questions {args.start}..{args.start + args.limit - 1}\n",
-            "### Which agent where\n", "F1, and ΔF1 against `rag` [95% paired-bootstrap interval], with the default "
-            "guards; a run that has not answered every question says how many it has.\n", matrix_table(by_env, agents)]
+            "### Which agent where\n", "F1, and ΔF1 against `rag` on the same questions [95% interval of a paired "
+            "bootstrap over clusters: questions that share a gold path are drawn together], with the default guards; "
+            "a run that has not answered every question says how many it has.\n", matrix_table(by_env, agents)]
     for kind in ("kg", "text"):
         table = guards_table({e: f for e, f in by_env.items() if DEV_ENVIRONMENTS[e].kind == kind})
         if table:
             text += [f"### What the guards carry: {kind} environments\n", "Guards on minus off, per question; "
                      "re-asked: the questions asked again without them (the rest carried over).\n", table]
+    routes = routes_table(by_env) if "auto" in agents else None
+    if routes:
+        text += ["### What `auto` did\n", "Per environment: where it stopped at `rag` (its answer supported by its "
+                 "evidence) and where it escalated to the design, with the F1 of each group.\n", routes]
     text += ["### Targets\n", targets_table(by_env, agents), "### Cost per question\n", cost_table(by_env, agents)]
     return "\n".join(text)
 

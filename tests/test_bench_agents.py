@@ -183,20 +183,20 @@ def test_the_matrix_gives_f1_and_the_paired_interval_against_rag_or_says_what_is
     by_env = bench.summary_envs(summary_args, ["pq2h", "pq3h", "hotpot"], list(bench.AGENTS))
     table = bench.matrix_table(by_env, ["rag", "opera", "mujica", "omne"])
 
-    assert "| pq2h | 25.0 | 50.0 (+25.0 [+0.0, +75.0]) | not run | 2 of 4 |" in table
-    assert "| pq3h | 0.0 | 100.0 (+100.0 [+100.0, +100.0]) | not run | not run |" in table
-    assert "| hotpot | 50.0 | not run | not run | - |" in table  # omne needs a knowledge graph
+    assert "| pq2h | 4 (4) | 25.0 | 50.0 (+25.0 [+0.0, +75.0]) | not run | 2 of 4 |" in table
+    assert "| pq3h | 4 (4) | 0.0 | 100.0 (+100.0 [+100.0, +100.0]) | not run | not run |" in table
+    assert "| hotpot | 4 (4) | 50.0 | not run | not run | - |" in table  # omne needs a knowledge graph
     assert "- opera on pq3h: 1 of 4 questions from `opera:guards=-date_comparison`" in table
     assert by_env["pq2h"]["cells"]["omne"]["k"] == 2 and "df1" not in by_env["pq2h"]["cells"]["omne"]
 
     # without the run that turned that guard alone off, that question is left out of opera's default records
     bench.R.path_of(LLM, "pq3h", "opera:guards=-date_comparison", summary_args.results).unlink()
     by_env = bench.summary_envs(summary_args, ["pq3h"], ["rag", "opera"])
-    assert "| pq3h | 0.0 | 3 of 4 |" in bench.matrix_table(by_env, ["rag", "opera"])
+    assert "| pq3h | 4 (4) | 0.0 | 3 of 4 |" in bench.matrix_table(by_env, ["rag", "opera"])
 
     summary_args.start, summary_args.limit = 2, 2  # the asked range decides what complete means
     by_env = bench.summary_envs(summary_args, ["pq2h"], ["rag", "opera", "omne"])
-    assert "| pq2h | 0.0 | 0.0 (+0.0 [+0.0, +0.0]) | not run |" in bench.matrix_table(by_env, ["rag", "opera", "omne"])
+    assert "| pq2h | 2 (2) | 0.0 | 0.0 (+0.0 [+0.0, +0.0]) | not run |" in bench.matrix_table(by_env, ["rag", "opera", "omne"])
 
 
 def test_the_guard_table_pools_a_paired_bootstrap_over_the_questions_of_every_environment(summary_args):
@@ -297,9 +297,9 @@ def test_summary_reads_the_run_folders_and_writes_summary_md(summary_args, monke
     bench.main()
     text = (summary_args.out / "summary.md").read_text(encoding="utf-8")
     assert capsys.readouterr().out.strip() == text.strip()
-    assert "| environment | rag | opera | mujica | omne |" in text  # direct has no run: no column
-    assert "| pq2h | 25.0 | not run | not run | 50.0 (+25.0 [" in text
-    assert "| hotpot | not run | not run | not run | - |" in text
+    assert "| environment | questions (clusters) | rag | opera | mujica | omne |" in text  # direct has no run: no column
+    assert "| pq2h | 4 (4) | 25.0 | not run | not run | 50.0 (+25.0 [" in text
+    assert "| hotpot | 4 (-) | not run | not run | not run | - |" in text
     assert "| pq2h | omne | 4 | 3.0 | 2.0 | 10 | - |" in text and "What the guards carry" not in text
 
     # records that count the prompt tokens read from the prefix cache: the tokens prefilled per question

@@ -63,7 +63,8 @@ def test_quickstart_from_the_light_install(tmp_path):
     script = tmp_path / "quickstart.sh"
     script.write_text("set -euo pipefail\n" + "\n".join(quickstart()) +
                       "\nmhqa export runs/rag --format sft --out ds\n"
-                      "python -c 'import importlib.util as u; assert u.find_spec(\"torch\") is None'\n", encoding="utf-8")
+                      "python -c 'import importlib.util as u; assert u.find_spec(\"torch\") is None'\n",
+                      encoding="utf-8")
     done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "\nChristopher Nolan\n" in done.stdout and "sft: 1 rows" in done.stdout
