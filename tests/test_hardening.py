@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -135,3 +136,27 @@ def test_native_tool_mode_with_a_model_without_tools_says_so(wiki):
     out = build_graph("omne").invoke({"question": "Who?"}, context={  # a dict context: the run says why
         "llm": FakeChatModel(responses=["x"]), "store": wiki, "corpus": "wiki", "tool_mode": "native"})
     assert out["error"].startswith("InvalidInput: tool_mode=native: FakeChatModel has no native tool calling")
+
+
+def test_an_eval_over_another_files_corpus_or_an_edited_file_is_refused(tmp_path):
+    """Two files with the same name in different folders take the same environment name: the second is refused,
+    not evaluated over the first's passages; a file edited in place is another run's file."""
+    from mhqa_graph.eval.environments import EnvironmentMismatch
+    from mhqa_graph.eval.runner import RunMismatch
+
+    def rows(folder: str, answer: str) -> Path:
+        (tmp_path / folder).mkdir()
+        path = tmp_path / folder / "dev.jsonl"
+        path.write_text(json.dumps({"id": "q1", "question": "Who?", "answer": answer, "context": {
+            "title": [f"T {answer}"], "sentences": [[f"{answer} is it."]]}}) + "\n", encoding="utf-8")
+        return path
+
+    first, second = rows("A", "alpha"), rows("B", "beta")
+    store = f"embedded://{tmp_path}/s?embedder=hash"
+    model = {"llm": FakeChatModel(responses=["<answer>alpha</answer>"])}
+    run_eval("rag", "hotpotqa", first, None, store, tmp_path / "ra", context_overrides=model, progress=False)
+    with pytest.raises(EnvironmentMismatch, match=r"holds 'hotpotqa-dev', but not built from dev.jsonl"):
+        run_eval("rag", "hotpotqa", second, None, store, tmp_path / "rb", context_overrides=model, progress=False)
+    first.write_text(first.read_text().replace("Who?", "Who is it?"), encoding="utf-8")
+    with pytest.raises(RunMismatch, match="file_sha256"):
+        run_eval("rag", "hotpotqa", first, None, store, tmp_path / "ra", context_overrides=model, progress=False)

@@ -12,11 +12,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import StoreError
+from ..errors import EntityNotFound, InvalidInput, StoreError
 from ..ingest.datasets import benchmark, dataset_passages, dataset_triples
 from ..ingest.runner import ingest_dataset
 from ..store import open_store
 from ..store.base import KnowledgeStore
+
+
+class EnvironmentMismatch(InvalidInput):
+    """The store holds a corpus or graph of the name a dataset file's environment takes, built from another
+    file (or from this one before it was edited)."""
+
+    def __init__(self, name: str, uri: str, path: str | Path, why: str) -> None:
+        super().__init__(f"{uri} holds {name!r}, but not built from {Path(path).name} ({why}); give another "
+                         "--store, or ingest this file under another name and pass it with --corpus/--graph")
 
 
 @dataclass(frozen=True)
@@ -61,17 +70,48 @@ class Survey:
         return {"corpus": self.corpus, "graph": self.graph, "ingested": ingested}
 
 
+SAMPLE = 16  # items of a file looked up in the store's collection of its name
+
+
 def survey(store: KnowledgeStore, dataset: str, path: str | Path, name: str) -> Survey:
     """Count the file's passages and triples and compare them with the store's (one stats() call,
-    only when the store has a collection of that name)."""
-    n_passages = _count(dataset_passages(dataset, path, yield_errors=True))
-    n_triples = _count(dataset_triples(dataset, path, yield_errors=True))
-    has = (n_passages and name in store.corpora()) or (n_triples and name in store.graphs())
+    only when the store has a collection of that name). A collection that holds at least as many items but
+    not the file's (a sample of its passages by id and title, of its triples by their facts) was built from
+    another file: EnvironmentMismatch."""
+    passages = [p for p in dataset_passages(dataset, path, yield_errors=True) if not isinstance(p, Exception)]
+    triples = [t for t in dataset_triples(dataset, path, yield_errors=True) if not isinstance(t, Exception)]
+    has = (passages and name in store.corpora()) or (triples and name in store.graphs())
     stats = store.stats() if has else None
     have_passages = stats.corpora.get(name, {}).get("passages", 0) if stats else 0
     have_triples = stats.graphs.get(name, {}).get("triples", 0) if stats else 0
-    return Survey(corpus=name if n_passages else None, graph=name if n_triples else None,
-                  items=n_passages + n_triples, complete=have_passages >= n_passages and have_triples >= n_triples)
+    complete = have_passages >= len(passages) and have_triples >= len(triples)
+    if has and complete:
+        check_built_from(store, name, path, passages if have_passages else [], triples if have_triples else [])
+    return Survey(corpus=name if passages else None, graph=name if triples else None,
+                  items=len(passages) + len(triples), complete=complete)
+
+
+def _sample(items: list) -> list:
+    step = max(1, len(items) // SAMPLE)
+    return items[::step][:SAMPLE] + items[-1:]
+
+
+def check_built_from(store: KnowledgeStore, name: str, path: str | Path, passages: list, triples: list) -> None:
+    """EnvironmentMismatch unless the store's corpus / graph `name` holds a sample of the file's passages and
+    triples."""
+    if passages:
+        stored = {(p.id, p.title) for p in store.passages(name)}
+        missing = next((p for p in _sample(passages) if (p.id, p.title) not in stored), None)
+        if missing is not None:
+            raise EnvironmentMismatch(name, store.uri, path, f"its passage {missing.id!r} is not in the corpus")
+    for subject, relation, obj in _sample(triples):
+        try:
+            facts = store.node_info(name, subject).facts
+        except EntityNotFound:
+            facts = []
+        if not any(f.relation == relation and f.other == obj and f.direction == "out" for f in facts):
+            raise EnvironmentMismatch(name, store.uri, path, f"its fact ({subject}, {relation}, {obj}) is not in "
+                                      "the graph")
 
 
 def prepare(store: KnowledgeStore, dataset: str, path: str | Path, name: str,

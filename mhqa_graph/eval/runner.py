@@ -18,6 +18,7 @@ EvalInterrupted says how far it got.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
@@ -228,7 +229,16 @@ def run_manifest(agent: str, dataset: str, path: str | Path, llm: Any, settings:
     if llm in (None, "", "auto"):
         llm = best_installed_chat_pack() or "auto"
     return {"agent": agent, "llm": _describe(llm), "dataset": dataset, "file": str(Path(path).resolve()),
-            "settings": _describe(dict(sorted(settings.items())))}
+            "file_sha256": file_digest(path), "settings": _describe(dict(sorted(settings.items())))}
+
+
+def file_digest(path: str | Path) -> str:
+    """The sha256 of a file's bytes: a file edited in place is another run's file."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 @contextmanager
@@ -262,7 +272,7 @@ def claim_run_folder(out_dir: Path, manifest: dict, force_new: bool = False) -> 
     elif path.exists():
         recorded = json.loads(path.read_text(encoding="utf-8"))
         changed = [f"{key} {recorded.get(key)!r} -> {value!r}" for key, value in manifest.items()
-                   if recorded.get(key) != value]
+                   if key in recorded and recorded[key] != value]  # a key a folder predates is not compared
         if changed:
             raise RunMismatch(f"{out_dir} holds another run ({'; '.join(changed)}); use another --out, "
                               "or --force-new to start it afresh")
