@@ -15,6 +15,7 @@ from os import PathLike
 from typing import Any, TypeVar
 
 from ..errors import IngestError
+from ..store.base import KEY_SEPARATOR
 from ..types import Passage, Triple
 
 T = TypeVar("T")
@@ -122,6 +123,9 @@ def triple(parts: Any) -> Triple:
             part = str(part)
         if not isinstance(part, str) or not part.strip():
             raise ValueError(f"triple parts must be non-empty strings, got {parts!r:.200}")
+        if KEY_SEPARATOR in part:
+            raise ValueError(f"a triple part holds the control character U+001F, which no name may hold: "
+                             f"{parts!r:.200}")
         out.append(part.strip())
     return out[0], out[1], out[2]
 

@@ -17,9 +17,14 @@ if TYPE_CHECKING:
 MAX_K = 1000
 MAX_QUERY_CHARS = 10_000
 MAX_NODE_FACTS = 1000  # node_info returns at most this many facts each way
+KEY_SEPARATOR = "\u001f"  # joins the parts of a store key (Neo4j's `scope + SEP + name`): no name may hold it
+
+
 def _name(kind: str, value: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidInput(f"{kind} must be a non-empty string, got {value!r}")
+    if KEY_SEPARATOR in value:
+        raise InvalidInput(f"{kind} {value!r:.100} holds the control character U+001F, which no name may hold")
     return encodable(value)
 
 

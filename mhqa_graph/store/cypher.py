@@ -19,7 +19,9 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-SEP = "\u001f"
+from .base import KEY_SEPARATOR
+
+SEP = KEY_SEPARATOR  # names holding it are refused (store/base.py), so keys are unambiguous
 
 
 def key(scope: str, name: str) -> str:

@@ -177,6 +177,19 @@ class StoreConformance:
         with pytest.raises(UnknownCorpus):
             list(store.passages("nope"))
 
+    @pytest.mark.parametrize("where", ["graph", "subject", "object", "corpus", "passage id"])
+    def test_a_name_holding_the_key_separator_is_refused(self, store, where):
+        """U+001F joins the parts of a key: a name holding it could stand for another graph's entity."""
+        odd = "a\u001fb"
+        with pytest.raises(InvalidInput, match="U\\+001F"):
+            if where in ("graph", "subject", "object"):
+                store.add_triples(odd if where == "graph" else "g", [(odd if where == "subject" else "s", "r",
+                                                                      odd if where == "object" else "o")])
+            else:
+                store.add_passages(odd if where == "corpus" else "c",
+                                   [Passage(odd if where == "passage id" else "p", "t", "x")])
+        assert "a\u001fb" not in store.graphs() + store.corpora()
+
     def test_invalid_arguments(self, store):
         store.add_passages("docs", PASSAGES)
         for bad in (lambda: store.search("docs", "x", k=0), lambda: store.search("docs", "x", mode="fuzzy"),
