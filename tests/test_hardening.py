@@ -160,3 +160,49 @@ def test_an_eval_over_another_files_corpus_or_an_edited_file_is_refused(tmp_path
     first.write_text(first.read_text().replace("Who?", "Who is it?"), encoding="utf-8")
     with pytest.raises(RunMismatch, match="file_sha256"):
         run_eval("rag", "hotpotqa", first, None, store, tmp_path / "ra", context_overrides=model, progress=False)
+
+
+def test_a_write_error_drains_the_tasks_and_keeps_a_partial_summary(tmp_path):
+    """ENOSPC on the third record, with 4 questions in flight: the error once, no pending task, the summary of
+    the records written."""
+    rows = tmp_path / "qa.jsonl"
+    rows.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Where is {i}?", "answer": "x", "context": {
+        "title": [f"T{i}"], "sentences": [[f"{i} is x."]]}}) + "\n" for i in range(12)), encoding="utf-8")
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import errno, sys
+from mhqa_graph.eval import run_eval
+from mhqa_graph.eval.runner import ResultsWriter
+from mhqa_graph.testing.fakes import FakeChatModel
+write, n = ResultsWriter.write, [0]
+def full(self, record):
+    n[0] += 1
+    if n[0] > 2:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    write(self, record)
+ResultsWriter.write = full
+try:
+    run_eval("direct", "hotpotqa", {str(rows)!r}, None, "embedded://{tmp_path}/s?embedder=hash",
+             {str(tmp_path / 'run')!r},
+             concurrency=4, context_overrides={{"llm": FakeChatModel(responses=["<answer>x</answer>"], latency=0.05)}},
+             progress=False)
+except OSError as exc:
+    print("stopped:", exc.strerror)
+""", encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert "stopped: No space left on device" in done.stdout, done.stderr
+    assert "Task was destroyed" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["complete"] is False and summary["n"] == 2
+
+
+def test_duplicate_question_ids_are_counted_not_silent(tmp_path, caplog):
+    from mhqa_graph.eval.runner import load_questions
+
+    rows = tmp_path / "qa.jsonl"
+    rows.write_text("".join(json.dumps({"id": qid, "question": q, "answer": "x", "context": {
+        "title": ["T"], "sentences": [["x."]]}}) + "\n" for qid, q in (("a", "one?"), ("b", "two?"), ("a", "three?"))))
+    with caplog.at_level("WARNING"):
+        items = load_questions("hotpotqa", rows)
+    assert [i.question for i in items] == ["one?", "two?"]
+    assert "1 question row skipped: it repeats an earlier row's id (the first: 'a')" in caplog.text

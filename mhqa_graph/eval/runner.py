@@ -181,22 +181,30 @@ def cut_torn_line(path: Path) -> int:
 
 
 def load_questions(dataset: str, path: str | Path, limit: int | None = None, start: int = 0) -> list[QAItem]:
-    """`limit` questions of the file (all if None) from the `start`-th unique id on; malformed rows skipped,
-    with one warning that counts them and names the first."""
+    """`limit` questions of the file (all if None) from the `start`-th unique id on; malformed rows and rows that
+    repeat an earlier id skipped, with one warning each that counts them and names the first."""
     if start < 0:
         raise InvalidInput(f"start must be >= 0, got {start}")
     check_dataset_file(dataset, path)
     items: dict[str, QAItem] = {}
     bad: list[IngestError] = []
+    repeated: list[str] = []
     for item in questions(dataset, path, yield_errors=True):
         if isinstance(item, IngestError):
             bad.append(item)
             continue
-        items.setdefault(item.id, item)
+        if item.id in items:
+            repeated.append(item.id)
+            continue
+        items[item.id] = item
         if limit is not None and len(items) >= start + limit:
             break
     if bad:
         log.warning("%d malformed question row%s skipped (the first: %s)", len(bad), "s" * (len(bad) > 1), bad[0])
+    if repeated:
+        many = len(repeated) > 1
+        log.warning("%d question row%s skipped: %s an earlier row's id (the first: %r); the first row of an id is "
+                    "asked", len(repeated), "s" * many, "they repeat" if many else "it repeats", repeated[0])
     if len(items) <= start:
         raise InvalidInput(f"no questions in {path} as {dataset}" + (f" from #{start} on" if start else ""))
     return list(items.values())[start:]
@@ -299,19 +307,19 @@ def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
 
 
 def _interruptible(main: Any, workers: int) -> None:
-    """Run coroutine `main` on a new event loop whose executor has `workers` threads. On Ctrl-C,
-    cancel it and return at once, without waiting for the threads still running (their results
-    are dropped), then raise KeyboardInterrupt."""
+    """Run coroutine `main` on a new event loop whose executor has `workers` threads. On Ctrl-C or an error
+    (a full disk), cancel it and return at once, without waiting for the threads still running (their results
+    are dropped), then raise it: no task is left pending."""
     loop = asyncio.new_event_loop()
     executor = ThreadPoolExecutor(max_workers=workers)
     loop.set_default_executor(executor)
     run = loop.create_task(main)
     try:
         loop.run_until_complete(run)
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, or a failure no question owns (a write error): drain every task first
         _cancel_all(loop)
-        if not run.cancelled():
-            run.exception()  # the interrupt, raised here: not left to be logged as never retrieved
+        if run.done() and not run.cancelled():
+            run.exception()  # raised here: not left to be logged as never retrieved
         raise
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
@@ -418,7 +426,7 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
         finished = {r["id"] for r in done}
         todo = [item for item in items if item.id not in finished]
         writer = ResultsWriter(results)
-        interrupted = False
+        interrupted, write_error = False, None
         try:
             with _progress(progress) as bar:
                 task = bar.add_task(escape(f"{agent} {Path(path).name}"), total=len(items), completed=len(done),
@@ -428,17 +436,28 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
                                workers=4 * concurrency + 4)
         except KeyboardInterrupt:
             interrupted = True
+        except OSError as exc:  # a record could not be written (ENOSPC, EIO): the summary of what was, then stop
+            interrupted, write_error = True, exc
         finally:
-            writer.close()
+            try:
+                writer.close()
+            except OSError as exc:
+                interrupted, write_error = True, write_error or exc
         records = [r for r in read_records(results) if r["id"] in wanted]
         model = context.llm
         summary = summarize(records, agent=agent, dataset=dataset, file=str(path),
                             llm=model if isinstance(model, str) or model is None else type(model).__name__,
                             environment=env, wall_time=round(time.perf_counter() - started, 3))
         tmp = out_dir / (SUMMARY + ".tmp")
-        write_new(tmp, json.dumps(summary.as_dict() | {"complete": not interrupted, "questions": len(items)},
-                                  ensure_ascii=False, indent=2))
-        os.replace(tmp, out_dir / SUMMARY)
+        try:
+            write_new(tmp, json.dumps(summary.as_dict() | {"complete": not interrupted, "questions": len(items)},
+                                      ensure_ascii=False, indent=2))
+            os.replace(tmp, out_dir / SUMMARY)
+        except OSError:
+            if write_error is None:
+                raise  # else the disk is still full: the write error is what to report
+        if write_error is not None:
+            raise write_error
         if interrupted:
             raise EvalInterrupted(len(records), len(items))
     if progress:
