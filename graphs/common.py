@@ -17,35 +17,30 @@ from typing import (
 
 from langchain_core.exceptions import ModelAPIError, ModelConnectionError, ModelRateLimitError, ModelTimeoutError
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.runnables import Runnable
 from langchain_core.runnables.retry import RunnableRetry
 from tenacity import wait_exponential_jitter
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion, MhqaError, ModelError, UnknownCorpus, UnknownGraph
+from mhqa_graph.messages import REPAIR, tagged
 from mhqa_graph.models.timeout import TimeLimited
 from mhqa_graph.parsing import close_json, extract_json, strip_think
 from mhqa_graph.replies import DECODING_MODES, ReplyFormat, can_constrain, decoding_kwargs
 from mhqa_graph.store import KnowledgeStore, open_store
-from mhqa_graph.text import encodable, encodable_all
+from mhqa_graph.text import (
+    encodable_all,
+    topic_entities,  # noqa: F401  (the designs' import of it: core since traces read it)
+)
 
 from .guards import check_settings as check_guards
-from .omne_prompts import NUDGE, is_send_back
 
 MAX_QUESTION_CHARS = 4000
-MAX_TOPIC_ENTITIES = 20  # an agent is given at most this many topic entities, the first ones
-MAX_ENTITY_CHARS = 300  # a longer topic entity is no entity name, and is dropped
 MAX_ANSWER_CHARS = 500
 MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
-REPAIR_PREFIX = "That reply could not be used"  # how ask_json's repair message starts (`is_retry` reads it)
+REPAIR_PREFIX = "That reply could not be used"  # how ask_json's repair message starts (tagged `repair`)
 MAX_BACKOFF = 30.0  # seconds, longest wait between two model call attempts
-
-
-def is_retry(text: str) -> bool:
-    """Whether a user message asks the model to try again: ask_json's repair, Omne's nudge or an Omne
-    send-back. Exports drop the reply it answers; health counts it as a repair."""
-    return text.startswith(REPAIR_PREFIX) or text == NUDGE or is_send_back(text)
 
 
 class QAInput(TypedDict):
@@ -222,14 +217,6 @@ def check_sources(ctx: AgentContext) -> None:
             raise UnknownGraph(name.strip(), store.uri)
 
 
-def topic_entities(value: Any) -> list[str]:
-    """The topic entities an agent is given: of a list, the strings that are non-empty stripped and at most
-    MAX_ENTITY_CHARS long (lone surrogates as U+FFFD), the first MAX_TOPIC_ENTITIES of them; anything else
-    is dropped."""
-    names = [e.strip() for e in value if isinstance(e, str)] if isinstance(value, (list, tuple)) else []
-    return [encodable(e) for e in names if 0 < len(e) <= MAX_ENTITY_CHARS][:MAX_TOPIC_ENTITIES]
-
-
 def check_question(question: Any) -> str:
     """The question, normalised; InvalidQuestion if it cannot be asked."""
     if not isinstance(question, str):
@@ -403,7 +390,7 @@ def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str
             return parsed
         except (ValueError, TypeError, KeyError) as exc:
             parsed.error = f"MalformedOutput: {exc}"
-            history += [AIMessage(text), HumanMessage(f"{REPAIR_PREFIX} ({exc}). {again}")]
+            history += [AIMessage(text), tagged(REPAIR, f"{REPAIR_PREFIX} ({exc}). {again}")]
     return parsed
 
 

@@ -128,8 +128,9 @@ def shown(value: Any) -> Any:
 
 
 def firing(name: str, before: Any, after: Any, enforced: bool, error: str | None = None) -> dict[str, Any]:
-    record = {"guard": name, "stage": GUARDS[name].stage, "before": shown(before), "after": shown(after),
-              "enforced": enforced}
+    guard = GUARDS[name]
+    record = {"guard": name, "stage": guard.stage, "before": shown(before), "after": shown(after),
+              "enforced": enforced, "prompt_only": guard.prompt_only, "replaces_answer": guard.replaces_answer}
     return record | ({"error": error} if error else {})
 
 

@@ -218,7 +218,8 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     may_answer = final or state["waves"] >= ctx.min_worker_rounds
     notes = [] if state["force_final"] or not final else [f"RoundCap: round {rnd} of {ctx.max_rounds} must answer"]
     news, ask = _prompt(state, ctx, rnd, final, may_answer)
-    messages, prompt = conversation(state["planner_log"], news, ask, ctx.planner_budget)
+    messages, prompt = conversation(state["planner_log"], news, ask, ctx.planner_budget,
+                                    final=final and bool(state["planner_log"]))  # FINAL_USER: answer now
     brief = (news[1] or P.NO_NEW_ANSWERS) if state["planner_log"] else prompt
     pending = bool(ready(dag, results))
     update: dict[str, Any] = {"rounds": rnd, "force_final": False}

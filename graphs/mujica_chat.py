@@ -7,6 +7,7 @@ import json
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 
+from mhqa_graph.messages import FORCED, tagged
 from mhqa_graph.parsing import strip_think, think_text
 from mhqa_graph.tools import cap_text
 
@@ -63,11 +64,13 @@ def report(results: dict[str, dict], since_wave: int) -> tuple[str, str]:
     return P.REPORT.format(answers="\n".join(full)), P.REPORT.format(answers="\n".join(brief))
 
 
-def conversation(log: list[dict], news: tuple[str, str], ask: str, budget: int) -> tuple[list[BaseMessage], str]:
+def conversation(log: list[dict], news: tuple[str, str], ask: str, budget: int,
+                 final: bool = False) -> tuple[list[BaseMessage], str]:
     """The planner's chat: the system prompt, each earlier round (its prompt and what it did), then this round's
-    prompt: the workers' news (in full, or summarised) and `ask`. Over `budget` characters, older rounds'
-    prompts give way to their summaries (oldest first), then the oldest rounds after the first are left out,
-    then this round's news is summarised, then cut. Returns the messages and this round's prompt."""
+    prompt: the workers' news (in full, or summarised) and `ask` (a `forced` message when `final`). Over `budget`
+    characters, older rounds' prompts give way to their summaries (oldest first), then the oldest rounds after
+    the first are left out, then this round's news is summarised, then cut. Returns the messages and this
+    round's prompt."""
     turns = [[e["prompt"], e["brief"], e["reply"]] for e in log if e.get("reply")]
     prompt = news[0] + ask
 
@@ -87,7 +90,7 @@ def conversation(log: list[dict], news: tuple[str, str], ask: str, budget: int) 
     messages: list[BaseMessage] = [SystemMessage(P.PLANNER_SYSTEM)]
     for text, _, reply in turns:
         messages += [HumanMessage(text), AIMessage(reply)]
-    return messages + [HumanMessage(prompt)], prompt
+    return messages + [tagged(FORCED, prompt) if final else HumanMessage(prompt)], prompt
 
 
 def said(thought: str, action: dict, think: bool) -> str:

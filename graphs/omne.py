@@ -69,6 +69,7 @@ from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
+from mhqa_graph.messages import FORCED_FINAL, NUDGE, SEND_BACK, tagged
 from mhqa_graph.parsing import final_answer
 from mhqa_graph.replies import answer_reply
 from mhqa_graph.tools import entity_matcher_tool, node_info_tool, render_node
@@ -204,7 +205,8 @@ def render_prompt(ctx: OmneContext, graphs: list[str], messages: list[BaseMessag
         if responses:
             prompt.append(HumanMessage("\n".join(responses)))
             responses = []
-        prompt.append(AIMessage(m.text) if isinstance(m, AIMessage) else HumanMessage(m.text))
+        prompt.append(AIMessage(m.text) if isinstance(m, AIMessage) else
+                      HumanMessage(m.text, additional_kwargs=m.additional_kwargs))  # its kind kept
     if responses:
         prompt.append(HumanMessage("\n".join(responses)))
     return prompt
@@ -259,7 +261,7 @@ def _native_turn(ctx: OmneContext, state: OmneState, round_no: int) -> dict:
     answer = clean_answer(final_answer(reply.text)) if reply.text.strip() else ""
     if answer:
         return _answer_or_send_back(ctx, state, round_no, answer, message)
-    nudge = [HumanMessage(P.NUDGE)] if state["nudges"] == 0 else []
+    nudge = [tagged(NUDGE, P.NUDGE)] if state["nudges"] == 0 else []
     return {"rounds": round_no, "nudges": state["nudges"] + 1, "messages": [message, *nudge]}
 
 
@@ -281,7 +283,7 @@ def agent(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
         return {**counts, "rounds": round_no, "messages": [ai_message(reply.kept, reply.calls, round_no)]}
     if reply.answer:
         return {**counts, **_answer_or_send_back(ctx, state, round_no, reply.answer, AIMessage(reply.kept))}
-    nudge = [HumanMessage(P.NUDGE)] if state["nudges"] == 0 else []
+    nudge = [tagged(NUDGE, P.NUDGE)] if state["nudges"] == 0 else []
     return {**counts, "rounds": round_no, "nudges": state["nudges"] + 1,
             "messages": [AIMessage(reply.kept), *nudge]}
 
@@ -298,7 +300,7 @@ def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answ
             if start := start_node(ctx, state):
                 facts = render_node(start, state["question"], max_chars=ctx.result_chars)
                 text = P.UNGROUNDED_FACTS.format(answer=answer, entity=start.name, facts=facts)
-            return {"rounds": round_no, "nudges": 1, "messages": [said, HumanMessage(text)], "guards": firings}
+            return {"rounds": round_no, "nudges": 1, "messages": [said, tagged(SEND_BACK, text)], "guards": firings}
         left: list = []  # what the check found: the answer's node and the relations the walk left open
 
         def one_hop() -> bool:
@@ -312,7 +314,7 @@ def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answ
             node, relations = left
             text = P.ONE_HOP_SHORT.format(entity=node.name, relations=", ".join(relations),
                                           facts=render_node(node, state["question"], max_chars=ctx.result_chars))
-            return {"rounds": round_no, "nudges": 1, "messages": [said, HumanMessage(text)], "guards": firings}
+            return {"rounds": round_no, "nudges": 1, "messages": [said, tagged(SEND_BACK, text)], "guards": firings}
     return {"rounds": round_no, "messages": [said], "answer": answer, "guards": firings}
 
 
@@ -378,7 +380,7 @@ def finish(state: OmneState) -> dict:
 def final(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     """The forced final-answer call: no more tools, answer from what was found."""
     ctx = context_as(OmneContext, runtime)
-    force = HumanMessage(P.FORCE_ANSWER)
+    force = tagged(FORCED_FINAL, P.FORCE_ANSWER)
     cap = None if state["rounds"] < ctx.max_rounds else f"RoundCap: no answer within {ctx.max_rounds} rounds"
     try:
         prompt = render_prompt(ctx, state["graphs"], [*state["messages"], force], native=state["native"])

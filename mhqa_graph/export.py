@@ -37,15 +37,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from .errors import MhqaError
 from .eval.health import guard_health
 from .eval.scoring import normalize_answer
-from .graphs.common import is_retry
-from .graphs.omne_prompts import FORCE_ANSWER
+from .messages import FORCED_FINAL, RETRIES, legacy_kind
 from .traces import LLMCall, Trace, TraceError, load_trace
 
 FORMATS = ("sft", "roles", "grpo", "mygo")
@@ -190,20 +189,33 @@ def _continues(sent: list[tuple[str, str]], turns: list[tuple[str, str]]) -> boo
     return role == sent_role and (text == sent_text or (role == "assistant" and text.startswith(sent_text)))
 
 
-def _is_retry(role: str, text: str) -> bool:
-    return role == "user" and is_retry(text)
+KindOf = Callable[[str, str], "str | None"]  # (speaker, text) -> the message's kind (mhqa_graph.messages)
 
 
-def clean_turns(turns: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """The conversation without its repairs: a reply followed by a repair message or a nudge is dropped
-    with that message, and a reply followed by the forced-answer message is dropped (the message stays:
+def legacy_kinds(role: str, text: str) -> str | None:
+    """The kind of a message of a trace or row written before messages said their kind: by its text."""
+    return legacy_kind(text) if role == "user" else None
+
+
+def trace_kinds(trace: Trace) -> KindOf:
+    """What kind each user message of `trace` is: its tag, or for an older trace its text."""
+    if not trace.kinds:
+        return legacy_kinds
+    kinds = {m.content: m.kind for c in trace.llm_calls for m in c.messages if m.role == "user" and m.kind}
+    return lambda role, text: kinds.get(text) if role == "user" else None
+
+
+def clean_turns(turns: list[tuple[str, str]], kind_of: KindOf = legacy_kinds) -> list[tuple[str, str]]:
+    """The conversation without its repairs: a reply followed by a repair message, a nudge or a send-back is
+    dropped with that message, and a reply followed by the forced-answer message is dropped (the message stays:
     the forced answer replies to it). What remains goes from each prompt to the reply that worked."""
     out: list[tuple[str, str]] = []
     for role, text in turns:
         after_reply = bool(out) and out[-1][0] == "assistant"
-        if after_reply and (_is_retry(role, text) or (role == "user" and text == FORCE_ANSWER)):
+        kind = kind_of(role, text) if after_reply else None
+        if kind in RETRIES or kind == FORCED_FINAL:
             out.pop()
-            if _is_retry(role, text):
+            if kind in RETRIES:
                 continue
         out.append((role, text))
     return out
@@ -246,8 +258,9 @@ def _base(record: Mapping[str, Any], reward: str) -> dict[str, Any]:
 
 def chat_rows(record: Mapping[str, Any], trace: Trace, reward: str, think_weight: float) -> list[dict[str, Any]]:
     base = _base(record, reward) | {"agent": trace.agent}
-    return [base | {"conversation": i, "roles": roles,
-                    "messages": [weighted_message(who, text, think_weight) for who, text in clean_turns(turns)]}
+    kinds = trace_kinds(trace)
+    return [base | {"conversation": i, "roles": roles, "messages": [
+                weighted_message(who, text, think_weight) for who, text in clean_turns(turns, kinds)]}
             for i, (roles, turns) in enumerate(conversations(trace))]
 
 

@@ -29,3 +29,15 @@ def map_strings(value: Any, fn: Callable[[str], str]) -> Any:
 def encodable_all(value: Any) -> Any:
     """`value` with `encodable` applied to every string in it."""
     return map_strings(value, encodable)
+
+
+MAX_TOPIC_ENTITIES = 20  # an agent is given at most this many topic entities, the first ones
+MAX_ENTITY_CHARS = 300  # a longer topic entity is no entity name, and is dropped
+
+
+def topic_entities(value: Any) -> list[str]:
+    """The topic entities an agent is given: of a list, the strings that are non-empty stripped and at most
+    MAX_ENTITY_CHARS long (lone surrogates as U+FFFD), the first MAX_TOPIC_ENTITIES of them; anything else
+    is dropped."""
+    names = [e.strip() for e in value if isinstance(e, str)] if isinstance(value, (list, tuple)) else []
+    return [encodable(e) for e in names if 0 < len(e) <= MAX_ENTITY_CHARS][:MAX_TOPIC_ENTITIES]

@@ -33,8 +33,8 @@ from langchain_core.outputs import LLMResult
 from pydantic import BaseModel, Field
 
 from .errors import MhqaError
-from .graphs.common import topic_entities
-from .text import encodable, map_strings
+from .messages import kind_of
+from .text import encodable, map_strings, topic_entities
 
 SCHEMA_VERSION = 1
 MAX_TRACE_TEXT = 50_000  # characters kept of one text; normal prompts and replies are far shorter
@@ -51,6 +51,7 @@ class TraceError(MhqaError):
 class ChatMessage(BaseModel):
     role: str  # system | user | assistant | tool
     content: str
+    kind: str | None = None  # repair | nudge | send_back | forced (mhqa_graph.messages), for a tagged message
 
 
 class LLMCall(BaseModel):
@@ -127,6 +128,7 @@ class Trace(BaseModel):
     latency: float = 0.0  # seconds, whole run
     design: dict[str, Any] = Field(default_factory=dict)  # the agent's own final-state fields, as JSON
     clipped_chars: int = 0  # characters the trace did not keep, LLM calls included (MAX_TRACE_TEXT)
+    kinds: bool = False  # its messages say their kind (mhqa_graph.messages); older traces are read by their text
 
     def usage(self) -> dict[str, Any]:
         """LLM calls and tokens, as the eval records count them."""
@@ -237,7 +239,7 @@ _SPEAKER = {SystemMessage: "system", HumanMessage: "user", AIMessage: "assistant
 def chat_message(message: BaseMessage) -> ChatMessage:
     role = next((r for cls, r in _SPEAKER.items() if isinstance(message, cls)), message.type)
     # a plain str without lone surrogates: pydantic refuses the str subclass `text` holding one
-    return ChatMessage(role=role, content=encodable(message.text))
+    return ChatMessage(role=role, content=encodable(message.text), kind=kind_of(message))
 
 
 def _role(tags: list[str] | None, metadata: dict[str, Any] | None) -> str:
@@ -367,7 +369,8 @@ class TraceRecorder(BaseCallbackHandler):
         ctx = self.context
         get = (lambda k: ctx.get(k)) if isinstance(ctx, Mapping) else (lambda k: getattr(ctx, k, None))
         entities = state.get("topic_entities") or self.inputs.get("topic_entities")
-        trace = Trace(agent=self.agent, question=str(state.get("question") or self.inputs.get("question") or ""),
+        trace = Trace(agent=self.agent, kinds=True,
+                      question=str(state.get("question") or self.inputs.get("question") or ""),
                       topic_entities=topic_entities(entities),
                       corpus=get("corpus"), graph=get("graph"), answer=state.get("answer") or "",
                       error=state.get("error") or error, plan=plan, steps=steps, tool_calls=tools or state_tools,

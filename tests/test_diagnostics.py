@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 from langchain_core.messages import HumanMessage
 from mhqa_graph.graphs import build_graph, make_context, mujica_prompts, omne_prompts
-from mhqa_graph.graphs.common import ask_json, is_retry
+from mhqa_graph.graphs.common import ask_json
 
 from mhqa_graph.eval.diagnostics import diagnose, failure_summary, hop_seen
-from mhqa_graph.eval.health import FORCE_MARKERS, health, health_summary
+from mhqa_graph.eval.health import health, health_summary
 from mhqa_graph.eval.report import summarize
-from mhqa_graph.export import _is_retry
+from mhqa_graph.export import legacy_kinds
 from mhqa_graph.ingest.datasets import Hop
+from mhqa_graph.messages import FORCED, FORCED_FINAL, NUDGE, REPAIR, SEND_BACK, kind_of, legacy_kind
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.testing.replay import RecordingChatModel, RecordingStore, Transcript, Unrecorded
 from mhqa_graph.traces import ChatMessage, LLMCall, Retrieved, Step, Trace
@@ -74,24 +75,21 @@ def test_health_counts_invented_results_repairs_and_forced_answers():
     assert health_summary([row, row])["cache_errors"] == 2
 
 
-def test_health_markers_are_what_the_graphs_say():
-    """The phrases health.py looks for must stay in the prompts that the graphs send."""
-    sources = omne_prompts.FORCE_ANSWER + mujica_prompts.FINAL_USER
-    for marker in FORCE_MARKERS:
-        assert marker in sources, marker
-
-
-def test_retry_messages_are_the_ones_the_graphs_send():
-    """Health and export read a retry with one rule: ask_json's repair message, the nudge, a send-back."""
+def test_traces_written_before_kinds_are_read_by_the_designs_texts():
+    """An old trace's messages have no kind: the forced-answer, repair, nudge and send-back texts the designs send
+    still say what they are."""
+    final = mujica_prompts.FINAL_USER.format(progress="q1 ...", think="")
+    assert legacy_kind(omne_prompts.FORCE_ANSWER) == FORCED_FINAL and legacy_kind(final) == FORCED
     llm = FakeChatModel(responses=["no json here", '{"a": 1}'])
     assert ask_json(llm, [HumanMessage("q")], dict).value == {"a": 1}
-    repair = llm.calls[-1][-1].text
+    repair = llm.calls[-1][-1]
+    assert kind_of(repair) == REPAIR  # tagged where it is made
     sent_back = omne_prompts.UNGROUNDED.format(answer="Paris")
-    for text in (repair, omne_prompts.NUDGE, sent_back):
-        assert is_retry(text) and _is_retry("user", text), text
-    for text in ("Question: who?", omne_prompts.FORCE_ANSWER, f"see: {omne_prompts.NUDGE}"):
-        assert not is_retry(text), text
-    assert not _is_retry("assistant", repair)
+    for text, kind in ((repair.text, REPAIR), (omne_prompts.NUDGE, NUDGE), (sent_back, SEND_BACK)):
+        assert legacy_kind(text) == kind and legacy_kinds("user", text) == kind, text
+    for text in ("Question: who?", f"see: {omne_prompts.NUDGE}"):
+        assert legacy_kind(text) is None, text
+    assert legacy_kinds("assistant", repair.text) is None
 
 
 def test_eval_summary_carries_diagnostics_and_health(tmp_path):

@@ -80,7 +80,8 @@ def test_an_enforced_send_back_is_recorded(store):
     out, model, trace = omne(store)
     assert out["answer"] == "Brendan Nolan" and len(model.calls) == 4
     assert out["guards"] == [{"guard": "send_back_one_hop", "stage": "tool answer", "before": "Christopher Nolan",
-                              "after": "sent back with the facts of Christopher Nolan", "enforced": True}]
+                              "after": "sent back with the facts of Christopher Nolan", "enforced": True,
+                              "prompt_only": False, "replaces_answer": False}]
     assert trace.design["guards"] == out["guards"]
 
 
@@ -113,7 +114,8 @@ def test_a_guard_that_raises_is_recorded_and_skipped(monkeypatch, tmp_path):
     assert out["answer"] == "Christopher Nolan" and out["steps"][0]["sufficient"]
     assert out["guards"] == [{"guard": "analysis_grounded", "stage": "analysis",
                               "before": "Christopher Nolan (sufficient: True)", "after": None,
-                              "enforced": False, "error": "RuntimeError: boom", "at": "sub-goal 1, attempt 1"}]
+                              "enforced": False, "prompt_only": False, "replaces_answer": False,
+                              "error": "RuntimeError: boom", "at": "sub-goal 1, attempt 1"}]
     s.close()
 
 

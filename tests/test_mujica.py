@@ -12,11 +12,11 @@ import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
 from mhqa_graph.graphs import make_context, mujica, mujica_chat
-from mhqa_graph.graphs.common import is_retry
 from mhqa_graph.graphs.mujica import MujicaContext, merge_results, read_plan, repair_plan
 from mhqa_graph.graphs.refusals import is_sentence
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion
+from mhqa_graph.messages import kind_of
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.traces import trace_from_state
@@ -419,7 +419,7 @@ def test_a_sentence_conclusion_is_asked_once_for_its_short_answer(store, again, 
     assert out["answer"] == answer and out["error"] is None and len(plan.calls) == 3
     assert out["notes"] == [f"LongAnswer: the planner concluded {sentence!r}{note}"]
     system, ask = plan.calls[2]  # asked afresh: the question and the plan's answers, not its own sentence
-    assert system.text == mujica.P.PLANNER_SYSTEM and sentence not in ask.text and not is_retry(ask.text)
+    assert system.text == mujica.P.PLANNER_SYSTEM and sentence not in ask.text and kind_of(ask) is None
     assert ask.text.startswith("Question: Where was the director of Inception born?") and \
         "q1: Who directed Inception? -> Christopher Nolan" in ask.text
 

@@ -473,7 +473,7 @@ def test_a_date_comparison_is_settled_in_code(store, word, winner):
             "'Interstellar is newer'") in out["notes"]
     fired = next(f for f in out["guards"] if f["guard"] == "date_comparison")
     assert fired == {"guard": "date_comparison", "stage": "conclusion", "before": "Interstellar is newer",
-                     "after": winner, "enforced": True}
+                     "after": winner, "enforced": True, "prompt_only": False, "replaces_answer": True}
 
 
 @pytest.mark.parametrize("settings", [{"guards": "none"}, {"guards": "options_line,option_answer"},
@@ -488,7 +488,7 @@ def test_the_date_comparison_guard_can_be_switched_off_or_logged(store, settings
     logged = [f for f in out["guards"] if f["guard"] == "date_comparison"]
     if settings.get("guard_mode") == "log":
         assert logged == [{"guard": "date_comparison", "stage": "conclusion", "before": "Interstellar",
-                           "after": "Inception", "enforced": False}]
+                           "after": "Inception", "enforced": False, "prompt_only": False, "replaces_answer": True}]
     else:
         assert not logged
 

@@ -11,13 +11,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage, SystemMessage
 from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs.common import MAX_TOPIC_ENTITIES, AgentContext, ask, get_llm
+from mhqa_graph.graphs.common import AgentContext, ask, get_llm
 
 from mhqa_graph.errors import ModelError
 from mhqa_graph.models.chat import TransformersChatModel, fit_prompt
 from mhqa_graph.models.packs import pack_installed, pack_path
 from mhqa_graph.store import embedded, open_store
 from mhqa_graph.testing.fakes import FakeChatModel
+from mhqa_graph.text import MAX_TOPIC_ENTITIES
 from mhqa_graph.tools import (
     MAX_CONTEXT_CHARS,
     MAX_PASSAGE_CHARS,

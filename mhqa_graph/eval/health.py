@@ -25,15 +25,10 @@ from collections.abc import Iterable
 from statistics import median
 from typing import Any
 
-from ..graphs.common import is_retry
-from ..graphs.guards import GUARDS
-from ..graphs.mujica_prompts import NO_MORE
-from ..graphs.omne_prompts import FORCE_ANSWER, is_send_back
+from ..messages import FORCES, RETRIES, SEND_BACK, kind_in_trace
 from ..traces import Trace
 
 MAX_ANSWER_WORDS = 10
-# what the graphs say to the model when it must answer now
-FORCE_MARKERS = (FORCE_ANSWER, NO_MORE)
 INVENTED = "<tool_response>"
 
 
@@ -41,10 +36,14 @@ def _get(obj: Any, key: str) -> Any:
     return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
 
 
-def _last_user(call: Any) -> str:
-    """The last non-assistant message of an LLM call: a trace's `LLMCall`, or its JSON form in an eval record."""
-    return next((_get(m, "content") or "" for m in reversed(_get(call, "messages") or [])
-                 if _get(m, "role") != "assistant"), "")
+def _last_user(call: Any) -> Any:
+    """The last non-assistant message of an LLM call (a trace's `LLMCall`, or its JSON form in an eval record)."""
+    return next((m for m in reversed(_get(call, "messages") or []) if _get(m, "role") != "assistant"), {})
+
+
+def last_kind(call: Any, tagged_trace: bool) -> str | None:
+    """The kind of the message an LLM call answered (`mhqa_graph.messages`): a repair, nudge, send-back, forced."""
+    return kind_in_trace(_last_user(call), tagged_trace)
 
 
 def successful_call(call: Any) -> bool:
@@ -71,8 +70,8 @@ def health(record: dict, trace: Trace) -> dict[str, Any]:
         "acted": acted(trace),
         "invented": sum(c.output.count(INVENTED) for c in trace.llm_calls),
         "malformed": "MalformedOutput" in (record.get("error") or ""),
-        "repairs": sum(is_retry(_last_user(c)) for c in trace.llm_calls),
-        "forced": sum(any(m in _last_user(c) for m in FORCE_MARKERS) for c in trace.llm_calls),
+        "repairs": sum(last_kind(c, trace.kinds) in RETRIES for c in trace.llm_calls),
+        "forced": sum(last_kind(c, trace.kinds) in FORCES for c in trace.llm_calls),
         "bad_answer": not answer or len(answer) > MAX_ANSWER_WORDS,
         **guard_health(trace.design.get("guards")),
         "constrained": sum(c.decoding != "prompt" for c in trace.llm_calls),
@@ -81,14 +80,28 @@ def health(record: dict, trace: Trace) -> dict[str, Any]:
 
 
 def guard_health(firings: Any) -> dict[str, Any]:
-    """Firings per guard, whether an enforced one changed the run, and whether one replaced the answer."""
-    firings = [f for f in firings or [] if isinstance(f, dict) and f.get("guard") in GUARDS]
+    """Firings per guard, whether an enforced one changed the run, and whether one replaced the answer (each
+    firing says whether its guard is prompt-only and whether it replaces answers; firings recorded before it
+    said so are looked up in the guard registry)."""
+    firings = [_described(f) for f in firings or [] if isinstance(f, dict) and isinstance(f.get("guard"), str)]
+    firings = [f for f in firings if f is not None]
     counts: dict[str, int] = {}
     for f in firings:
         counts[f["guard"]] = counts.get(f["guard"], 0) + 1
-    enforced = [f for f in firings if f.get("enforced") and not GUARDS[f["guard"]].prompt_only]
+    enforced = [f for f in firings if f.get("enforced") and not f["prompt_only"]]
     return {"guards": counts, "guard_changed": bool(enforced),
-            "answer_guard": any(GUARDS[f["guard"]].replaces_answer for f in enforced)}
+            "answer_guard": any(f["replaces_answer"] for f in enforced)}
+
+
+def _described(firing: dict) -> dict | None:
+    """A firing with `prompt_only` and `replaces_answer`; None for a guard no longer known."""
+    if "prompt_only" in firing and "replaces_answer" in firing:
+        return firing
+    from ..graphs.guards import GUARDS  # an older firing: the registry says what its guard does
+
+    guard = GUARDS.get(firing["guard"])
+    return None if guard is None else firing | {"prompt_only": guard.prompt_only,
+                                                "replaces_answer": guard.replaces_answer}
 
 
 def health_summary(rows: Iterable[dict]) -> dict[str, Any]:
@@ -128,8 +141,9 @@ def format_repairs(record: dict) -> int:
     record without its trace says it (`format_repairs`)."""
     if "trace" not in record and "format_repairs" in record:
         return int(record["format_repairs"])
-    texts = [_last_user(c) for c in (record.get("trace") or {}).get("llm_calls") or []]
-    return sum(is_retry(t) and not is_send_back(t) for t in texts)
+    trace = record.get("trace") or {}
+    kinds = [last_kind(c, bool(trace.get("kinds"))) for c in trace.get("llm_calls") or []]
+    return sum(k in RETRIES and k != SEND_BACK for k in kinds)
 
 
 def behaviour(records: list[dict]) -> dict[str, Any]:
@@ -162,7 +176,8 @@ def behaviour(records: list[dict]) -> dict[str, Any]:
                 "acted_rate": sum(any(map(successful_call, c)) for c in calls) / n,
                 "successful_calls": sum(sum(map(successful_call, c)) for c in calls)}
     if "mujica" in agents:
-        workers = [[c for c in t.get("llm_calls") or [] if c.get("role") == "worker"] for t in traces]
-        out |= {"worker_rate": sum(bool(w) for w in workers) / n,
-                "dispatches": sum(not is_retry(_last_user(c)) for w in workers for c in w)}
+        workers = [(bool(t.get("kinds")), [c for c in t.get("llm_calls") or [] if c.get("role") == "worker"])
+                   for t in traces]
+        out |= {"worker_rate": sum(bool(w) for _, w in workers) / n,
+                "dispatches": sum(last_kind(c, kinds) not in RETRIES for kinds, w in workers for c in w)}
     return out
