@@ -114,9 +114,10 @@ def test_dtype_auto_is_float32_on_the_cpu_and_bfloat16_on_a_gpu_that_has_it(monk
     monkeypatch.setenv("LOCAL_RANK", "1")
     assert devices.policy_device() == torch.device("cuda", 1)
     assert policy_dtype("auto") == torch.bfloat16 and policy_dtype("float32") == torch.float32
-    assert precision_args({}) == {"use_cpu": False, "bf16": True}
-    assert precision_args({"bf16": False, "use_cpu": True}) == {}  # a config's own setting wins
-    assert precision_args({"fp16": True}) == {"use_cpu": False, "bf16": False}
+    checkpointing = {"activation_checkpointing": True, "activation_checkpointing_kwargs": {"use_reentrant": False}}
+    assert precision_args({}) == {"use_cpu": False, "bf16": True} | checkpointing
+    assert precision_args({"bf16": False, "use_cpu": True, "activation_checkpointing": False}) == {}  # a config wins
+    assert precision_args({"fp16": True}) == {"use_cpu": False, "bf16": False} | checkpointing
     cuda(monkeypatch, True, bf16=False)
     assert policy_dtype("auto") == torch.float32 and precision_args({})["bf16"] is False
     with pytest.raises(InvalidInput, match="model.dtype"):

@@ -333,6 +333,21 @@ def policy_source(name: str) -> tuple[str, bool]:
     return name, hub_offline()
 
 
+def master_dtype(config: ModelConfig, dtype: Any) -> Any:
+    """The dtype the trained weights are kept in. A LoRA adapter trains in float32 over a base in `dtype`; full
+    fine-tuning keeps float32 master weights (updates of 1e-6 vanish in bfloat16's 8 bits of mantissa), with
+    bf16 autocast on a GPU that has it (`devices.precision_args`). A full fine-tuning asked in a half dtype by
+    name is refused: `auto` gives float32 masters."""
+    import torch
+
+    if config.lora or dtype == torch.float32:
+        return dtype
+    if config.dtype != "auto":
+        raise InvalidInput(f"model.dtype {config.dtype} with lora: false would update {config.dtype} weights "
+                           "directly, losing small updates; use dtype auto or float32 (bf16 autocast still applies)")
+    return torch.float32
+
+
 def load_model(config: ModelConfig) -> tuple[Any, Any]:
     """(model, tokenizer) ready to train, on this process's device (`devices.policy_device`) in `config.dtype`:
     wrapped in a PEFT LoRA adapter when `config.lora`."""
@@ -343,7 +358,7 @@ def load_model(config: ModelConfig) -> tuple[Any, Any]:
         raise ModelNotInstalled(f"training needs torch and transformers ({exc}); "
                                 "pip install 'mhqa-graph[train]'") from None
     device = policy_device()
-    dtype = policy_dtype(config.dtype, device)
+    dtype = master_dtype(config, policy_dtype(config.dtype, device))
     if config.name == "tiny":
         from .tiny import tiny_model_and_tokenizer
 

@@ -65,11 +65,18 @@ def policy_dtype(name: str, device: Any = None) -> Any:
     return getattr(torch, name)
 
 
+CHECKPOINTING = ("activation_checkpointing", "gradient_checkpointing")  # transformers 5's name, the older one
+
+
 def precision_args(args: dict[str, Any]) -> dict[str, Any]:
     """TRL's `use_cpu` and `bf16` as the policy's device implies (the CPU: use_cpu, no bf16; a GPU: bf16
-    mixed precision when it supports it and fp16 is not asked for), for the keys `args` does not set."""
+    mixed precision when it supports it and fp16 is not asked for), and activation (gradient) checkpointing on
+    CUDA, where a 7B policy's activations would not fit otherwise; for the keys `args` does not set."""
     device = policy_device()
     derived = {"use_cpu": device.type == "cpu", "bf16": bf16_supported(device) and not args.get("fp16")}
+    if device.type == "cuda" and not any(k in args for k in CHECKPOINTING):
+        derived |= {"activation_checkpointing": True,
+                    "activation_checkpointing_kwargs": {"use_reentrant": False}}  # works with a frozen LoRA base
     return {key: value for key, value in derived.items() if key not in args}
 
 

@@ -302,12 +302,14 @@ def analysis_gold(step: int, steps: int, chain: Sequence[Hop], final_answers: Se
 def analysis_reward(completion: str, gold: AnalysisGold,
                     config: AnalysisRewardConfig = AnalysisRewardConfig()) -> float:
     """α·𝕀[sufficient = gold label] + β·EM(answer, gold answers) + γ·format; a term without gold is 0.
-    Format is 1 for a JSON object with a bool "sufficient" and a string "answer"; an unreadable reply gets 0."""
+    Format is 1 for a JSON object with a bool "sufficient" and a string "answer"; an unreadable reply gets 0.
+    EM earns nothing when the hop's evidence was not shown (gold label False): a right answer there is a guess,
+    and rewarding it would teach guessing."""
     value = parse_analysis(completion)
     if value is None:
         return 0.0
     agree = gold.sufficient is not None and value["sufficient"] == gold.sufficient
-    exact = score(value["answer"], gold.answers)[0] if gold.answers else 0.0
+    exact = score(value["answer"], gold.answers)[0] if gold.answers and gold.sufficient is not False else 0.0
     return config.sufficiency * agree + config.accuracy * exact + config.format
 
 

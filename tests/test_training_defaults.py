@@ -1,0 +1,39 @@
+"""Training defaults a GPU run relies on, checked on the CPU: activation checkpointing on CUDA, float32 master
+weights for full fine-tuning."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from mhqa_graph.training import common, devices  # noqa: E402
+
+from mhqa_graph.errors import InvalidInput  # noqa: E402
+
+
+def on(monkeypatch, kind: str, bf16: bool) -> None:
+    monkeypatch.setattr(devices, "policy_device", lambda: torch.device(kind))
+    monkeypatch.setattr(devices, "bf16_supported", lambda device: bf16 and device.type == "cuda")
+
+
+def test_checkpointing_is_on_by_default_on_cuda_only(monkeypatch):
+    on(monkeypatch, "cuda", bf16=True)
+    args = devices.precision_args({})
+    assert args["activation_checkpointing"] is True and args["bf16"] is True and args["use_cpu"] is False
+    assert args["activation_checkpointing_kwargs"] == {"use_reentrant": False}
+    assert "activation_checkpointing" not in devices.precision_args({"gradient_checkpointing": False})
+    on(monkeypatch, "cpu", bf16=False)
+    assert "activation_checkpointing" not in devices.precision_args({})
+
+
+def test_full_fine_tuning_keeps_float32_masters_or_refuses_a_half_dtype():
+    lora = common.ModelConfig(name="tiny", lora=True, dtype="auto")
+    assert common.master_dtype(lora, torch.bfloat16) == torch.bfloat16  # the adapter trains in float32 anyway
+    full = common.ModelConfig(name="tiny", lora=False, dtype="auto")
+    assert common.master_dtype(full, torch.bfloat16) == torch.float32
+    assert common.master_dtype(common.ModelConfig(name="tiny", lora=False, dtype="float32"), torch.float32) \
+        == torch.float32
+    with pytest.raises(InvalidInput, match="model.dtype bfloat16 with lora: false"):
+        common.master_dtype(common.ModelConfig(name="tiny", lora=False, dtype="bfloat16"), torch.bfloat16)
