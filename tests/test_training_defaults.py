@@ -37,3 +37,16 @@ def test_full_fine_tuning_keeps_float32_masters_or_refuses_a_half_dtype():
         == torch.float32
     with pytest.raises(InvalidInput, match="model.dtype bfloat16 with lora: false"):
         common.master_dtype(common.ModelConfig(name="tiny", lora=False, dtype="bfloat16"), torch.bfloat16)
+
+
+def test_held_back_questions_take_their_paraphrases_with_them():
+    """Questions of one gold path are held back together: a paraphrase of a held-back question never trains."""
+    from mhqa_graph.training.mapgrpo import split_heldout
+
+    path = [{"question": "a", "answer": "b", "triples": [["x", "r", "b"]]}]
+    records = [{"id": "q1", "chain": [{"question": "q", "answer": "z", "triples": [["y", "s", "z"]]}]},
+               {"id": "q2", "chain": path}, {"id": "q3", "chain": [{"question": "c", "answer": "d"}]},
+               {"id": "q4", "chain": path}]  # q2 and q4: one path in two paraphrases
+    rows = [{"id": r["id"], "prompt": r["id"]} for r in records]
+    train, held = split_heldout(rows, records, 1)
+    assert [r["id"] for r in held] == ["q2", "q4"] and [r["id"] for r in train] == ["q1", "q3"]

@@ -65,6 +65,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.eval.diagnostics import chain_from_json, chain_json
+from mhqa_graph.eval.paired import cluster_key
 from mhqa_graph.eval.runner import load_questions
 from mhqa_graph.eval.scoring import score
 from mhqa_graph.export import OPERA_ROLES, role_rows
@@ -329,9 +330,14 @@ def load_expert(path: str | Path, role: str, score_key: str = "reward",
 def split_heldout(rows: list[dict[str, Any]], records: list[dict[str, Any]],
                   n: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(training rows, held-back rows): the rows of the last `n` questions the rollout records answered are held
-    back (an expert's row of one of them too), so no training prompt comes from a held-back question."""
+    back (an expert's row of one of them too), and with them every question of the same gold path
+    (`eval.paired.cluster_key`: PathQuestion asks each path in about three paraphrases), so no training prompt
+    comes from a held-back question or a paraphrase of one."""
     ids = list(dict.fromkeys(str(r.get("id")) for r in records))
     held = set(ids[len(ids) - n:]) if n else set()
+    cluster = {str(r.get("id")): cluster_key(r) for r in records}
+    held_clusters = {cluster[i] for i in held if i in cluster}
+    held |= {i for i, c in cluster.items() if c in held_clusters}
     return [r for r in rows if r["id"] not in held], [r for r in rows if r["id"] in held]
 
 
