@@ -206,3 +206,13 @@ def test_duplicate_question_ids_are_counted_not_silent(tmp_path, caplog):
         items = load_questions("hotpotqa", rows)
     assert [i.question for i in items] == ["one?", "two?"]
     assert "1 question row skipped: it repeats an earlier row's id (the first: 'a')" in caplog.text
+
+
+def test_report_and_resume_keep_only_the_fields_they_need(tmp_path):
+    """A summary reads no trace: the records it holds keep the summary's fields only."""
+    from mhqa_graph.eval.report import SUMMARY_FIELDS, read_records
+
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps({"id": "q1", "em": 1.0, "f1": 1.0, "trace": {"llm_calls": ["x" * 10_000]}}) + "\n")
+    kept = read_records(path, keep=SUMMARY_FIELDS)
+    assert kept == [{"id": "q1", "em": 1.0, "f1": 1.0}] and "trace" in read_records(path)[0]

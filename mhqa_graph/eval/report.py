@@ -22,9 +22,16 @@ from .paired import paired_comparison
 RESULTS, SUMMARY = "results.jsonl", "summary.json"
 
 
-def read_records(path: str | Path) -> list[dict]:
-    """The complete records of a results file, first one per id. A line that does not parse (a
-    torn last line of a killed process) is ignored."""
+# what a summary reads of a record: everything but its trace (the bulk of it)
+SUMMARY_FIELDS = ("id", "em", "f1", "failed", "error", "latency", "tokens", "llm_calls", "type", "hops",
+                  "diagnostics", "health", "route", "chain", "cluster", "prediction", "carried")
+
+
+def read_records(path: str | Path, keep: Iterable[str] | None = None) -> list[dict]:
+    """The complete records of a results file, first one per id, read line by line; with `keep`, only those
+    fields of each (memory then grows with the fields kept, not with the traces). A line that does not parse
+    (a torn last line of a killed process) is ignored."""
+    kept = None if keep is None else set(keep)
     records: dict[str, dict] = {}
     path = Path(path)
     if not path.exists():
@@ -37,8 +44,8 @@ def read_records(path: str | Path) -> list[dict]:
                 record = json.loads(line)
             except (ValueError, RecursionError):
                 continue
-            if isinstance(record, dict) and "id" in record:
-                records.setdefault(str(record["id"]), record)
+            if isinstance(record, dict) and "id" in record and str(record["id"]) not in records:
+                records[str(record["id"])] = record if kept is None else {k: v for k, v in record.items() if k in kept}
     return list(records.values())
 
 
@@ -226,7 +233,7 @@ def load_run(run_dir: str | Path) -> tuple[str, dict, list[dict]]:
     run_dir = Path(run_dir)
     meta_path = run_dir / SUMMARY
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
-    return run_dir.name, meta, read_records(run_dir / RESULTS)
+    return run_dir.name, meta, read_records(run_dir / RESULTS, keep=SUMMARY_FIELDS)
 
 
 def compare(run_dirs: list[str | Path]) -> dict[str, Summary]:

@@ -45,7 +45,7 @@ from ..traces import Trace, TraceRecorder
 from .diagnostics import chain_json, diagnose
 from .environments import open_environment
 from .health import health
-from .report import RESULTS, SUMMARY, Summary, read_records, summarize, summary_table
+from .report import RESULTS, SUMMARY, SUMMARY_FIELDS, Summary, read_records, summarize, summary_table
 from .scoring import score
 
 log = logging.getLogger(__name__)
@@ -422,7 +422,7 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
         check_sources(context)
         cut_torn_line(results)
         wanted = {item.id for item in items}
-        done = [r for r in read_records(results) if r["id"] in wanted]
+        done = [r for r in read_records(results, keep=("id", "failed", "em", "f1")) if r["id"] in wanted]
         finished = {r["id"] for r in done}
         todo = [item for item in items if item.id not in finished]
         writer = ResultsWriter(results)
@@ -443,7 +443,7 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
                 writer.close()
             except OSError as exc:
                 interrupted, write_error = True, write_error or exc
-        records = [r for r in read_records(results) if r["id"] in wanted]
+        records = [r for r in read_records(results, keep=SUMMARY_FIELDS) if r["id"] in wanted]
         model = context.llm
         summary = summarize(records, agent=agent, dataset=dataset, file=str(path),
                             llm=model if isinstance(model, str) or model is None else type(model).__name__,
