@@ -27,7 +27,7 @@ from mhqa_graph.errors import InvalidInput, InvalidQuestion, MhqaError, ModelErr
 from mhqa_graph.messages import REPAIR, tagged
 from mhqa_graph.models.timeout import TimeLimited
 from mhqa_graph.parsing import close_json, extract_json, strip_think
-from mhqa_graph.replies import DECODING_MODES, ReplyFormat, can_constrain, decoding_kwargs
+from mhqa_graph.replies import DECODING_MODES, ReplyFormat, can_constrain, decoding_kwargs, structured
 from mhqa_graph.store import KnowledgeStore, open_store
 from mhqa_graph.text import (
     encodable_all,
@@ -292,6 +292,8 @@ def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None,
             kwargs["max_new_tokens"] = budget + reply.think_tokens()
         if kwargs:
             model = _constrained(model, kwargs)
+        elif how == "structured_output":
+            model = structured(base, reply)
     if ctx.model_timeout:
         model = TimeLimited(model, float(ctx.model_timeout))
     retrying = BackoffRetry(bound=model, retry_exception_types=is_transient, wait_exponential_jitter=False,

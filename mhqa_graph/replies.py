@@ -11,8 +11,9 @@ A `ReplyFormat` is one of four turns, each optionally opened by a bounded `<thin
 `decoding_kwargs(model, fmt)` gives the keyword arguments that make a chat model decode the format:
 a GBNF grammar for llama.cpp (`llamacpp:` specs) and for transformers models (`hf:` specs and packs, through
 xgrammar when it is installed), `response_format` with a strict JSON schema for OpenAI-compatible servers
-(vLLM included; JSON turns without a think block only), nothing for the others (scripted fakes), which keep
-the prompt and the tolerant parser. The parsers run on every
+(vLLM included; JSON turns without a think block only), LangChain's `with_structured_output` for any other chat
+model that implements it (`structured`; JSON turns without a think block), nothing for the others (scripted
+fakes), which keep the prompt and the tolerant parser. The parsers run on every
 reply either way: a constrained reply is a well-formed one, not a right one.
 """
 
@@ -31,7 +32,7 @@ CHARS_PER_TOKEN = 3  # fewest characters a token of a think block holds, about (
 ANSWER_CHARS = 200  # of an <answer>: a short answer, not a paragraph
 TEXT_CHARS = 300  # of a free string inside a JSON reply (a sub-question, a query, an answer)
 Turn = Literal["json", "answer", "line", "tool_calls"]
-Decoding = Literal["grammar", "json_schema", "prompt"]
+Decoding = Literal["grammar", "json_schema", "structured_output", "prompt"]
 DECODING_MODES = ("auto", "constrained", "prompt")
 
 
@@ -132,13 +133,18 @@ def tool_reply(name: str, call_schemas: list[dict[str, Any]], think: bool = Fals
 # -- backends --------------------------------------------------------------------------------
 def backend_decoding(model: BaseChatModel) -> Decoding:
     """How `model` can constrain a reply: "grammar" (llama.cpp, and fakes that play one), "json_schema"
-    (OpenAI-compatible servers), else "prompt". A RecordingChatModel answers for the model it records."""
+    (OpenAI-compatible servers), "structured_output" (any other LangChain chat model that implements
+    `with_structured_output`: Anthropic, Gemini, Mistral, ...), else "prompt". A RecordingChatModel answers for the
+    model it records."""
     inner = getattr(model, "inner", None)  # RecordingChatModel passes kwargs through to the model it records
     if isinstance(inner, BaseChatModel):
         return backend_decoding(inner)
     if getattr(model, "accepts_grammar", False):
         return "grammar"
-    return "json_schema" if type(model).__module__.startswith("langchain_openai") else "prompt"
+    if type(model).__module__.startswith("langchain_openai"):
+        return "json_schema"
+    own = type(model).with_structured_output is not BaseChatModel.with_structured_output
+    return "structured_output" if own else "prompt"
 
 
 def decoding_kwargs(model: BaseChatModel, fmt: ReplyFormat) -> tuple[dict[str, Any], Decoding]:
@@ -149,7 +155,28 @@ def decoding_kwargs(model: BaseChatModel, fmt: ReplyFormat) -> tuple[dict[str, A
         return {"grammar": fmt.gbnf()}, "grammar"
     if how == "json_schema" and (response_format := fmt.response_format()):
         return {"response_format": response_format}, "json_schema"
+    if how == "structured_output" and fmt.response_format():  # a JSON object without a think block
+        return {}, "structured_output"
     return {}, "prompt"
+
+
+def structured(model: BaseChatModel, fmt: ReplyFormat) -> Any:
+    """`model.with_structured_output(fmt's schema, include_raw=True)`, replying as the other backends do: a message
+    whose text is the value as JSON (the parsers read it as any reply), or the raw reply's text when the model's
+    value did not parse (the agent's repair then asks again). Usage and metadata are the raw reply's."""
+    from langchain_core.messages import AIMessage
+    from langchain_core.runnables import RunnableLambda
+
+    schema = {"title": fmt.name, "description": f"The {fmt.name} reply.", **fmt.schema}
+
+    def as_message(out: dict[str, Any]) -> AIMessage:
+        raw = out.get("raw")
+        parsed = out.get("parsed")
+        text = json.dumps(parsed, ensure_ascii=False) if isinstance(parsed, dict) else getattr(raw, "text", "") or ""
+        meta = dict(getattr(raw, "response_metadata", {}) or {})
+        return AIMessage(text, usage_metadata=getattr(raw, "usage_metadata", None), response_metadata=meta)
+
+    return model.with_structured_output(schema, include_raw=True) | RunnableLambda(as_message)
 
 
 def can_constrain(spec: Any) -> bool:

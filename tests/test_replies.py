@@ -338,3 +338,51 @@ def test_chat_models_over_one_tokenizer_compile_a_grammar_once(monkeypatch):
     for model in (first, TransformersChatModel.from_loaded(first._model, tokenizer, max_new_tokens=8)):
         assert model.invoke("Who?", grammar=gbnf).response_metadata["decoding"] == "grammar"
     assert compiles == [gbnf]
+
+
+# -- LangChain chat models with structured output --------------------------------------------------
+class StructuredFake(FakeChatModel):
+    """A chat model that implements `with_structured_output` itself, as Anthropic's or Gemini's does: it returns
+    {"raw", "parsed", "parsing_error"} from the scripted reply; `schemas` keeps what it was asked for."""
+
+    schemas: list = []
+
+    def with_structured_output(self, schema, *, include_raw=False, **kwargs):
+        from langchain_core.runnables import RunnableLambda
+
+        self.schemas.append(schema)
+
+        def run(messages):
+            raw = self.invoke(messages)
+            try:
+                parsed, error = json.loads(raw.text), None
+            except ValueError as exc:
+                parsed, error = None, exc
+            return {"raw": raw, "parsed": parsed, "parsing_error": error} if include_raw else parsed
+
+        return RunnableLambda(run)
+
+
+def test_a_model_with_structured_output_is_called_with_it_and_traced_so(tmp_path):
+    from mhqa_graph.graphs import build_graph, make_context
+
+    from mhqa_graph.store import open_store
+    from mhqa_graph.traces import TraceRecorder
+    from mhqa_graph.types import Passage
+
+    store = open_store(f"embedded://{tmp_path}/s?embedder=hash")
+    store.add_passages("wiki", [Passage("p1", "Inception", "Inception is a film directed by Christopher Nolan.")])
+    plan = StructuredFake(responses=['{"subgoals": ["Who directed Inception?"]}'], schemas=[])
+    analysis = StructuredFake(responses=['{"reasoning": "p1", "sufficient": true, "answer": "Christopher Nolan"}'],
+                              schemas=[])
+    roles = {"plan": plan, "analysis": analysis, "rewrite": FakeChatModel(responses=['{"query": "x"}']),
+             "answer": FakeChatModel(responses=["Christopher Nolan"])}  # a plain BaseChatModel: the prompt
+    ctx = make_context("opera", llm=FakeChatModel(responses=["unused"]), role_llms=roles, store=store, corpus="wiki")
+    recorder = TraceRecorder("opera", ctx)
+    out = build_graph("opera").invoke({"question": "Who directed Inception?"}, {"callbacks": [recorder]}, context=ctx)
+    assert out["answer"] == "Christopher Nolan"
+    assert plan.schemas[0]["title"] == "plan" and plan.schemas[0]["properties"]["subgoals"]["type"] == "array"
+    assert "sufficient" in analysis.schemas[0]["properties"]
+    decoded = {c.role: c.decoding for c in recorder.trace(out).llm_calls}
+    assert decoded == {"plan": "structured_output", "analysis": "structured_output", "answer": "prompt"}
+    store.close()
