@@ -636,7 +636,8 @@ def auto_rows(by_env: dict[str, dict]) -> list[tuple[str, str, str]]:
     if ratios:
         calls, secs = _mean([r[1] for r in ratios]), _mean([r[2] for r in ratios])
         ok = calls <= MAX_CALLS_RATIO and secs <= MAX_SECONDS_RATIO
-        stands = (f"mean over {len(ratios)} environment{'s' * (len(ratios) != 1)}: {calls:.2f}× calls, {secs:.2f}× seconds; " +
+        envs = f"{len(ratios)} environment" + "s" * (len(ratios) != 1)
+        stands = (f"mean over {envs}: {calls:.2f}× calls, {secs:.2f}× seconds; " +
                   ", ".join(f"{e} {c:.2f}× / {t:.2f}×" for e, c, t in ratios))
         rows.append((f"`auto`: at most {MAX_CALLS_RATIO}× `rag`'s LLM calls and {MAX_SECONDS_RATIO:.0f}× its seconds",
                      _verdict(ok if len(ratios) == len(autos) else None), stands))
