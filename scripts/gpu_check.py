@@ -1,11 +1,12 @@
-"""One short step of each training method on the tiny random model (training/tiny.py), on this process's GPU:
+"""One short step of each training method on the tiny random model (training/tiny.py, or a model folder given
+with --model), on this process's GPU, each with its seconds, seconds per step and peak memory:
 MyGO (a warm-up SFT on a scripted model's answers, one iteration of rollouts and SFT, dev runs), MAPGRPO (one
 GRPO step of the plan role, whose reward executes plans, and one of the analysis role) and Omne (one GRPO
 step of stage 1 and one SFT step of stage 2). Each checks that the policy sits on the GPU in the dtype `auto`
 gives and that no rollout failed on its device. Run by scripts/gpu_check.sh, alone or under
 `accelerate launch` (then each process uses its own GPU and the main one rolls out).
 
-    python scripts/gpu_check.py OUT_DIR [--allow-cpu]
+    python scripts/gpu_check.py OUT_DIR [--allow-cpu] [--model FOLDER]
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import resource
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the tiny datasets and scripted models of the trainer tests
@@ -32,6 +36,23 @@ from mhqa_graph.models.chat import model_device  # noqa: E402
 from mhqa_graph.store import open_store  # noqa: E402
 
 CPU_ONLY = ("use_cpu", "bf16")  # the trainer tests pin these; here they follow the device
+MODEL = {"name": "tiny"}  # the policy of every step: the tiny random model, or a model folder (--model)
+
+
+def measured(run: Any, steps: Any) -> dict:
+    """`run()`'s result with its seconds, seconds per optimizer step (`steps(result)`) and the peak memory: of
+    the GPU (torch's allocator) on CUDA, of the process (max RSS) on the CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    result = run()
+    seconds = time.perf_counter() - started
+    n = max(1, int(steps(result) or 0))
+    peak = (torch.cuda.max_memory_allocated() if torch.cuda.is_available()
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return result | {"seconds": round(seconds, 1), "seconds_per_step": round(seconds / n, 2),
+                     "peak_memory_gib": round(peak / 2**30, 2),
+                     "peak_memory_of": "gpu" if torch.cuda.is_available() else "process"}
 
 
 def check_policy(model: object, where: str, allow_cpu: bool) -> None:
@@ -62,7 +83,7 @@ def mygo(out: Path, data: Path, store: str, allow_cpu: bool) -> dict:
                                      context_overrides={"llm": scripted(YES)}))
     sft = {"learning_rate": 1e-2, "max_length": 512, "num_train_epochs": 20, "gradient_accumulation_steps": 1}
     dev = DevConfig(path=str(data), start=3, limit=2, min_questions=2)
-    config = MyGOConfig(model=ModelConfig(name="tiny"), rollout=rollout, dev=dev, iterations=1,
+    config = MyGOConfig(model=ModelConfig(name=MODEL["name"]), rollout=rollout, dev=dev, iterations=1,
                         warmup_run=str(warm), sft=sft, output_dir=str(out / "run"))
     trainer = MyGOTrainer(config)
     check_policy(trainer.model, "MyGO, loaded", allow_cpu)
@@ -77,7 +98,7 @@ def mapgrpo(out: Path, data: Path, store: str, allow_cpu: bool) -> dict:
 
     rollout = RolloutConfig(agent="opera", dataset="hotpotqa", path=str(data), store=store, limit=2,
                             max_new_tokens=12, context={"max_rounds": 2, "max_rewrites": 1})
-    config = MAPGRPOConfig(model=ModelConfig(name="tiny", lora_r=4), rollout=rollout, roles=["plan", "analysis"],
+    config = MAPGRPOConfig(model=ModelConfig(name=MODEL["name"], lora_r=4), rollout=rollout, roles=["plan", "analysis"],
                            grpo={"num_generations": 2, "beta": 0.04, "per_device_train_batch_size": 2, "max_steps": 1,
                                  "learning_rate": 0.05, "max_completion_length": 12},
                            dev=DevConfig(path=str(data), start=3, limit=1, min_questions=1),
@@ -106,7 +127,7 @@ def omne(out: Path, allow_cpu: bool) -> dict:
                                   start=0, max_new_tokens=24)
     grpo = {k: v for k, v in TINY_GRPO.items() if k not in CPU_ONLY} | {"max_completion_length": 256}
     sft = {k: v for k, v in TINY_SFT.items() if k not in CPU_ONLY} | {"max_steps": 1}
-    config = dataclasses.replace(base, model=ModelConfig(name="tiny"), rollout=rollout, stages=[1, 2],
+    config = dataclasses.replace(base, model=ModelConfig(name=MODEL["name"]), rollout=rollout, stages=[1, 2],
                                  dev=DevConfig(path=str(wiki), start=2, limit=1, min_questions=1),
                                  output_dir=str(out / "run"),
                                  grpo=grpo, grpo_stage3={}, sft=sft, sft_data=str(sft_data), sft_min_reward=None,
@@ -118,11 +139,23 @@ def omne(out: Path, allow_cpu: bool) -> dict:
     return {"steps": {s["stage"]: s["steps"] for s in summary["stages"]}, "records": no_failed_calls(out / "run")}
 
 
+def _steps(result: Any, counted: bool = False) -> int:
+    """The optimizer steps a method's result reports: every number under a "steps" key, at any depth, summed."""
+    if isinstance(result, dict):
+        return sum(_steps(v, counted or k == "steps") for k, v in result.items())
+    if isinstance(result, list):
+        return sum(_steps(v, counted) for v in result)
+    return int(result) if counted and isinstance(result, int) and not isinstance(result, bool) else 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--allow-cpu", action="store_true", help="run on the CPU too (to check this script)")
+    parser.add_argument("--model", default="tiny", help="the policy: tiny (a random 2-layer model, default) or a "
+                        "transformers model folder, to measure a real model's memory and step time")
     args = parser.parse_args()
+    MODEL["name"] = args.model
     torch.manual_seed(0)
 
     def hotpot() -> tuple[Path, str]:
@@ -135,9 +168,10 @@ def main() -> None:
 
     data, store = on_main_process(hotpot, share=True)
     results = {"device": str(policy_device()), "dtype": str(policy_dtype("auto")),
-               "mygo": mygo(args.out / "mygo", data, store, args.allow_cpu),
-               "mapgrpo": mapgrpo(args.out / "mapgrpo", data, store, args.allow_cpu),
-               "omne": omne(args.out / "omne", args.allow_cpu)}
+               "model": args.model,
+               "mygo": measured(lambda: mygo(args.out / "mygo", data, store, args.allow_cpu), _steps),
+               "mapgrpo": measured(lambda: mapgrpo(args.out / "mapgrpo", data, store, args.allow_cpu), _steps),
+               "omne": measured(lambda: omne(args.out / "omne", args.allow_cpu), _steps)}
     if is_main_process():
         print(json.dumps(results, indent=2, default=str))
 

@@ -8,7 +8,9 @@
 #     failed on the device;
 #  3. with two GPUs or more, the same steps under accelerate launch (configs/accelerate/multi_gpu.yaml), two
 #     processes.
-# Exits 2 with a message on a machine without a GPU. Extra arguments go to pytest.
+# Each step prints its seconds, seconds per step and peak GPU memory; MHQA_GPU_CHECK_MODEL=<model folder> runs
+# the steps once more with that policy. Exits 2 with a message on a machine without a GPU. Extra arguments go
+# to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${VIRTUAL_ENV:-}" ] && [ -f .venv/bin/activate ]; then
@@ -34,8 +36,12 @@ echo "== 1. trainer tests on the GPU"
 python -m pytest -q -p no:cacheprovider tests/test_gpu_path.py tests/test_mygo.py tests/test_mapgrpo.py \
   tests/test_omne_training.py tests/test_weighted_sft.py tests/test_lora_gguf.py "$@" || status=1
 
-echo "== 2. one short step of each method on one GPU"
+echo "== 2. one short step of each method on one GPU (seconds per step, peak GPU memory)"
 python scripts/gpu_check.py "$out/one" || status=1
+if [ -n "${MHQA_GPU_CHECK_MODEL:-}" ]; then  # a real model folder: its memory and step time
+  echo "== 2b. the same steps with the policy $MHQA_GPU_CHECK_MODEL"
+  python scripts/gpu_check.py "$out/model" --model "$MHQA_GPU_CHECK_MODEL" || status=1
+fi
 
 if [ "$gpus" -ge 2 ]; then
   echo "== 3. the same steps on two GPUs (accelerate launch)"

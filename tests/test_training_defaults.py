@@ -50,3 +50,18 @@ def test_held_back_questions_take_their_paraphrases_with_them():
     rows = [{"id": r["id"], "prompt": r["id"]} for r in records]
     train, held = split_heldout(rows, records, 1)
     assert [r["id"] for r in held] == ["q2", "q4"] and [r["id"] for r in train] == ["q1", "q3"]
+
+
+def test_gpu_check_reports_seconds_per_step_and_peak_memory():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert check._steps({"steps": {"1": 1, "2": 1}, "records": 2}) == 2
+    assert check._steps({"roles": {"plan": {"steps": 1, "plan_executions": 2}, "analysis": {"steps": 3}}}) == 4
+    out = check.measured(lambda: {"steps": {"1": 2}}, check._steps)
+    assert out["steps"] == {"1": 2} and out["seconds_per_step"] >= 0 and out["peak_memory_gib"] > 0
+    assert out["peak_memory_of"] == ("gpu" if torch.cuda.is_available() else "process")
