@@ -471,6 +471,47 @@ def planted_symlinks(tmp: Path) -> Result:
     return 2, failures, "target unchanged" if not failures else "target written"
 
 
+def other_file_corpus(tmp: Path) -> Result:
+    """`A/dev.jsonl` then `B/dev.jsonl` (same environment name) into one store; then A edited in place and its
+    eval rerun: neither may exit 0 over the wrong corpus or records."""
+    def questions(folder: str, answer: str) -> Path:
+        (tmp / folder).mkdir()
+        path = tmp / folder / "dev.jsonl"
+        path.write_text(json.dumps({"id": "q1", "question": "Who?", "answer": answer, "context": {
+            "title": [f"T {answer}"], "sentences": [[f"{answer} is it."]]}}) + "\n", encoding="utf-8")
+        return path
+
+    first, second = questions("A", "alpha"), questions("B", "beta")
+    def run(path: Path, out: str) -> subprocess.CompletedProcess:
+        return mhqa("eval", str(path), "--dataset", "hotpotqa", "--agent", "rag", "--llm",
+                    'fake:["<answer>alpha</answer>"]', "--store", uri(tmp / "s"), "--out", str(tmp / out))
+
+    ok = run(first, "ra")
+    other = run(second, "rb")
+    first.write_text(first.read_text(encoding="utf-8").replace("Who?", "Who is it?"), encoding="utf-8")
+    edited = run(first, "ra")
+    refused = [done.returncode != 0 and not broken(done) for done in (other, edited)]
+    failures = (ok.returncode != 0) + refused.count(False)
+    return 3, failures, "refused in one line" if not failures else "ran over the wrong corpus or records"
+
+
+def key_separator(tmp: Path) -> Result:
+    """Names holding U+001F (Neo4j's key separator) in a graph, an entity and a passage id, embedded store (the
+    check is in the layer every backend shares)."""
+    store = open_store(uri(tmp / "s"))
+    failures = 0
+    for call in (lambda: store.add_triples("g\u001fa", [("s", "r", "o")]),
+                 lambda: store.add_triples("g", [("a\u001fb", "r", "o")]),
+                 lambda: store.add_passages("c", [Passage("p\u001f1", "t", "x")])):
+        try:
+            call()
+            failures += 1
+        except Exception as exc:  # noqa: BLE001 - a probe counts any other outcome as a failure
+            failures += type(exc).__name__ != "InvalidInput"
+    store.close()
+    return 3, failures, "refused (InvalidInput)" if not failures else "stored"
+
+
 PROBES: dict[str, Callable[[Path], Result]] = {
     "surrogate-eval": surrogate_eval, "surrogate-ask": surrogate_ask, "handles": handles,
     "readers-during-ingest": readers_during_ingest, "two-evals-one-out": two_evals_one_out,
@@ -478,7 +519,7 @@ PROBES: dict[str, Callable[[Path], Result]] = {
     "vector-files": vector_files, "model-timeout": model_timeout, "topic-entities": topic_entities,
     "trace-size": trace_size, "hub-node-info": hub_node_info, "ctrl-c": ctrl_c,
     "store-path-chars": store_path_chars, "long-integer": long_integer, "torn-utf8-export": torn_utf8_export,
-    "planted-symlinks": planted_symlinks,
+    "planted-symlinks": planted_symlinks, "other-file-corpus": other_file_corpus, "key-separator": key_separator,
 }
 
 
