@@ -1,10 +1,11 @@
 """`auto`: answer cheaply first, escalate to a multi-hop design only when the cheap answer is not supported.
 
-    START -> first (the `rag` graph) -> judge --stop--------------------------------> END
-                                              \\-escalate-> escalate (omne | opera | mujica) -> reconcile -> END
+    START -> start -> first (the `rag` graph, then the judge) --stop-----------------------------------> END
+                                                              \\-escalate-> escalate (omne | opera | mujica)
+                                                                                 -> reconcile -> END
 
-- **first** runs `rag` as a subgraph: one retrieval, one constrained answer.
-- **judge** decides from the evidence, without a model call. It stops when the answer is supported: found in
+- **first** runs `rag` as a subgraph: one retrieval, one constrained answer; then its **judge** decides from the
+  evidence, without a model call. It stops when the answer is supported: found in
   a shown passage or fact and, on a graph, one the question names (one of its options, or yes/no). On a graph,
   `rag` shows the facts of the entities the question names, so an entity it answers with is one or two facts
   from them, where a multi-hop answer is usually the bridge, not the end of the chain ("which nationality is
@@ -167,7 +168,9 @@ def _invoke(agent: str, ctx: AutoContext, state: AutoState, config: RunnableConf
     counter = CallCounter(cap)
     inputs = {"question": state["question"], "topic_entities": state.get("topic_entities") or []}
     try:
-        graph = _graphs.setdefault(agent, build_graph(agent))
+        if agent not in _graphs:
+            _graphs[agent] = build_graph(agent)
+        graph = _graphs[agent]
         output = graph.invoke(inputs, _with_handler(config, counter), context=stage_context(ctx, agent),
                               **({"output_keys": output_keys} if output_keys else {}))
         return dict(output), counter.calls, None
