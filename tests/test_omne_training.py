@@ -526,3 +526,31 @@ def test_a_stage_stopped_between_steps_resumes_at_its_last_step(config, stop_tra
         OmneTrainer(cfg).train()
     assert [r["event"] for r in log_records(cfg) if r.get("event", "").startswith("step_")] == \
         ["step_checkpoints_removed"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xgrammar") is None, reason="needs xgrammar (models extra)")
+def test_tokens_the_grammar_forces_get_no_gradient():
+    """Under a grammar whose reply starts with a fixed text, a step where the grammar leaves one token is the
+    grammar's choice, not the policy's: the recorder marks it forced (env_mask 0); the steps where the policy chose
+    among several tokens are not. (A fixed text may still be spelt in several tokenizations: those steps count as
+    chosen.)"""
+    import torch
+    from mhqa_graph.training.omne import ForcedTokens
+    from mhqa_graph.training.tiny import tiny_model_and_tokenizer
+
+    from mhqa_graph.models import grammar as G
+
+    model, tokenizer = tiny_model_and_tokenizer(seed=0)
+    processor = G.cache_for(tokenizer, model.config.vocab_size).processor(
+        'root ::= "<answer>" [a-z]{1,8} "</answer>"\n')
+    recorder = ForcedTokens()
+    ids = torch.tensor([tokenizer("Question: who?")["input_ids"]])
+    torch.manual_seed(0)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=True,
+                         logits_processor=[processor, recorder], tokenizer=tokenizer)
+    new = out[0, ids.shape[1]:].tolist()
+    text = tokenizer.decode(new, skip_special_tokens=True)
+    assert text.startswith("<answer>") and "</answer>" in text
+    forced = [recorder.forced_at(i) for i in range(len(new))]
+    assert forced[0] and not all(forced), (text, forced)  # "<" can only open the tag; the letters are chosen
+    assert len(recorder.forced) >= len(new) - 1

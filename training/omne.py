@@ -11,7 +11,8 @@
 
 An RL episode is a run of the Omne graph itself (graphs/omne.py: its prompts, parsing, tools over the
 store, round cap, nudge and forced answer) with the policy as its chat model. `EpisodeModel` keeps the
-episode as one token sequence: the first prompt, then each reply as sampled (env_mask 1) and the template
+episode as one token sequence: the first prompt, then each reply as sampled (env_mask 1, but 0 for a token its
+reply grammar forced: `ForcedTokens`) and the template
 tokens of what the graph adds in between, tool results and nudges (env_mask 0), and it generates every
 reply from that sequence. TRL's GRPOTrainer gets these through `rollout_func` and trains only the env_mask
 1 tokens. TRL 1.16 has no PPOTrainer: GRPO (group-relative advantages, no value model) is the closest
@@ -278,13 +279,15 @@ class EpisodeModel(TransformersChatModel):
         config = copy.deepcopy(self.generation_config or self._model.generation_config)
         config.max_new_tokens, config.stop_strings = max_new, stops or None
         processors, decoding = self.constrained(kwargs)
+        recorder = ForcedTokens()
         ids = torch.tensor([self._prompt + self._completion], device=model_device(self._model))
         out = self.generate_ids(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                logits_processor=processors, tokenizer=self._tokenizer)
+                                logits_processor=[*processors, recorder] if processors else [],
+                                tokenizer=self._tokenizer)
         new = out[0, ids.shape[1]:].tolist()
         self._reply_start = len(self._completion)
         self._completion += new
-        self._mask += [1] * len(new)
+        self._mask += [0 if recorder.forced_at(i) else 1 for i in range(len(new))]
         text = self._tokenizer.decode(new, skip_special_tokens=True)
         for s in stops:
             text = text.split(s, 1)[0]
@@ -293,6 +296,23 @@ class EpisodeModel(TransformersChatModel):
         finish = "stop" if new and (new[-1] == self._tokenizer.eos_token_id or len(new) < max_new) else "length"
         return ChatResult(generations=[ChatGeneration(message=AIMessage(
             text, response_metadata={"model_name": self._name, "finish_reason": finish, **decoding}))])
+
+
+class ForcedTokens:
+    """A logits processor placed after the reply grammar's: per generated step, whether the grammar left one
+    token only. The policy did not choose such a token (its probability under the grammar is 1, whatever the
+    model rates it), so it gets env_mask 0: no gradient pushes the unconstrained policy toward it, and GRPO's
+    update stays on the tokens the policy sampled."""
+
+    def __init__(self) -> None:
+        self.forced: list[bool] = []
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        self.forced.append(bool((scores[0] > float("-inf")).sum() == 1))
+        return scores
+
+    def forced_at(self, step: int) -> bool:
+        return step < len(self.forced) and self.forced[step]
 
 
 @dataclass
