@@ -216,3 +216,27 @@ def test_report_and_resume_keep_only_the_fields_they_need(tmp_path):
     path.write_text(json.dumps({"id": "q1", "em": 1.0, "f1": 1.0, "trace": {"llm_calls": ["x" * 10_000]}}) + "\n")
     kept = read_records(path, keep=SUMMARY_FIELDS)
     assert kept == [{"id": "q1", "em": 1.0, "f1": 1.0}] and "trace" in read_records(path)[0]
+
+
+def test_an_eval_keeps_k_tasks_however_many_questions_are_queued(tmp_path, monkeypatch):
+    """K workers take the questions in turn: the number of tasks is K, not the number of questions (a Ctrl-C
+    cancels K tasks, not 50,000)."""
+    import asyncio
+
+    from mhqa_graph.eval import runner
+
+    peak = {"tasks": 0}
+    answer = runner._answer
+
+    async def counting(*args, **kwargs):
+        peak["tasks"] = max(peak["tasks"], len(asyncio.all_tasks()))
+        return await answer(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_answer", counting)
+    rows = tmp_path / "qa.jsonl"
+    rows.write_text("".join(json.dumps({"id": f"q{i}", "question": f"Where is {i}?", "answer": "x", "context": {
+        "title": ["T"], "sentences": [["x."]]}}) + "\n" for i in range(200)), encoding="utf-8")
+    summary = run_eval("direct", "hotpotqa", rows, None, f"embedded://{tmp_path}/s?embedder=hash", tmp_path / "run",
+                       concurrency=4, context_overrides={"llm": FakeChatModel(responses=["<answer>x</answer>"])},
+                       progress=False)
+    assert summary.n == 200 and peak["tasks"] <= 4 * 4, peak  # per worker: its question and the graph run

@@ -352,7 +352,6 @@ async def _answer(graph: Any, agent: str, context: Any, item: QAItem) -> dict:
 
 async def _run_all(graph: Any, agent: str, context: Any, todo: Iterable[QAItem], done: list[dict],
                    writer: ResultsWriter, concurrency: int, bar: Progress, task: Any) -> None:
-    semaphore = asyncio.Semaphore(concurrency)
     tally = {"n": len(done), "failed": sum(1 for r in done if r.get("failed")),
              "em": sum(r["em"] for r in done), "f1": sum(r["f1"] for r in done)}
 
@@ -360,19 +359,21 @@ async def _run_all(graph: Any, agent: str, context: Any, todo: Iterable[QAItem],
         n = max(1, tally["n"])
         bar.update(task, failed=tally["failed"], em=100 * tally["em"] / n, f1=100 * tally["f1"] / n)
 
-    async def one(item: QAItem) -> None:
-        async with semaphore:
+    queue = iter(todo)
+
+    async def worker() -> None:  # K workers take the next question in turn: K tasks, however many questions
+        for item in queue:
             record = await _answer(graph, agent, context, item)
-        await asyncio.to_thread(writer.write, record)  # fsync off the event loop
-        tally["n"] += 1
-        tally["failed"] += record["failed"]
-        tally["em"] += record["em"]
-        tally["f1"] += record["f1"]
-        bar.advance(task)
-        show()
+            await asyncio.to_thread(writer.write, record)  # fsync off the event loop
+            tally["n"] += 1
+            tally["failed"] += record["failed"]
+            tally["em"] += record["em"]
+            tally["f1"] += record["f1"]
+            bar.advance(task)
+            show()
 
     show()
-    await asyncio.gather(*(one(item) for item in todo))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
 def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatModel | None, store_uri: str | None,
