@@ -38,6 +38,8 @@ _state = {"debug": False}
 
 StoreOpt = Annotated[str | None, typer.Option("--store", help="Store URI (default: $MHQA_STORE or the user data dir).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+BudgetOpt = Annotated[int | None, typer.Option("--budget", help="auto only: most model calls a question may take, "
+                                                              "all stages together (default 12; 0: no cap).")]
 ModelTimeoutOpt = Annotated[float | None, typer.Option("--model-timeout", help="Seconds a model call may take "
                                                         "(default 600; 0 = no limit).")]
 
@@ -266,6 +268,7 @@ def ask_cmd(
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
     decoding: Annotated[str | None, typer.Option("--decoding", help="auto | constrained | prompt: constrain "
                                                                     "replies to their format (default auto).")] = None,
+    budget: BudgetOpt = None,
     model_timeout: ModelTimeoutOpt = None,
 ) -> None:
     """Answer QUESTION with an agent over the store. Exits 1 when the run failed (no answer)."""
@@ -278,7 +281,7 @@ def ask_cmd(
     if trace and not trace.parent.is_dir():
         raise InvalidInput(f"--trace {trace}: the folder {trace.parent} does not exist")
     context = make_context(agent, llm=llm, store=store, corpus=corpus, graph=graph, top_k=top_k, guards=guards,
-                           guard_mode=guard_mode, model_timeout=model_timeout, decoding=decoding)
+                           guard_mode=guard_mode, model_timeout=model_timeout, decoding=decoding, budget=budget)
     if corpus or graph:
         check_sources(context)
     elif agent != "direct":  # the others search the store: it must say what to search
@@ -330,6 +333,7 @@ def eval_cmd(
     guards: Annotated[str | None, typer.Option("--guards", help="auto | none | guard names | -name,+name "
                                                                 "(graphs/guards.py).")] = None,
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
+    budget: BudgetOpt = None,
     model_timeout: ModelTimeoutOpt = None,
 ) -> None:
     """Evaluate an agent on a benchmark file. The store gets the file's corpus/graph first (a missing store is
@@ -349,7 +353,7 @@ def eval_cmd(
         run_eval(agent, dataset, file, llm, store, out_dir, limit=limit, concurrency=concurrency, progress=True,
                  start=start, force_new=force_new, ids=None if ids is None else [i for i in ids.split(",") if i],
                  context_overrides={"corpus": corpus, "graph": graph, "decoding": decoding, "guards": guards,
-                                    "guard_mode": guard_mode, "model_timeout": model_timeout})
+                                    "guard_mode": guard_mode, "model_timeout": model_timeout, "budget": budget})
     except EvalInterrupted as e:
         err.print(Text(str(e)))
         sys.stderr.flush()

@@ -173,3 +173,27 @@ def test_eval_records_and_report_count_the_decisions(tmp_path):
     shown = console.export_text()
     assert "rag stop: found in its evidence" in shown and "answered by rag" in shown
     assert "ΔF1 vs run [95% CI] (questions, clusters)" in shown
+
+
+def test_the_cli_takes_a_budget_and_refuses_one_below_need(tmp_path):
+    import subprocess
+    import sys
+
+    from mhqa_graph.types import Passage as P
+
+    uri = f"embedded://{tmp_path}/s?embedder=hash"
+    with open_store(uri) as s:
+        s.add_passages("docs", [P("p1", "Inception", "Inception is a 2010 film directed by Christopher Nolan.")])
+
+    def ask(*extra: str) -> subprocess.CompletedProcess:
+        llm = 'fake:["<answer>Christopher Nolan</answer>"]'
+        return subprocess.run([sys.executable, "-m", "mhqa_graph.cli", "ask", "Who directed Inception?", "--agent",
+                               "auto", "--corpus", "docs", "--store", uri, "--llm", llm, *extra],
+                              capture_output=True, text=True, timeout=120)
+
+    refused = ask("--budget", "2")
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "error: InvalidInput: budget 2 is below the 4 calls auto needs (rag 1, opera 3); give at least 4, "
+        "or 0 for no cap"]
+    done = ask("--budget", "4")
+    assert done.returncode == 0 and done.stdout.strip() == "Christopher Nolan"
