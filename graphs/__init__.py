@@ -78,10 +78,11 @@ def make_context(agent: str, **settings: Any) -> Any:
     and values of the wrong type raise InvalidInput / ModelError here, before any work."""
     schema = context_schema(agent)
     known = {f.name for f in dataclasses.fields(schema)}
+    settings = {k: v for k, v in settings.items() if v is not None}
     unknown = set(settings) - known
     if unknown:
         raise InvalidInput(f"{agent} has no setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
-    context = schema(**{k: v for k, v in settings.items() if v is not None})
+    context = schema(**settings)
     validate_context(context, ROLES[agent])
     return context
 
