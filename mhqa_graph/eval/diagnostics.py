@@ -82,15 +82,35 @@ def diagnose(chain: Sequence[Hop], trace: Trace, em: float, f1: float, failed: b
             "first_missed_hop": missed, "failure": failure}
 
 
+class FailureTotals:
+    """`failure_summary` kept up one record at a time (a report holds no record)."""
+
+    def __init__(self) -> None:
+        self.questions, self.recall_sum, self.recalls = 0, 0.0, 0
+        self.failures: Counter = Counter()
+        self.missed: Counter = Counter()
+
+    def add(self, record: dict) -> None:
+        d = record.get("diagnostics")
+        if not isinstance(d, dict):
+            return
+        self.questions += 1
+        self.failures[d.get("failure")] += 1
+        if d.get("evidence_recall") is not None:
+            self.recall_sum, self.recalls = self.recall_sum + d["evidence_recall"], self.recalls + 1
+        if d.get("first_missed_hop"):
+            self.missed[d["first_missed_hop"]] += 1
+
+    def result(self) -> dict[str, Any]:
+        return {"questions": self.questions, "failures": {k: self.failures[k] for k in FAILURE_CLASSES},
+                "evidence_recall": self.recall_sum / self.recalls if self.recalls else None,
+                "first_missed_hop": {str(k): v for k, v in sorted(self.missed.items())}}
+
+
 def failure_summary(records: Iterable[dict]) -> dict[str, Any]:
     """Counts of failure classes, mean evidence recall and the first missed hops over records that
     carry `diagnostics`."""
-    diags = [r["diagnostics"] for r in records if isinstance(r.get("diagnostics"), dict)]
-    recalls = [d["evidence_recall"] for d in diags if d.get("evidence_recall") is not None]
-    return {
-        "questions": len(diags),
-        "failures": {k: sum(d.get("failure") == k for d in diags) for k in FAILURE_CLASSES},
-        "evidence_recall": sum(recalls) / len(recalls) if recalls else None,
-        "first_missed_hop": {str(k): v for k, v in sorted(Counter(d["first_missed_hop"] for d in diags
-                                                                 if d.get("first_missed_hop")).items())},
-    }
+    totals = FailureTotals()
+    for r in records:
+        totals.add(r)
+    return totals.result()

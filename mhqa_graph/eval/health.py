@@ -104,36 +104,49 @@ def _described(firing: dict) -> dict | None:
                                                 "replaces_answer": guard.replaces_answer}
 
 
+class HealthTotals:
+    """`health_summary` kept up one record's `health` at a time (a report holds no record)."""
+
+    COUNTS = ("invented", "repairs", "forced", "constrained", "cache_errors")  # summed
+    FLAGS = {"malformed": "malformed", "bad_answer": "bad_answers", "guard_changed": "guard_changed",
+             "answer_guard": "answer_guard"}  # questions where true
+
+    def __init__(self) -> None:
+        self.totals: dict[str, Any] = dict.fromkeys(("questions", "acted", "acted_of", *self.COUNTS,
+                                                     *self.FLAGS.values()), 0)
+        self.guards: dict[str, int] = {}
+
+    def add(self, row: Any) -> None:
+        if not isinstance(row, dict):
+            return
+        t = self.totals
+        t["questions"] += 1
+        if row.get("acted") is not None:
+            t["acted"], t["acted_of"] = t["acted"] + bool(row["acted"]), t["acted_of"] + 1
+        for key in self.COUNTS:
+            t[key] += row.get(key, 0)
+        for key, name in self.FLAGS.items():
+            t[name] += bool(row.get(key))
+        for name in row.get("guards") or {}:  # per guard, the questions it fired in
+            self.guards[name] = self.guards.get(name, 0) + 1
+
+    def result(self) -> dict[str, Any]:
+        t = self.totals
+        return {"questions": t["questions"], "acted": t["acted"], "acted_of": t["acted_of"],
+                "invented": t["invented"], "malformed": t["malformed"], "repairs": t["repairs"],
+                "forced": t["forced"], "bad_answers": t["bad_answers"], "guard_changed": t["guard_changed"],
+                "answer_guard": t["answer_guard"], "guards": dict(sorted(self.guards.items())),
+                "constrained": t["constrained"], "cache_errors": t["cache_errors"]}
+
+
 def health_summary(rows: Iterable[dict]) -> dict[str, Any]:
     """Totals over the `health` fields of records: questions where the agent acted (and of how many it
     could), invented results, malformed runs, repairs, forced answers, bad answers, constrained calls and
     cache errors."""
-    rows = [r for r in rows if isinstance(r, dict)]
-    applicable = [r for r in rows if r.get("acted") is not None]
-    return {
-        "questions": len(rows),
-        "acted": sum(bool(r["acted"]) for r in applicable),
-        "acted_of": len(applicable),
-        "invented": sum(r.get("invented", 0) for r in rows),
-        "malformed": sum(bool(r.get("malformed")) for r in rows),
-        "repairs": sum(r.get("repairs", 0) for r in rows),
-        "forced": sum(r.get("forced", 0) for r in rows),
-        "bad_answers": sum(bool(r.get("bad_answer")) for r in rows),
-        "guard_changed": sum(bool(r.get("guard_changed")) for r in rows),
-        "answer_guard": sum(bool(r.get("answer_guard")) for r in rows),
-        "guards": _per_guard(rows),
-        "constrained": sum(r.get("constrained", 0) for r in rows),
-        "cache_errors": sum(r.get("cache_errors", 0) for r in rows),
-    }
-
-
-def _per_guard(rows: list[dict]) -> dict[str, int]:
-    """Per guard, the questions it fired in."""
-    out: dict[str, int] = {}
-    for r in rows:
-        for name in r.get("guards") or {}:
-            out[name] = out.get(name, 0) + 1
-    return dict(sorted(out.items()))
+    totals = HealthTotals()
+    for row in rows:
+        totals.add(row)
+    return totals.result()
 
 
 def format_repairs(record: dict) -> int:

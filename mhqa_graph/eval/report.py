@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections import Counter, defaultdict
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,9 +15,9 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from .diagnostics import FAILURE_CLASSES, failure_summary
-from .health import health_summary
-from .paired import paired_comparison
+from .diagnostics import FAILURE_CLASSES, FailureTotals
+from .health import HealthTotals
+from .paired import cluster_key, paired_comparison
 
 RESULTS, SUMMARY = "results.jsonl", "summary.json"
 
@@ -27,15 +27,14 @@ SUMMARY_FIELDS = ("id", "em", "f1", "failed", "error", "latency", "tokens", "llm
                   "diagnostics", "health", "route", "chain", "cluster", "prediction", "carried")
 
 
-def read_records(path: str | Path, keep: Iterable[str] | None = None) -> list[dict]:
-    """The complete records of a results file, first one per id, read line by line; with `keep`, only those
-    fields of each (memory then grows with the fields kept, not with the traces). A line that does not parse
-    (a torn last line of a killed process) is ignored."""
+def iter_records(path: str | Path, keep: Iterable[str] | None = None) -> Iterator[dict]:
+    """The complete records of a results file, first one per id, one at a time; with `keep`, only those fields
+    of each. A line that does not parse (a torn last line of a killed process) is ignored."""
     kept = None if keep is None else set(keep)
-    records: dict[str, dict] = {}
+    seen: set[str] = set()
     path = Path(path)
     if not path.exists():
-        return []
+        return
     with path.open("rb") as f:
         for line in f:
             if not line.endswith(b"\n"):
@@ -44,9 +43,14 @@ def read_records(path: str | Path, keep: Iterable[str] | None = None) -> list[di
                 record = json.loads(line)
             except (ValueError, RecursionError):
                 continue
-            if isinstance(record, dict) and "id" in record and str(record["id"]) not in records:
-                records[str(record["id"])] = record if kept is None else {k: v for k, v in record.items() if k in kept}
-    return list(records.values())
+            if isinstance(record, dict) and "id" in record and str(record["id"]) not in seen:
+                seen.add(str(record["id"]))
+                yield record if kept is None else {k: v for k, v in record.items() if k in kept}
+
+
+def read_records(path: str | Path, keep: Iterable[str] | None = None) -> list[dict]:
+    """`iter_records` as a list."""
+    return list(iter_records(path, keep))
 
 
 def carry_over(source: str | Path, target: str | Path, ids: Iterable[str], off: Iterable[str] | None,
@@ -128,17 +132,6 @@ def _ordered(keys: Any) -> list[str]:
     return sorted(set(keys), key=lambda k: (not k.isdigit(), int(k) if k.isdigit() else 0, k))
 
 
-def _groups(records: list[dict], key: str) -> dict[str, Group]:
-    buckets: dict[str, list[dict]] = defaultdict(list)
-    for r in records:
-        buckets["-" if r.get(key) is None else str(r[key])].append(r)
-    return {k: Group(len(buckets[k]), _mean(buckets[k], "em"), _mean(buckets[k], "f1")) for k in _ordered(buckets)}
-
-
-def _mean(records: list[dict], key: str) -> float:
-    return sum(r[key] for r in records) / len(records) if records else 0.0
-
-
 def prefilled_per_question(records: list[dict]) -> float | None:
     """Mean prompt tokens prefilled (not read from a cache) per question; None if a record has no cache count."""
     if not records or any("cached" not in (r.get("tokens") or {}) for r in records):
@@ -146,32 +139,55 @@ def prefilled_per_question(records: list[dict]) -> float | None:
     return sum(r["tokens"]["input"] - r["tokens"]["cached"] for r in records) / len(records)
 
 
-def route_counts(records: list[dict]) -> dict[str, Any]:
-    """auto's records: questions per answering stage, and per decision ("rag escalate: not in its evidence")."""
-    routes = [r["route"] for r in records if isinstance(r.get("route"), dict)]
-    if not routes:
-        return {}
-    answered = Counter(r.get("answered_by") or "none" for r in routes)
-    decisions = Counter(f"{d.get('stage')} {d.get('action')}: {d.get('reason')}" for r in routes
-                        for d in r.get("decisions") or [])
-    return {"answered_by": dict(answered.most_common()), "decisions": dict(decisions.most_common())}
+def summarize(records: Iterable[dict], **meta: Any) -> Summary:
+    """The metrics of `records`, read once (a generator is never held: only sums, counts and the latencies);
+    `meta` fills agent, llm, dataset, file, environment, wall_time."""
+    n = failures = with_error = 0
+    sums = dict.fromkeys(("em", "f1", "tokens", "calls", "prefilled"), 0.0)
+    cached = True
+    latencies: list[float] = []
+    groups: dict[str, dict[str, list[float]]] = {"type": {}, "hops": {}}  # name -> [n, em, f1]
+    diagnostics, health = FailureTotals(), HealthTotals()
+    answered: Counter = Counter()
+    decisions: Counter = Counter()
+    for r in records:
+        n += 1
+        failures += bool(r.get("failed"))
+        with_error += bool(r.get("error"))
+        sums["em"], sums["f1"] = sums["em"] + r["em"], sums["f1"] + r["f1"]
+        tokens = r.get("tokens") or {}
+        sums["tokens"] += tokens.get("total", 0)
+        sums["calls"] += r.get("llm_calls", 0)
+        cached = cached and "cached" in tokens
+        if cached:
+            sums["prefilled"] += tokens.get("input", 0) - tokens["cached"]
+        latencies.append(r["latency"])
+        for key in groups:
+            g = groups[key].setdefault("-" if r.get(key) is None else str(r[key]), [0, 0.0, 0.0])
+            g[0], g[1], g[2] = g[0] + 1, g[1] + r["em"], g[2] + r["f1"]
+        diagnostics.add(r)
+        health.add(r.get("health"))
+        if isinstance(route := r.get("route"), dict):
+            answered[route.get("answered_by") or "none"] += 1
+            decisions.update(f"{d.get('stage')} {d.get('action')}: {d.get('reason')}"
+                             for d in route.get("decisions") or [])
 
+    def per(total: float) -> float:
+        return total / n if n else 0.0
 
-def summarize(records: list[dict], **meta: Any) -> Summary:
-    """The metrics of `records`; `meta` fills agent, llm, dataset, file, environment, wall_time."""
-    latencies = [r["latency"] for r in records]
+    def by(key: str) -> dict[str, Group]:
+        return {k: Group(int(g[0]), g[1] / g[0], g[2] / g[0]) for k in _ordered(groups[key])
+                for g in [groups[key][k]]}
+
     return Summary(
-        n=len(records), em=_mean(records, "em"), f1=_mean(records, "f1"),
-        failures=sum(1 for r in records if r.get("failed")),
-        with_error=sum(1 for r in records if r.get("error")),
-        by_type=_groups(records, "type"), by_hops=_groups(records, "hops"),
+        n=n, em=per(sums["em"]), f1=per(sums["f1"]), failures=failures, with_error=with_error,
+        by_type=by("type"), by_hops=by("hops"),
         latency_p50=percentile(latencies, 50), latency_p90=percentile(latencies, 90),
-        tokens_per_question=sum(r["tokens"]["total"] for r in records) / len(records) if records else 0.0,
-        prefilled_per_question=prefilled_per_question(records),
-        llm_calls_per_question=_mean(records, "llm_calls"),
-        diagnostics=failure_summary(records),
-        health=health_summary(r.get("health") for r in records),
-        routes=route_counts(records),
+        tokens_per_question=per(sums["tokens"]),
+        prefilled_per_question=per(sums["prefilled"]) if n and cached else None,
+        llm_calls_per_question=per(sums["calls"]), diagnostics=diagnostics.result(), health=health.result(),
+        routes={"answered_by": dict(answered.most_common()), "decisions": dict(decisions.most_common())}
+        if answered else {},
         **meta,
     )
 
@@ -231,27 +247,41 @@ def _diagnostics_caption(summary: Summary) -> str:
 def load_run(run_dir: str | Path) -> tuple[str, dict, list[dict]]:
     """(label, summary.json contents or {}, records) of a run folder; the label is the folder name."""
     run_dir = Path(run_dir)
+    return run_dir.name, _meta(run_dir), read_records(run_dir / RESULTS, keep=SUMMARY_FIELDS)
+
+
+def _meta(run_dir: Path) -> dict:
     meta_path = run_dir / SUMMARY
-    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
-    return run_dir.name, meta, read_records(run_dir / RESULTS, keep=SUMMARY_FIELDS)
+    return json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
 
 
 def compare(run_dirs: list[str | Path]) -> dict[str, Summary]:
-    """label -> Summary of each run, restricted to the question ids present in every run."""
-    runs = [load_run(d) for d in run_dirs]
-    common = set.intersection(*({r["id"] for r in records} for _, _, records in runs)) if runs else set()
+    """label -> Summary of each run, restricted to the question ids present in every run. The records are
+    streamed twice (their ids, then their metrics); what stays in memory is the ids and, per question, the
+    F1 and cluster the paired comparison needs, not the records."""
+    folders = [Path(d) for d in run_dirs]
+    common = set.intersection(*({r["id"] for r in iter_records(d / RESULTS, keep=("id",))} for d in folders)) \
+        if folders else set()
     out: dict[str, Summary] = {}
     first: list[dict] = []
-    for label, meta, records in runs:
+    for folder in folders:
+        label, meta = folder.name, _meta(folder)
         keep = {k: meta.get(k) for k in ("agent", "llm", "dataset", "file")}
         while label in out:
             label += "'"
-        shared = [r for r in records if r["id"] in common]
-        out[label] = summarize(shared, **keep)
-        if out[label] is not next(iter(out.values())):
-            out[label].paired = paired_comparison(first, shared)
+        pairs: list[dict] = []  # id, f1 and cluster of each shared question, for the paired comparison
+
+        def shared(pairs: list[dict] = pairs, folder: Path = folder) -> Iterator[dict]:
+            for r in iter_records(folder / RESULTS, keep=SUMMARY_FIELDS):
+                if r["id"] in common:
+                    pairs.append({"id": r["id"], "f1": r.get("f1"), "cluster": cluster_key(r)})
+                    yield r
+
+        out[label] = summarize(shared(), **keep)
+        if first:
+            out[label].paired = paired_comparison(first, pairs)
         else:
-            first = shared
+            first = pairs
     return out
 
 
