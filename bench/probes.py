@@ -512,6 +512,66 @@ def key_separator(tmp: Path) -> Result:
     return 3, failures, "refused (InvalidInput)" if not failures else "stored"
 
 
+def disk_full(tmp: Path) -> Result:
+    """ENOSPC on the third record of an eval with 4 questions in flight: one line, no pending task, a partial
+    summary of the records written."""
+    data = hotpot_file(tmp / "q.jsonl", [f"Where is town {i}?" for i in range(12)])
+    script = tmp / "full.py"
+    script.write_text(textwrap.dedent(f"""
+        import errno
+        from mhqa_graph.eval import run_eval
+        from mhqa_graph.eval.runner import ResultsWriter
+        from mhqa_graph.testing.fakes import FakeChatModel
+        write, n = ResultsWriter.write, [0]
+        def full(self, record):
+            n[0] += 1
+            if n[0] > 2:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            write(self, record)
+        ResultsWriter.write = full
+        try:
+            run_eval("direct", "hotpotqa", {str(data)!r}, None, {uri(tmp / "s")!r}, {str(tmp / "run")!r},
+                     concurrency=4, progress=False,
+                     context_overrides={{"llm": FakeChatModel(responses=["<answer>Tulsa</answer>"], latency=0.05)}})
+        except OSError as exc:
+            print("stopped:", exc.strerror)
+    """), encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    summary = tmp / "run" / "summary.json"
+    partial = summary.exists() and json.loads(summary.read_text(encoding="utf-8")).get("n") == 2
+    failures = ("stopped: No space" not in done.stdout) + ("Task was destroyed" in done.stderr) + (not partial)
+    return 3, failures, "partial summary, no pending task" if not failures else done.stderr[-200:]
+
+
+def report_memory(tmp: Path) -> Result:
+    """`mhqa report` of a 100,000-record run (3 kB traces) beside itself: peak memory of the process."""
+    run = tmp / "run"
+    run.mkdir()
+    with (run / "results.jsonl").open("w", encoding="utf-8") as f:
+        for i in range(100_000):
+            f.write(json.dumps({"id": f"q{i}", "em": 1.0, "f1": 1.0, "latency": 1.0, "llm_calls": 1,
+                                "tokens": {"total": 10, "input": 8, "output": 2}, "health": {}, "diagnostics": {},
+                                "trace": {"llm_calls": [{"messages": [{"role": "user", "content": "x" * 3000}]}]}})
+                    + "\n")
+    code = ("import resource\nfrom mhqa_graph.eval import compare\n"
+            f"compare([{str(run)!r}, {str(run)!r}])\nprint(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    peak = int(done.stdout.strip() or 0)
+    size = (run / "results.jsonl").stat().st_size >> 20
+    return 1, int(done.returncode != 0 or peak > 400), f"peak {peak} MB (file {size} MB)"
+
+
+def duplicate_ids(tmp: Path) -> Result:
+    """A question file with a repeated id: the eval says how many rows it skipped."""
+    data = hotpot_file(tmp / "q.jsonl", ["Where?", "When?"])
+    data.write_text(data.read_text(encoding="utf-8") + data.read_text(encoding="utf-8").splitlines()[0] + "\n",
+                    encoding="utf-8")
+    done = mhqa("eval", str(data), "--dataset", "hotpotqa", "--agent", "direct", "--llm",
+                'fake:["<answer>Tulsa</answer>"]', "--store", uri(tmp / "s"), "--out", str(tmp / "run"))
+    said = "1 question row skipped" in done.stderr
+    return 1, int(broken(done) or not said), "counted in a warning" if said else "silent"
+
+
 PROBES: dict[str, Callable[[Path], Result]] = {
     "surrogate-eval": surrogate_eval, "surrogate-ask": surrogate_ask, "handles": handles,
     "readers-during-ingest": readers_during_ingest, "two-evals-one-out": two_evals_one_out,
@@ -520,6 +580,7 @@ PROBES: dict[str, Callable[[Path], Result]] = {
     "trace-size": trace_size, "hub-node-info": hub_node_info, "ctrl-c": ctrl_c,
     "store-path-chars": store_path_chars, "long-integer": long_integer, "torn-utf8-export": torn_utf8_export,
     "planted-symlinks": planted_symlinks, "other-file-corpus": other_file_corpus, "key-separator": key_separator,
+    "disk-full": disk_full, "report-memory": report_memory, "duplicate-ids": duplicate_ids,
 }
 
 
