@@ -760,14 +760,7 @@ def generated(command: str, results: Path = R.RESULTS_DIR, data: Path = DATA) ->
     """What `command` (a `bench/agents.py --summary ...` line) prints, from the committed records."""
     import shlex
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--summary", action="store_true")
-    parser.add_argument("--env", action="append")
-    parser.add_argument("--agents", default=",".join(AGENTS))
-    parser.add_argument("--start", type=int, default=0)
-    parser.add_argument("--limit", type=int, default=20)
-    parser.add_argument("--llm", default="llamacpp:qwen2.5-coder-1.5b")
-    args = parser.parse_args(shlex.split(command)[2:])
+    args = arguments().parse_args(shlex.split(command)[2:])
     if not args.summary:
         raise ValueError(f"a generated block is a --summary: {command!r}")
     args.results, args.data = results, data
@@ -809,7 +802,8 @@ def plot(tables: dict[str, list[dict]], path: Path) -> None:
     save_png(fig, path)
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
+    """The command line of this script (`main`, and the commands of the generated blocks `generated` reads)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--env", action="append", choices=sorted(DEV_ENVIRONMENTS), help="repeatable; default: all")
     parser.add_argument("--agents", default=",".join(AGENTS), help="comma-separated")
@@ -831,6 +825,11 @@ def main() -> None:
                         "or 'each': every guard that fired, alone off")
     parser.add_argument("--write-doc", type=Path, default=None, help="regenerate the generated blocks of this markdown "
                         "file (docs/benchmarks.md) from the records, run nothing")
+    return parser
+
+
+def main() -> None:
+    parser = arguments()
     args = parser.parse_args()
     if args.write_doc:
         print(f"{write_doc(args.write_doc, args.results, args.data)} blocks regenerated in {args.write_doc}")
