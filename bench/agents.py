@@ -37,6 +37,7 @@ and seconds, calls and tokens per question.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -52,6 +53,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from mhqa_graph.graphs import context_schema
 from mhqa_graph.graphs.guards import GUARDS, selected
 
 from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
@@ -75,17 +77,19 @@ KG_ONLY = {"omne"}  # agents that need a knowledge graph
 QUICK = (("pq2h", "hotpot"), 4)
 
 
-SETTINGS = {"decoding": "--decoding", "guards": "--guards", "guard_mode": "--guard-mode"}  # variant key -> eval flag
+# variant key -> eval flag; any other key is a setting of the agent, given as `--set key=value`
+SETTINGS = {"decoding": "--decoding", "guards": "--guards", "guard_mode": "--guard-mode"}
 
 
 def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
     """`omne:guards=none;guard_mode=log` -> ("omne", {"guards": "none", "guard_mode": "log"})."""
     agent, _, rest = spec.partition(":")
     settings = dict(item.split("=", 1) for item in rest.split(";") if "=" in item)
-    unknown = sorted(set(settings) - set(SETTINGS))
+    known = set(SETTINGS) | ({f.name for f in dataclasses.fields(context_schema(agent))} if agent in AGENTS else set())
+    unknown = sorted(set(settings) - known)
     if agent not in AGENTS or unknown or (rest and not settings):
         raise ValueError(f"bad agent {spec!r}: use <agent>[:key=value;...] with agent in {', '.join(AGENTS)} "
-                         f"and keys in {', '.join(SETTINGS)}")
+                         f"and keys in {', '.join(SETTINGS)} or the agent's settings (`mhqa eval --set`)")
     return agent, settings
 
 
@@ -112,7 +116,8 @@ def eval_command(args: argparse.Namespace, env: str, variant: str, only: set[str
     agent, settings = parse_variant(variant)
     llm = args.llm if "?" in args.llm or not args.llm.startswith("llamacpp:") else f"{args.llm}?threads=1"
     mhqa = str(Path(sys.executable).with_name("mhqa"))
-    flags = [f"{SETTINGS[key]}={value}" for key, value in settings.items()]  # "=": a value may start with "-"
+    flags = [f"{SETTINGS[key]}={value}" if key in SETTINGS else f"--set={key}={value}"  # "=": a value may start
+             for key, value in settings.items()]  # with "-"
     return [mhqa, "eval", str(args.data / spec.file), "--dataset", spec.dataset, "--agent", agent,
             "--llm", llm, "--store", args.store, "--limit", str(args.limit), "--start", str(args.start),
             "--concurrency", "1", *flags, "--out", str(run_dir(args.out, args.llm, env, variant)),
@@ -173,7 +178,8 @@ def from_auto(args: argparse.Namespace, env: str, variant: str) -> int:
         route = r.get("route") or {}
         stage = next((s for s in route.get("stages") or [] if s.get("stage") == agent), None)
         said = next((d for d in route.get("decisions") or [] if d.get("stage") == agent), None)
-        if r["id"] not in wanted or r.get("failed") or not stage or not said or "error" in said.get("action", ""):
+        if r["id"] not in wanted or r.get("failed") or not stage or not said or "error" in said.get("action", "") \
+                or stage.get("start_from"):  # handed rag's entities: not the design's own run
             continue
         em, f1 = score(said.get("answer") or "", r.get("answers") or [])
         rows.append({k: v for k, v in r.items() if k != "route"} | {

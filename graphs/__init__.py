@@ -87,6 +87,35 @@ def make_context(agent: str, **settings: Any) -> Any:
     return context
 
 
+def parse_settings(agent: str, items: list[str]) -> dict[str, Any]:
+    """`["hand_over=false", "max_rounds=5"]` (the CLI's `--set`) as settings of `agent`, each value read as its
+    field's type (true/false, integers, numbers, text). InvalidInput names an item without `=`, an unknown setting
+    or a value of the wrong type, in one line."""
+    fields = {f.name: f for f in dataclasses.fields(context_schema(agent))}
+    out: dict[str, Any] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise InvalidInput(f"--set {item!r}: write NAME=VALUE")
+        if name not in fields:
+            raise InvalidInput(f"{agent} has no setting {name!r}; known: {', '.join(sorted(fields))}")
+        kind = fields[name].type if isinstance(fields[name].type, str) else getattr(fields[name].type, "__name__", "")
+        try:
+            out[name] = _read_value(kind.split("|")[0].strip(), value.strip())
+        except ValueError:
+            raise InvalidInput(f"--set {name}={value}: expected {kind}") from None
+    return out
+
+
+def _read_value(kind: str, value: str) -> Any:
+    if kind == "bool":
+        if value.lower() not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            raise ValueError(value)
+        return value.lower() in ("true", "1", "yes", "on")
+    return int(value) if kind == "int" else float(value) if kind == "float" else value
+
+
 def as_tool(agent: str, name: str | None = None, description: str | None = None, checkpointer: Any = None,
             **settings: Any) -> BaseTool:
     """A LangChain tool that answers a multi-hop question with `agent`, for use inside other agents.

@@ -12,7 +12,9 @@
   X's husband?" answered with the husband): finding the end is the walk's work. An empty answer, a refusal, an
   answer no evidence holds, or a graph entity the question does not name escalates.
 - **escalate** runs the design that suits the store: Omne over a graph, OPERA over a corpus (`escalate_to`).
-  Its calls are capped by what `budget` leaves after the first stage.
+  Its calls are capped by what `budget` leaves after the first stage. Omne starts from what the first stage
+  found (`hand_over`): the facts of the entities rag matched that the question names are its first tool
+  results, so its turns go to the hops beyond them.
 - **reconcile** keeps the design's answer when it has one, else the first answer (a design that failed,
   raised or ran out of budget falls back to it). Two answers that agree are marked so.
 
@@ -57,6 +59,9 @@ class AutoContext(AgentContext):
 
     escalate_to: str = setting("auto", help="The design asked when the first answer is not supported: opera, "
                                "mujica, omne, or auto (omne over a graph, opera over a corpus).")
+    hand_over: bool = setting(True, help="Omne starts its walk from the entities rag matched that the question "
+                              "names (the best match when it names none): their facts are looked up for it before "
+                              "its first turn, in place of the entity_matcher and node_info turns it would spend.")
     budget: int = setting(12, help="Most model calls a question may take, all stages together (repairs "
                           "included); 0 = no cap. Below what the first stage and the design need, it is refused.")
 
@@ -152,21 +157,20 @@ def _with_handler(config: RunnableConfig, handler: BaseCallbackHandler) -> Runna
     return {**config, "callbacks": callbacks}
 
 
-def run_stage(agent: str, ctx: AutoContext, state: AutoState, config: RunnableConfig, cap: int,
+def run_stage(agent: str, ctx: AutoContext, inputs: dict, config: RunnableConfig, cap: int,
               output_keys: list[str] | None = None) -> tuple[dict, int, str | None]:
     """(the stage's output with its `calls` and `seconds`, the calls it made, the error that stopped it or None).
     A stage that raises is recorded, not propagated."""
     started = time.perf_counter()
-    output, calls, error = _invoke(agent, ctx, state, config, cap, output_keys)
+    output, calls, error = _invoke(agent, ctx, inputs, config, cap, output_keys)
     return output | {"calls": calls, "seconds": round(time.perf_counter() - started, 3)}, calls, error
 
 
-def _invoke(agent: str, ctx: AutoContext, state: AutoState, config: RunnableConfig, cap: int,
+def _invoke(agent: str, ctx: AutoContext, inputs: dict, config: RunnableConfig, cap: int,
             output_keys: list[str] | None) -> tuple[dict, int, str | None]:
     from . import build_graph
 
     counter = CallCounter(cap)
-    inputs = {"question": state["question"], "topic_entities": state.get("topic_entities") or []}
     try:
         if agent not in _graphs:
             _graphs[agent] = build_graph(agent)
@@ -197,6 +201,18 @@ def supported(question: str, answer: str, first: dict) -> tuple[bool, str]:
     return True, "found in its evidence"
 
 
+def starting_entities(question: str, first: dict) -> list[str]:
+    """What the first stage hands Omne: the graph entities rag matched that the question names, else its best
+    match (none when rag read a corpus)."""
+    matched = [r["entity"] for r in first.get("retrieved") or [] if r.get("entity")]
+    named = [e for e in matched if f" {words(e)} " in f" {words(question)} "]
+    return named or matched[:1]
+
+
+def _inputs(state: AutoState) -> dict:
+    return {"question": state["question"], "topic_entities": state.get("topic_entities") or []}
+
+
 # -- nodes ---------------------------------------------------------------------------------------
 def start(state: AutoState, runtime: Runtime[AutoContext]) -> dict:
     ctx = context_as(AutoContext, runtime)
@@ -210,7 +226,7 @@ def start(state: AutoState, runtime: Runtime[AutoContext]) -> dict:
 def first(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoContext]) -> dict:
     ctx = context_as(AutoContext, runtime)
     cap = ctx.budget - MIN_CALLS[design_for(ctx)] if ctx.budget else 0
-    output, calls, error = run_stage("rag", ctx, state, config, cap,
+    output, calls, error = run_stage("rag", ctx, _inputs(state), config, cap,
                                      output_keys=["answer", "error", "source", "retrieved", "context", "raw"])
     answer = output.get("answer") or ""
     ok, why = supported(state["question"], answer, output) if not error else (False, error)
@@ -225,9 +241,12 @@ def escalate(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoCont
     ctx = context_as(AutoContext, runtime)
     design = design_for(ctx)
     cap = max(1, ctx.budget - state["calls"]) if ctx.budget else 0
-    output, calls, error = run_stage(design, ctx, state, config, cap)
+    start_from = starting_entities(state["question"], state["stages"][0]) if design == "omne" and ctx.hand_over \
+        else []
+    inputs = _inputs(state) | ({"start_from": start_from} if start_from else {})
+    output, calls, error = run_stage(design, ctx, inputs, config, cap)
     stage = {"stage": design, **{k: v for k, v in output.items() if k != "messages"},
-             "error": error or output.get("error")}
+             "error": error or output.get("error"), **({"start_from": start_from} if start_from else {})}
     return {"stages": [stage], "guards": list(output.get("guards") or []), "calls": state["calls"] + calls}
 
 

@@ -80,6 +80,10 @@ class AgentContext:
     max_rewrites: int = setting(2, help="Query rewrites per sub-goal when the passages are not enough (OPERA).")
     max_new_tokens: int = setting(384, help="Longest model reply, in tokens; a constrained reply may add its "
                                                  "bounded think block to it.")
+    plan_examples: str | None = setting(None, help="A corpus of worked plans in the store (`mhqa ingest plans`): "
+                                        "the planner is shown the plan_example_k plans of the questions most like "
+                                        "its own, after its fixed examples (OPERA, Mujica).")
+    plan_example_k: int = setting(2, help="Worked plans shown to the planner when plan_examples is set.")
     think: bool = setting(True, help="Ask the model to reason before each action.")
     parse_retries: int = setting(1, help="Repair attempts after a malformed structured reply.")
     model_retries: int = setting(2, help="Retries of a model call that timed out or met a connection error "
@@ -211,6 +215,8 @@ def check_sources(ctx: AgentContext) -> None:
     store = get_store(ctx)
     if ctx.corpus and ctx.corpus not in store.corpora():
         raise UnknownCorpus(ctx.corpus, store.uri)
+    if ctx.plan_examples and ctx.plan_examples not in store.corpora():
+        raise UnknownCorpus(ctx.plan_examples, store.uri)
     known = store.graphs()
     for name in (ctx.graph or "").split(","):
         if name.strip() and name.strip() not in known:

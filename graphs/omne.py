@@ -37,6 +37,7 @@ tool call), `RoundCap` (no answer within `max_rounds`), `MalformedOutput` (no <a
 reply), `ModelError`.
 
     start -> agent <-> tools          (at most ctx.max_rounds model turns)
+      '----------------^              (`start_from`, e.g. auto's hand-over: those entities' facts first)
                |-> END                 (an <answer>, or a ModelError)
                '-> final -> END        (round cap, or no action after the repair nudge: forced answer)
 """
@@ -69,7 +70,7 @@ from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
-from mhqa_graph.messages import FORCED_FINAL, NUDGE, SEND_BACK, tagged
+from mhqa_graph.messages import FORCED_FINAL, HANDED_OVER, KIND, NUDGE, SEND_BACK, marked, tagged
 from mhqa_graph.parsing import final_answer
 from mhqa_graph.replies import answer_reply
 from mhqa_graph.tools import entity_matcher_tool, node_info_tool, render_node
@@ -92,7 +93,7 @@ from .common import (
     topic_entities,
 )
 from .guards import check
-from .omne_protocol import ai_message, call_key, call_order, check_args, parse_reply
+from .omne_protocol import ai_message, call_key, call_order, call_text, check_args, parse_reply
 from .omne_send_back import grounded, one_hop_short, start_node
 
 ROLE = "tool-agent"
@@ -124,6 +125,10 @@ class ToolCallRecord(TypedDict):
     repeated: bool  # same name and normalised args as an earlier call: not run again
 
 
+class OmneInput(QAInput):
+    start_from: NotRequired[list[str]]  # entities whose facts the walk starts from (an earlier stage's retrieval)
+
+
 class OmneOutput(QAOutput):
     rounds: int
     tool_calls: list[ToolCallRecord]
@@ -137,6 +142,7 @@ class OmneOutput(QAOutput):
 class OmneState(TypedDict):
     question: str
     topic_entities: NotRequired[list[str]]
+    start_from: NotRequired[list[str]]
     graphs: list[str]  # the graph_type values of this run
     native: bool  # the model's own tool calling, not the text protocol
     messages: Annotated[list[AnyMessage], add_messages]  # the conversation, without the system prompt
@@ -205,8 +211,8 @@ def render_prompt(ctx: OmneContext, graphs: list[str], messages: list[BaseMessag
         if responses:
             prompt.append(HumanMessage("\n".join(responses)))
             responses = []
-        prompt.append(AIMessage(m.text) if isinstance(m, AIMessage) else
-                      HumanMessage(m.text, additional_kwargs=m.additional_kwargs))  # its kind kept
+        kept = {k: v for k, v in m.additional_kwargs.items() if k == KIND}  # its kind
+        prompt.append((AIMessage if isinstance(m, AIMessage) else HumanMessage)(m.text, additional_kwargs=kept))
     if responses:
         prompt.append(HumanMessage("\n".join(responses)))
     return prompt
@@ -247,7 +253,19 @@ def start(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
     if entities:
         text += "\n" + P.TOPIC_ENTITIES.format(entities=", ".join(entities))
     return {**update, "graphs": graphs, "native": native,
-            "messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), HumanMessage(text)]}
+            "messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), HumanMessage(text),
+                         *handed_over(state.get("start_from") or [], graphs, ctx.max_calls_per_round)]}
+
+
+def handed_over(entities: list[str], graphs: list[str], limit: int) -> list[AIMessage]:
+    """The walk's first step when an earlier stage found where it starts: node_info on each of `entities` (at
+    most `limit`), written as the model writes a call and tagged `handed_over`; the tools node runs them."""
+    names = [e for e in dict.fromkeys(" ".join(str(e).split()) for e in entities) if e][:limit]
+    if not names:
+        return []
+    calls = [{"name": "node_info", "args": {"entity": name, "graph_type": graphs[0] if graphs else ""}, "error": None}
+             for name in names]
+    return [marked(HANDED_OVER, ai_message(call_text(calls), calls, 0))]
 
 
 def _native_turn(ctx: OmneContext, state: OmneState, round_no: int) -> dict:
@@ -401,7 +419,9 @@ def final(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
 def _after_start(state: OmneState, runtime: Runtime[OmneContext]) -> str:
     if state["error"]:
         return END
-    return "agent" if context_as(OmneContext, runtime).max_rounds > 0 else "final"
+    if context_as(OmneContext, runtime).max_rounds <= 0:
+        return "final"
+    return "tools" if isinstance(state["messages"][-1], AIMessage) else "agent"
 
 
 def _after_agent(state: OmneState, runtime: Runtime[OmneContext]) -> str:
@@ -426,14 +446,14 @@ def _after_tools(state: OmneState, runtime: Runtime[OmneContext]) -> str:
 
 
 def build(checkpointer: Any = None) -> CompiledStateGraph:
-    g = StateGraph(OmneState, context_schema=OmneContext, input_schema=QAInput, output_schema=OmneOutput)
+    g = StateGraph(OmneState, context_schema=OmneContext, input_schema=OmneInput, output_schema=OmneOutput)
     g.add_node("start", start)
     g.add_node("agent", agent)
     g.add_node("tools", tools)
     g.add_node("final", final)
     g.add_node("finish", finish)
     g.add_edge(START, "start")
-    g.add_conditional_edges("start", _after_start, ["agent", "final", END])
+    g.add_conditional_edges("start", _after_start, ["agent", "tools", "final", END])
     g.add_conditional_edges("agent", _after_agent, ["tools", "agent", "final", "finish", END])
     g.add_conditional_edges("tools", _after_tools, ["agent", "final"])
     g.add_edge("final", "finish")

@@ -111,14 +111,19 @@ def parse_reply(text: str) -> Reply:
     return Reply([], answer or None, cut.rstrip(), invented)
 
 
+def call_text(calls: list[dict]) -> str:
+    """Calls ({name, args}) as the system prompt asks the model to write them: one <tool_call> block each."""
+    return "\n".join("<tool_call>\n" + json.dumps({"name": call["name"], "arguments": call["args"]},
+                                                  ensure_ascii=False) + "\n</tool_call>" for call in calls)
+
+
 def canonical_reply(text: str) -> str:
     """`text` as the system prompt asks for it: its <think> block, then each call `parse_reply` reads as a
     <tool_call> block of strict JSON, or its <answer>. A teacher's bare JSON call becomes a tagged one, so
     SFT on its trajectories teaches the protocol; a reply with a malformed call or neither stays as it is."""
     reply = parse_reply(text)
     if reply.calls and not any(call["error"] for call in reply.calls):
-        body = "\n".join("<tool_call>\n" + json.dumps({"name": call["name"], "arguments": call["args"]},
-                                                      ensure_ascii=False) + "\n</tool_call>" for call in reply.calls)
+        body = call_text(reply.calls)
     elif not reply.calls and reply.answer:
         body = f"<answer>{reply.answer}</answer>"
     else:

@@ -21,7 +21,10 @@ Question: Where was the director of Inception born?
 Question: What is the nationality of Ada Lovelace's husband's mother?
 {"subgoals": ["Who is the husband of Ada Lovelace?", "Who is the mother of [Answer1]?", "What is the nationality of [Answer2]?"]}"""  # noqa: E501
 
-PLAN_USER = "Question: {question}{hint}\nJSON:"
+PLAN_USER = "{worked}Question: {question}{hint}\nJSON:"
+
+# before the question, with the `plan_examples` setting: plans of training questions like it
+PLAN_WORKED = "Plans of questions like this one:\n{examples}\n\nNow plan this one.\n"
 
 PLAN_HINT = "\nEntities the question is about: {entities}"
 

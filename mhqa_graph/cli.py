@@ -40,6 +40,9 @@ StoreOpt = Annotated[str | None, typer.Option("--store", help="Store URI (defaul
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON.")]
 BudgetOpt = Annotated[int | None, typer.Option("--budget", help="auto only: most model calls a question may take, "
                                                               "all stages together (default 12; 0: no cap).")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Any other setting of the agent as NAME=VALUE, "
+                                                  "repeatable (e.g. --set hand_over=false); an unknown NAME lists "
+                                                  "the agent's settings.")]
 ModelTimeoutOpt = Annotated[float | None, typer.Option("--model-timeout", help="Seconds a model call may take "
                                                         "(default 600; 0 = no limit).")]
 
@@ -125,6 +128,21 @@ def ingest_passages_cmd(
 
     _ingest_file(store, file, skip_bad, "passages", corpus=corpus,
                  passages=read_passages_file(file, yield_errors=True))
+
+
+@ingest_app.command("plans")
+def ingest_plans_cmd(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A 2WikiMultihopQA training file "
+                                         "(qa_pairs), or JSON/JSONL rows {question, subgoals}.")],
+    corpus: Annotated[str, typer.Option("--corpus", help="Name of the corpus of worked plans (the agents' "
+                                        "plan_examples setting).")] = "plans",
+    store: StoreOpt = None,
+    skip_bad: Annotated[bool, typer.Option("--skip-bad")] = False,
+) -> None:
+    """Add worked plans (training questions with their sub-goals) to a corpus that planners take examples from."""
+    from .ingest.plans import read_plans_file
+
+    _ingest_file(store, file, skip_bad, "plans", corpus=corpus, passages=read_plans_file(file, yield_errors=True))
 
 
 def _ingest_file(store: str | None, file: Path, skip_bad: bool, what: str, **items: Any) -> None:
@@ -270,9 +288,10 @@ def ask_cmd(
                                                                     "replies to their format (default auto).")] = None,
     budget: BudgetOpt = None,
     model_timeout: ModelTimeoutOpt = None,
+    settings: SetOpt = None,
 ) -> None:
     """Answer QUESTION with an agent over the store. Exits 1 when the run failed (no answer)."""
-    from .graphs import build_graph, check_sources, make_context
+    from .graphs import build_graph, check_sources, make_context, parse_settings
     from .graphs.common import check_question
     from .traces import TraceRecorder
 
@@ -280,8 +299,9 @@ def ask_cmd(
     check_question(question)
     if trace and not trace.parent.is_dir():
         raise InvalidInput(f"--trace {trace}: the folder {trace.parent} does not exist")
-    context = make_context(agent, llm=llm, store=store, corpus=corpus, graph=graph, top_k=top_k, guards=guards,
-                           guard_mode=guard_mode, model_timeout=model_timeout, decoding=decoding, budget=budget)
+    named = {"llm": llm, "store": store, "corpus": corpus, "graph": graph, "top_k": top_k, "guards": guards,
+             "guard_mode": guard_mode, "model_timeout": model_timeout, "decoding": decoding, "budget": budget}
+    context = make_context(agent, **_with_named(parse_settings(agent, settings or []), named))
     if corpus or graph:
         check_sources(context)
     elif agent != "direct":  # the others search the store: it must say what to search
@@ -335,12 +355,14 @@ def eval_cmd(
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
     budget: BudgetOpt = None,
     model_timeout: ModelTimeoutOpt = None,
+    settings: SetOpt = None,
 ) -> None:
     """Evaluate an agent on a benchmark file. The store gets the file's corpus/graph first (a missing store is
     created; its parent folder must exist), unless --corpus/--graph name ones it already has (then the store
     must exist). Ctrl-C stops; rerunning the command resumes."""
     from .eval import run_eval
     from .eval.runner import EvalInterrupted
+    from .graphs import parse_settings
     from .ingest.datasets import DATASETS, check_dataset_file
 
     if dataset not in DATASETS:
@@ -352,13 +374,19 @@ def eval_cmd(
     try:
         run_eval(agent, dataset, file, llm, store, out_dir, limit=limit, concurrency=concurrency, progress=True,
                  start=start, force_new=force_new, ids=None if ids is None else [i for i in ids.split(",") if i],
-                 context_overrides={"corpus": corpus, "graph": graph, "decoding": decoding, "guards": guards,
-                                    "guard_mode": guard_mode, "model_timeout": model_timeout, "budget": budget})
+                 context_overrides=_with_named(parse_settings(agent, settings or []), {
+                     "corpus": corpus, "graph": graph, "decoding": decoding, "guards": guards, "guard_mode": guard_mode,
+                     "model_timeout": model_timeout, "budget": budget}))
     except EvalInterrupted as e:
         err.print(Text(str(e)))
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(130)  # at once: model calls still running in worker threads are dropped
+
+
+def _with_named(settings: dict[str, Any], named: dict[str, Any]) -> dict[str, Any]:
+    """`--set` settings with the named options given over them (a named option left out keeps a `--set` value)."""
+    return settings | {k: v for k, v in named.items() if v is not None}
 
 
 def _check_eval_store(store: str | None, given: bool) -> None:

@@ -6,6 +6,8 @@ traces, health and export read the kind instead of matching prompt text.
     send_back     an answer sent back with facts to use (Omne's guards)
     forced        a cap was reached: answer now; the conversation so far stands (Mujica's last planner turn)
     forced_final  the tools are over: answer now; a reply just before it was not used (Omne's final call)
+    handed_over   a tool call the system wrote in the model's place, from an earlier stage's retrieval (auto's
+                  hand-over to Omne): the model's turn, not the model's words
 
 A trace keeps the kind on each chat message (`traces.ChatMessage.kind`). Traces written before kinds existed
 have none; readers then fall back to the designs' marker texts (`legacy_kind`, imported only when needed).
@@ -19,7 +21,8 @@ from langchain_core.messages import BaseMessage, HumanMessage
 
 KIND = "mhqa_kind"
 REPAIR, NUDGE, SEND_BACK, FORCED, FORCED_FINAL = "repair", "nudge", "send_back", "forced", "forced_final"
-KINDS = (REPAIR, NUDGE, SEND_BACK, FORCED, FORCED_FINAL)
+HANDED_OVER = "handed_over"
+KINDS = (REPAIR, NUDGE, SEND_BACK, FORCED, FORCED_FINAL, HANDED_OVER)
 RETRIES = (REPAIR, NUDGE, SEND_BACK)  # asks again: the reply before such a message was not used
 FORCES = (FORCED, FORCED_FINAL)  # answer now
 
@@ -29,6 +32,13 @@ def tagged(kind: str, text: str) -> HumanMessage:
     if kind not in KINDS:
         raise ValueError(f"unknown message kind {kind!r}")
     return HumanMessage(text, additional_kwargs={KIND: kind})
+
+
+def marked(kind: str, message: BaseMessage) -> BaseMessage:
+    """`message` (any role) tagged with `kind` (one of KINDS)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown message kind {kind!r}")
+    return message.model_copy(update={"additional_kwargs": {**message.additional_kwargs, KIND: kind}})
 
 
 def kind_of(message: BaseMessage) -> str | None:

@@ -106,6 +106,27 @@ def test_settings_that_cannot_run_are_refused_in_one_line():
     make_context("auto", llm="fake", corpus="wiki", budget=0)  # no cap
 
 
+@pytest.mark.parametrize("hand_over", [True, False])
+def test_omne_starts_from_the_entities_rag_matched(store, hand_over):
+    """Handed over, Omne's first turn already holds the facts of the entity the question names: it answers in one
+    turn. Without, it spends its first turn on the lookup."""
+    walk = ['<tool_call>{"name": "node_info", "arguments": {"entity": "Inception"}}</tool_call>'] if not hand_over \
+        else []
+    walk += ['<tool_call>{"name": "node_info", "arguments": {"entity": "Christopher Nolan"}}</tool_call>',
+             "<answer>London</answer>"]
+    agent = FakeChatModel(responses=walk, cycle=False)
+    models = roles("Christopher Nolan") | {"tool-agent": agent}
+    out = run(store, models, corpus=None, graph="kg", hand_over=hand_over)
+    omne = out["stages"][-1]
+    assert out["answer"] == "London" and out["answered_by"] == "omne"
+    assert omne["calls"] == len(walk) and len(agent.calls) == len(walk)
+    assert [c["args"]["entity"] for c in omne["tool_calls"]] == ["Inception", "Christopher Nolan"]
+    assert omne.get("start_from") == (["Inception"] if hand_over else None)
+    if hand_over:
+        first_prompt = "\n".join(m.text for m in agent.calls[0])
+        assert "(inception) -[directed by]-> (christopher nolan)" in first_prompt.lower()
+
+
 def test_no_source_is_a_typed_error(store):
     ctx = make_context("auto", llm=FakeChatModel(responses=["<answer>x</answer>"]), store=store)
     with pytest.raises(InvalidInput, match="needs a corpus or a graph"):

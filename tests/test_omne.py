@@ -45,6 +45,26 @@ def two_hop_script() -> list[str]:
             "<think>Nolan's father is Brendan Nolan.</think>\n<answer>Brendan Nolan</answer>"]
 
 
+def test_a_walk_handed_its_start_spends_no_turn_on_it(store):
+    """`start_from` (auto's hand-over): node_info on those entities runs before the first turn, written as the
+    model's call and tagged `handed_over`; the model's turns go to the hops beyond."""
+    from mhqa_graph.messages import HANDED_OVER
+    from mhqa_graph.traces import TraceRecorder
+
+    model = FakeChatModel(responses=two_hop_script()[2:], cycle=False)
+    recorder = TraceRecorder("omne", None)
+    out = graph.invoke({"question": Q, "start_from": ["Inception", " Inception ", ""]}, {"callbacks": [recorder]},
+                       context=ctx(model, store))
+    assert out["answer"] == "Brendan Nolan" and out["error"] is None
+    assert out["rounds"] == 2 and len(model.calls) == 2
+    assert [c["args"]["entity"] for c in out["tool_calls"]] == ["Inception", "Christopher Nolan"]
+    first = model.calls[0]
+    assert '<tool_call>\n{"name": "node_info", "arguments": {"entity": "Inception", "graph_type": "films"}}' \
+        in first[2].text and "(Inception) -[directed by]-> (Christopher Nolan)" in first[3].text
+    kinds = [m.kind for m in recorder.trace(out).llm_calls[0].messages]
+    assert kinds.count(HANDED_OVER) == 1
+
+
 def system_prompt(model: FakeChatModel, i: int = 0) -> str:
     first = model.calls[i][0]
     assert isinstance(first, SystemMessage)
@@ -377,7 +397,7 @@ def test_zero_rounds_is_one_forced_answer(store):
 
 
 def test_schemas_for_studio():
-    assert set(graph.get_input_jsonschema()["properties"]) == {"question", "topic_entities"}
+    assert set(graph.get_input_jsonschema()["properties"]) == {"question", "topic_entities", "start_from"}
     assert {"answer", "error", "rounds", "tool_calls", "repeated_calls", "messages"} <= set(
         graph.get_output_jsonschema()["properties"])
     assert {"graph", "max_rounds", "think", "max_calls_per_round"} <= set(graph.get_context_jsonschema()["properties"])

@@ -106,12 +106,13 @@ def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace,
 
 def route(output: dict, trace: Trace) -> dict:
     """auto's decisions, compact: the stage that answered, each decision (stage, action, reason, the stage's
-    answer) and each stage's calls, seconds and tokens (its calls are the next ones of the trace: stages run
-    one after the other)."""
+    answer) and each stage's calls, seconds, tokens and the entities it was handed (its calls are the next ones
+    of the trace: stages run one after the other)."""
     stages, calls = [], iter(trace.llm_calls)
     for s in output.get("stages") or []:
         mine = [c for _, c in zip(range(int(s.get("calls") or 0)), calls)]
-        stages.append({k: s.get(k) for k in ("stage", "calls", "seconds")} | {"tokens": {
+        stages.append({k: s.get(k) for k in ("stage", "calls", "seconds")} | (
+            {"start_from": s["start_from"]} if s.get("start_from") else {}) | {"tokens": {
             "input": sum(c.input_tokens for c in mine), "output": sum(c.output_tokens for c in mine),
             "total": sum(c.input_tokens + c.output_tokens for c in mine),
             "cached": sum(c.cached_tokens for c in mine)}})
