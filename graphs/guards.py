@@ -39,48 +39,66 @@ class Guard:
 
     @property
     def on_by_default(self) -> tuple[str, ...]:
-        return self.agents if self.default is None else self.default
+      return self.agents if self.default is None else self.default
 
+
+# the guards, as objects the designs hold: a misspelt name fails at import
+PLAN_RUNAWAY_CUT = Guard("plan_runaway_cut", "plan", ("opera",),
+    "a plan cut off by the token limit that repeats one sub-goal is cut before the repeats")
+ANALYSIS_REFUSAL = Guard("analysis_refusal", "analysis", ("opera",),
+    "an analysis answer that says there is none ('unknown', 'the passages do not mention') is no answer")
+ANALYSIS_GROUNDED = Guard("analysis_grounded", "analysis", ("opera",),
+    "a short analysis answer that no shown passage contains is marked insufficient (a rewrite follows)")
+OPTIONS_LINE = Guard("options_line", "conclusion", ("opera",),
+    "the synthesis of an 'X or Y?' question is told to answer with one of the two", prompt_only=True)
+UNECHO = Guard("unecho", "plan", ("mujica",),
+    "what the planner copied from the progress lines ('q1: ', '(after q1)', '-> answer') is cut")
+PLAN_OFF_TOPIC = Guard("plan_off_topic", "plan", ("mujica",),
+    "a sub-question sharing no word stem with the question or an answer so far is dropped",
+    default=())
+PLAN_MADE_UP_ENTITY = Guard("plan_made_up_entity", "plan", ("mujica",),
+    "with topic entities, a root sub-question naming none of them and no answer so far is dropped")
+PLAN_EXAMPLE_COPY = Guard("plan_example_copy", "plan", ("mujica",),
+    "a sub-question copying the prompt's examples or naming an entity of them is dropped")
+UNKNOWN_CONTEXTS = Guard("unknown_contexts", "worker answer", ("mujica",),
+    "a sub-question the worker could not answer is reported with the contexts it retrieved",
+    prompt_only=True, default=())
+WORKER_REFUSAL = Guard("worker_refusal", "worker answer", ("mujica",),
+    "a worker answer that says there is none in other words than 'unknown' counts as unknown")
+NO_ANSWER_FALLBACK = Guard("no_answer_fallback", "conclusion", ("mujica",),
+    "a conclusion that says there is no answer becomes a worker's answer to the question itself",
+    replaces_answer=True, default=())
+SHORT_ANSWER_REASK = Guard("short_answer_reask", "conclusion", ("mujica",),
+    "a conclusion that reads as a sentence and is no worker's answer is asked for again, short",
+    default=())
+DATE_COMPARISON = Guard("date_comparison", "conclusion", ("opera", "mujica"),
+    "an 'X or Y, which came first?' answer is replaced by the option the found dates pick",
+    replaces_answer=True, default=("mujica",))
+OPTION_ANSWER = Guard("option_answer", "conclusion", ("opera", "mujica"),
+    "an answer naming what a step found about one option (its director) becomes that option",
+    replaces_answer=True, default=("mujica",))
+SEND_BACK_UNGROUNDED = Guard("send_back_ungrounded", "tool answer", ("omne",),
+    "an answer no fact of the run contains is sent back once, with the start entity's facts")
+SEND_BACK_ONE_HOP = Guard("send_back_one_hop", "tool answer", ("omne",),
+    "an answer one hop short (an entity with relations the question asks about) is sent back once")
 
 GUARDS: dict[str, Guard] = {g.name: g for g in (
-    Guard("plan_runaway_cut", "plan", ("opera",),
-          "a plan cut off by the token limit that repeats one sub-goal is cut before the repeats"),
-    Guard("analysis_refusal", "analysis", ("opera",),
-          "an analysis answer that says there is none ('unknown', 'the passages do not mention') is no answer"),
-    Guard("analysis_grounded", "analysis", ("opera",),
-          "a short analysis answer that no shown passage contains is marked insufficient (a rewrite follows)"),
-    Guard("options_line", "conclusion", ("opera",),
-          "the synthesis of an 'X or Y?' question is told to answer with one of the two", prompt_only=True),
-    Guard("unecho", "plan", ("mujica",),
-          "what the planner copied from the progress lines ('q1: ', '(after q1)', '-> answer') is cut"),
-    Guard("plan_off_topic", "plan", ("mujica",),
-          "a sub-question sharing no word stem with the question or an answer so far is dropped",
-          default=()),
-    Guard("plan_made_up_entity", "plan", ("mujica",),
-          "with topic entities, a root sub-question naming none of them and no answer so far is dropped"),
-    Guard("plan_example_copy", "plan", ("mujica",),
-          "a sub-question copying the prompt's examples or naming an entity of them is dropped"),
-    Guard("unknown_contexts", "worker answer", ("mujica",),
-          "a sub-question the worker could not answer is reported with the contexts it retrieved",
-          prompt_only=True, default=()),
-    Guard("worker_refusal", "worker answer", ("mujica",),
-          "a worker answer that says there is none in other words than 'unknown' counts as unknown"),
-    Guard("no_answer_fallback", "conclusion", ("mujica",),
-          "a conclusion that says there is no answer becomes a worker's answer to the question itself",
-          replaces_answer=True, default=()),
-    Guard("short_answer_reask", "conclusion", ("mujica",),
-          "a conclusion that reads as a sentence and is no worker's answer is asked for again, short",
-          default=()),
-    Guard("date_comparison", "conclusion", ("opera", "mujica"),
-          "an 'X or Y, which came first?' answer is replaced by the option the found dates pick",
-          replaces_answer=True, default=("mujica",)),
-    Guard("option_answer", "conclusion", ("opera", "mujica"),
-          "an answer naming what a step found about one option (its director) becomes that option",
-          replaces_answer=True, default=("mujica",)),
-    Guard("send_back_ungrounded", "tool answer", ("omne",),
-          "an answer no fact of the run contains is sent back once, with the start entity's facts"),
-    Guard("send_back_one_hop", "tool answer", ("omne",),
-          "an answer one hop short (an entity with relations the question asks about) is sent back once"),
+    PLAN_RUNAWAY_CUT,
+    ANALYSIS_REFUSAL,
+    ANALYSIS_GROUNDED,
+    OPTIONS_LINE,
+    UNECHO,
+    PLAN_OFF_TOPIC,
+    PLAN_MADE_UP_ENTITY,
+    PLAN_EXAMPLE_COPY,
+    UNKNOWN_CONTEXTS,
+    WORKER_REFUSAL,
+    NO_ANSWER_FALLBACK,
+    SHORT_ANSWER_REASK,
+    DATE_COMPARISON,
+    OPTION_ANSWER,
+    SEND_BACK_UNGROUNDED,
+    SEND_BACK_ONE_HOP,
 )}
 
 
@@ -95,78 +113,77 @@ def selected(spec: Any, agent: str | None = None) -> frozenset[str]:
     """The guard names a `guards` setting turns on: "auto", "none", names ("unecho,option_answer"), or changes to
     `agent`'s default set ("-unecho,+date_comparison"); InvalidInput for an unknown name."""
     if spec in (None, "", "auto"):
-        return defaults(agent)
+      return defaults(agent)
     if spec == "none":
-        return frozenset()
+      return frozenset()
     names = [str(n).strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if str(n).strip()]
     unknown = [n for n in names if n.removeprefix("-").removeprefix("+") not in GUARDS]
     if unknown:
-        raise InvalidInput(f"unknown guard(s) {', '.join(map(repr, unknown))}; known: {', '.join(GUARDS)}")
+      raise InvalidInput(f"unknown guard(s) {', '.join(map(repr, unknown))}; known: {', '.join(GUARDS)}")
     changes = [n for n in names if n[0] in "+-"]
     if not changes:
-        return frozenset(names)
+      return frozenset(names)
     if len(changes) < len(names):
-        raise InvalidInput("guards: list names to turn on, or +/-names to change the default set, not both")
+      raise InvalidInput("guards: list names to turn on, or +/-names to change the default set, not both")
     return defaults(agent) - {n[1:] for n in names if n[0] == "-"} | {n[1:] for n in names if n[0] == "+"}
 
 
 def check_settings(guards: Any, mode: Any) -> None:
     if not (guards is None or isinstance(guards, (str, list, tuple))):
-        raise InvalidInput(f"guards must be 'auto', 'none' or a list of guard names, got {guards!r}")
+      raise InvalidInput(f"guards must be 'auto', 'none' or a list of guard names, got {guards!r}")
     selected(guards)
     if mode not in MODES:
-        raise InvalidInput(f"guard_mode must be one of {', '.join(MODES)}, got {mode!r}")
+      raise InvalidInput(f"guard_mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
 def shown(value: Any) -> Any:
     """A firing's before/after value: text cut to MAX_SHOWN characters, numbers as they are, else its text."""
     if isinstance(value, str):
-        return value[:MAX_SHOWN]
+      return value[:MAX_SHOWN]
     if isinstance(value, (bool, int, float)) or value is None:
-        return value
+      return value
     return str(value)[:MAX_SHOWN]
 
 
-def firing(name: str, before: Any, after: Any, enforced: bool, error: str | None = None) -> dict[str, Any]:
-    guard = GUARDS[name]
-    record = {"guard": name, "stage": guard.stage, "before": shown(before), "after": shown(after),
-              "enforced": enforced, "prompt_only": guard.prompt_only, "replaces_answer": guard.replaces_answer}
+def firing(guard: Guard, before: Any, after: Any, enforced: bool, error: str | None = None) -> dict[str, Any]:
+    record = {"guard": guard.name, "stage": guard.stage, "before": shown(before), "after": shown(after),
+            "enforced": enforced, "prompt_only": guard.prompt_only, "replaces_answer": guard.replaces_answer}
     return record | ({"error": error} if error else {})
 
 
-def is_on(ctx: Any, name: str) -> bool:
-    """Whether guard `name` runs in this context (in either mode)."""
-    return name in selected(getattr(ctx, "guards", "auto"), getattr(ctx, "agent", None))
+def is_on(ctx: Any, guard: Guard) -> bool:
+    """Whether `guard` runs in this context (in either mode)."""
+    return guard.name in selected(getattr(ctx, "guards", "auto"), getattr(ctx, "agent", None))
 
 
-def enforced(ctx: Any, name: str) -> bool:
-    """Whether guard `name` runs and acts (on, mode enforce): where a guard decides the path ahead of its
+def enforced(ctx: Any, guard: Guard) -> bool:
+    """Whether `guard` runs and acts (on, mode enforce): where a guard decides the path ahead of its
     firing, log mode takes the path of a guard that is off."""
-    return is_on(ctx, name) and getattr(ctx, "guard_mode", "enforce") == "enforce"
+    return is_on(ctx, guard) and getattr(ctx, "guard_mode", "enforce") == "enforce"
 
 
-def apply(ctx: Any, name: str, before: T, rule: Callable[[], T | None], log: list[dict],
-          shown_as: tuple[Any, Any] | None = None) -> T:
-    """Guard `name` on `before`: `rule()` gives the guarded value, or None (or `before`) when it does not fire.
+def apply(ctx: Any, guard: Guard, before: T, rule: Callable[[], T | None], log: list[dict],
+        shown_as: tuple[Any, Any] | None = None) -> T:
+    """`guard` on `before`: `rule()` gives the guarded value, or None (or `before`) when it does not fire.
     A firing is appended to `log` (with `shown_as` as its before/after, if given); its value is returned when
     the mode is enforce, else `before`. A guard that is off, does not fire, or raises returns `before` (a raise
     is logged with its error)."""
-    if not is_on(ctx, name):
-        return before
+    if not is_on(ctx, guard):
+      return before
     told_before, told_after = shown_as or (before, None)
     try:
-        after = rule()
+      after = rule()
     except Exception as exc:  # a guard must never stop the run
-        log.append(firing(name, told_before, None, False, f"{type(exc).__name__}: {exc}"))
-        return before
+      log.append(firing(guard, told_before, None, False, f"{type(exc).__name__}: {exc}"))
+      return before
     if after is None or after == before:
-        return before
+      return before
     enforced = getattr(ctx, "guard_mode", "enforce") == "enforce"
-    log.append(firing(name, told_before, after if shown_as is None else told_after, enforced))
+    log.append(firing(guard, told_before, after if shown_as is None else told_after, enforced))
     return after if enforced else before
 
 
-def check(ctx: Any, name: str, fires: Callable[[], bool], before: Any, after: Any, log: list[dict]) -> bool:
-    """Guard `name` as a test: whether it fires and acts (`fires()` true and the mode enforce). A firing is
+def check(ctx: Any, guard: Guard, fires: Callable[[], bool], before: Any, after: Any, log: list[dict]) -> bool:
+    """`guard` as a test: whether it fires and acts (`fires()` true and the mode enforce). A firing is
     logged with `before` / `after` saying what it does; an off guard, or one that raises, does not act."""
-    return apply(ctx, name, False, lambda: True if fires() else None, log, shown_as=(before, after))
+    return apply(ctx, guard, False, lambda: True if fires() else None, log, shown_as=(before, after))

@@ -68,7 +68,7 @@ from .common import (
     setting,
     topic_entities,
 )
-from .guards import check
+from .guards import UNKNOWN_CONTEXTS, WORKER_REFUSAL, check
 from .mujica_chat import (
     EVIDENCE_CHARS,
     EVIDENCE_CONTEXTS,
@@ -386,9 +386,9 @@ def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
     record["evidence"] = evidence([contexts[i - 1] for i in selected])
     firings: list[dict] = []
     if answer and (answer.lower().strip(" .!\"'") == "unknown" or check(
-            ctx, "worker_refusal", lambda: is_no_answer(answer), f"{sub['id']}: {answer}", "unknown", firings)):
+            ctx, WORKER_REFUSAL, lambda: is_no_answer(answer), f"{sub['id']}: {answer}", "unknown", firings)):
         record["status"] = UNKNOWN
-        if not selected and check(ctx, "unknown_contexts", lambda: bool(contexts), f"{sub['id']}: unknown",
+        if not selected and check(ctx, UNKNOWN_CONTEXTS, lambda: bool(contexts), f"{sub['id']}: unknown",
                                   f"{min(len(contexts), EVIDENCE_CONTEXTS)} retrieved contexts", firings):
             record["evidence"] = evidence(contexts)  # retrieved, none selected (mujica_chat.report labels them)
     elif answer:

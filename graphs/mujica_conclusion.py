@@ -16,7 +16,7 @@ from . import mujica_prompts as P
 from .common import ask_json, get_llm
 from .compare import NOTE as DATE_NOTE
 from .compare import OPTION_NOTE, Step, as_option, asks_yes_or_no, compare_dates
-from .guards import apply, check, is_on, shown
+from .guards import DATE_COMPARISON, NO_ANSWER_FALLBACK, OPTION_ANSWER, SHORT_ANSWER_REASK, apply, check, is_on, shown
 from .mujica_chat import progress
 from .mujica_plan import ANSWERED, stated, text_key
 from .refusals import is_no_answer, is_sentence
@@ -33,10 +33,10 @@ def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: lis
     results = state["results"]
     if is_no_answer(value):
         own = answer_to_the_question(state)
-        if apply(ctx, "no_answer_fallback", value, lambda: own or None, firings) != value:
+        if apply(ctx, NO_ANSWER_FALLBACK, value, lambda: own or None, firings) != value:
             notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
             value = own
-    elif check(ctx, "short_answer_reask", lambda: is_sentence(value) and text_key(value) not in {
+    elif check(ctx, SHORT_ANSWER_REASK, lambda: is_sentence(value) and text_key(value) not in {
             text_key(r["answer"]) for r in results.values()}, value, "(asked again)", firings):
         fmt = P.SHORT_FORMAT
         value, note, raw = _shorten(get_llm(ctx, "planner", reply=fmt), state, value)
@@ -44,14 +44,14 @@ def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: lis
         notes.append(note)
         log["raw"] = log["raw"] + raw
     steps = compared_steps(state)
-    compared = compare_dates(state["question"], steps) if is_on(ctx, "date_comparison") else None
+    compared = compare_dates(state["question"], steps) if is_on(ctx, DATE_COMPARISON) else None
     if compared:
-        if apply(ctx, "date_comparison", value, lambda: compared[0], firings) != value:
+        if apply(ctx, DATE_COMPARISON, value, lambda: compared[0], firings) != value:
             notes.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the planner concluded {value!r}")
             value = compared[0]
         return value
-    mapped = as_option(state["question"], value, steps) if is_on(ctx, "option_answer") else None
-    if mapped and apply(ctx, "option_answer", value, lambda: mapped[0], firings) != value:
+    mapped = as_option(state["question"], value, steps) if is_on(ctx, OPTION_ANSWER) else None
+    if mapped and apply(ctx, OPTION_ANSWER, value, lambda: mapped[0], firings) != value:
         notes.append(f"{OPTION_NOTE}: {mapped[1]}")
         value = mapped[0]
     return value

@@ -14,7 +14,7 @@ from mhqa_graph.tools import stems
 
 from . import mujica_prompts as P
 from .common import clean_answer
-from .guards import apply, check
+from .guards import PLAN_EXAMPLE_COPY, PLAN_MADE_UP_ENTITY, PLAN_OFF_TOPIC, UNECHO, apply, check
 from .refusals import is_no_answer
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
@@ -92,7 +92,7 @@ def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True, c
             item = {"question": item}
         question = item.get("question") if isinstance(item, dict) else None
         if isinstance(question, str):
-            question = apply(ctx, "unecho", " ".join(question.split()), lambda q=question: unecho(q), log)
+            question = apply(ctx, UNECHO, " ".join(question.split()), lambda q=question: unecho(q), log)
         deps = item.get("depends_on", []) if isinstance(item, dict) else []
         deps = [deps] if isinstance(deps, str) else deps
         if not isinstance(question, str) or not question.strip() or not isinstance(deps, list):
@@ -166,20 +166,20 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
         sid, text = item["id"], item["question"]
         cites = {m.group(1) or m.group(2) for m in REF.finditer(text)} | set(item["depends_on"])
         named, fired = f"{sid or 'a sub-question'}: {text}", len(log)  # a guard that fired ends the chain
-        if about and check(ctx, "plan_off_topic",
+        if about and check(ctx, PLAN_OFF_TOPIC,
                            lambda t=text, c=cites: not stems(REF.sub(" ", t)) & topic and not c - off,
                            named, "dropped", log):
             notes.append(f"InvalidPlan: {sid or 'a sub-question'} is off the question's topic; dropped {text!r}")
             off.add(sid)
             continue
-        if anchors and len(log) == fired and check(ctx, "plan_made_up_entity",
+        if anchors and len(log) == fired and check(ctx, PLAN_MADE_UP_ENTITY,
                                                    lambda t=text, c=cites: not c and not stems(t) & anchors,
                                                    named, "dropped", log):
             notes.append(f"InvalidPlan: {sid or 'a sub-question'} names no topic entity and no answer so far; "
                          f"dropped {text!r}")
             off.add(sid)
             continue
-        if about and len(log) == fired and check(ctx, "plan_example_copy",
+        if about and len(log) == fired and check(ctx, PLAN_EXAMPLE_COPY,
                            lambda t=text: text_key(t) in examples and not stems(REF.sub(" ", t)) & stems(about)
                            or _names_an_example(t, about), named, "dropped", log):
             notes.append(f"InvalidPlan: {sid or 'a sub-question'} copies the prompt's example; dropped {text!r}")

@@ -92,7 +92,7 @@ from .common import (
     supports_tool_calling,
     topic_entities,
 )
-from .guards import check
+from .guards import SEND_BACK_ONE_HOP, SEND_BACK_UNGROUNDED, check
 from .omne_protocol import ai_message, call_key, call_order, call_text, check_args, parse_reply
 from .omne_send_back import grounded, one_hop_short, start_node
 
@@ -313,7 +313,7 @@ def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answ
     firings = list(state.get("guards") or [])
     fired = len(firings)  # a guard that fired (enforced or logged) ends the chain, as in enforce mode
     if state["nudges"] == 0 and round_no < ctx.max_rounds:
-        if check(ctx, "send_back_ungrounded", lambda: not grounded(answer, state), answer, "sent back", firings):
+        if check(ctx, SEND_BACK_UNGROUNDED, lambda: not grounded(answer, state), answer, "sent back", firings):
             text = P.UNGROUNDED.format(answer=answer)
             if start := start_node(ctx, state):
                 facts = render_node(start, state["question"], max_chars=ctx.result_chars)
@@ -325,7 +325,7 @@ def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answ
             left[:] = one_hop_short(ctx, state, answer) or ()
             return bool(left)
 
-        acts = len(firings) == fired and check(ctx, "send_back_one_hop", one_hop, answer, "sent back", firings)
+        acts = len(firings) == fired and check(ctx, SEND_BACK_ONE_HOP, one_hop, answer, "sent back", firings)
         if left and len(firings) > fired:
             firings[-1]["after"] = f"sent back with the facts of {left[0].name}"
         if acts:

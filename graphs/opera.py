@@ -61,7 +61,17 @@ from .common import (
 )
 from .compare import NOTE as DATE_NOTE
 from .compare import OPTION_NOTE, Step, as_option, compare_dates, comparison
-from .guards import apply, check, enforced, firing, is_on
+from .guards import (
+    DATE_COMPARISON,
+    OPTION_ANSWER,
+    OPTIONS_LINE,
+    PLAN_RUNAWAY_CUT,
+    apply,
+    check,
+    enforced,
+    firing,
+    is_on,
+)
 from .opera_analysis import check_analysis, parse_final, parse_rewrite
 from .opera_plan import check_plan, check_runaway_plan, cut_runaway, dependencies, fill_placeholders, runaway_reply
 
@@ -239,20 +249,20 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     worked, notes = worked_plans(ctx, question)
     messages = [SystemMessage(P.PLAN_SYSTEM), HumanMessage(P.PLAN_USER.format(
         worked=P.PLAN_WORKED.format(examples=worked) if worked else "", question=question, hint=hint))]
-    cuts = enforced(ctx, "plan_runaway_cut")  # a reply cut off by the token limit is read only to be cut
+    cuts = enforced(ctx, PLAN_RUNAWAY_CUT)  # a reply cut off by the token limit is read only to be cut
     try:
         parsed = ask_json(get_llm(ctx, "plan", reply=P.plan_format(ctx.max_rounds)), messages, check_plan,
                           ctx.parse_retries, cut_off=check_runaway_plan if cuts else None)
     except ModelError as exc:
         return fresh | {"halted": True, "notes": Overwrite([f"ModelError: plan: {exc}"]), "guards": Overwrite([])}
     firings: list[dict] = []
-    if is_on(ctx, "plan_runaway_cut") and not cuts and (runaway := runaway_reply(parsed.raw[0])):
-        firings.append(firing("plan_runaway_cut", runaway, cut_runaway(runaway), False))  # what log mode saw
+    if is_on(ctx, PLAN_RUNAWAY_CUT) and not cuts and (runaway := runaway_reply(parsed.raw[0])):
+        firings.append(firing(PLAN_RUNAWAY_CUT, runaway, cut_runaway(runaway), False))  # what log mode saw
     if parsed.value is None:
         subgoals = [question]
         notes.append(f"{parsed.error} (plan; planned the question as one sub-goal)")
     elif parsed.cut_off or len(parsed.value) >= ctx.max_rounds:  # cut off, or at the cap a grammar sets
-        subgoals = apply(ctx, "plan_runaway_cut", parsed.value, lambda: cut_runaway(parsed.value), firings)
+        subgoals = apply(ctx, PLAN_RUNAWAY_CUT, parsed.value, lambda: cut_runaway(parsed.value), firings)
         if len(subgoals) < len(parsed.value):
             notes.append(f"warning: the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats")
     else:
@@ -396,7 +406,7 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     if not _halted(state) and steps:
         options = comparison(question)
         with_options = question + (P.ANSWER_OPTIONS.format(a=options[0], b=options[1]) if options else "")
-        asked = with_options if options and check(ctx, "options_line", lambda: True, question, with_options,
+        asked = with_options if options and check(ctx, OPTIONS_LINE, lambda: True, question, with_options,
                                                   firings) else question
         messages = [SystemMessage(P.ANSWER_SYSTEM), HumanMessage(P.ANSWER_USER.format(question=asked,
                                                                                       findings=_findings(steps)))]
@@ -410,14 +420,14 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                 answer = final
             else:
                 new.append("MalformedOutput: empty final answer")
-    compared = compare_dates(question, compared_steps) if is_on(ctx, "date_comparison") else None
-    guarded = apply(ctx, "date_comparison", answer, lambda: compared[0] if compared else None, firings)
+    compared = compare_dates(question, compared_steps) if is_on(ctx, DATE_COMPARISON) else None
+    guarded = apply(ctx, DATE_COMPARISON, answer, lambda: compared[0] if compared else None, firings)
     if compared and guarded != answer:
         new = [n for n in new if not n.startswith("MalformedOutput")]  # the guard gave the answer
         new.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the synthesis said {answer!r}")
     elif not compared and final:  # what the synthesis said, not the fallback of a halted run
-        mapped = as_option(question, answer, compared_steps) if is_on(ctx, "option_answer") else None
-        guarded = apply(ctx, "option_answer", answer, lambda: mapped[0] if mapped else None, firings)
+        mapped = as_option(question, answer, compared_steps) if is_on(ctx, OPTION_ANSWER) else None
+        guarded = apply(ctx, OPTION_ANSWER, answer, lambda: mapped[0] if mapped else None, firings)
         if mapped and guarded != answer:
             new.append(f"{OPTION_NOTE}: {mapped[1]}")
     error = next((n for n in [*(state.get("notes") or []), *new]

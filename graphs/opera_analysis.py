@@ -9,7 +9,7 @@ from typing import Any
 from mhqa_graph.parsing import extract_json, final_answer, strip_think
 
 from .common import clean_answer
-from .guards import check
+from .guards import ANALYSIS_GROUNDED, ANALYSIS_REFUSAL, check
 from .refusals import grounded, is_no_answer
 
 
@@ -37,10 +37,10 @@ def check_analysis(value: Any, passages: list[str] | None = None, ctx: Any = Non
     fired = len(log)  # a guard that fired (enforced or logged) ends the chain, as in enforce mode
     if not answer:
         pass
-    elif check(ctx, "analysis_refusal", lambda: is_no_answer(answer), answer, "", log):
+    elif check(ctx, ANALYSIS_REFUSAL, lambda: is_no_answer(answer), answer, "", log):
         answer, flag = "", "no answer"
     elif len(log) == fired and passages is not None and check(
-            ctx, "analysis_grounded", lambda: not grounded(answer, passages),
+            ctx, ANALYSIS_GROUNDED, lambda: not grounded(answer, passages),
             f"{answer} (sufficient: {sufficient})", f"{answer} (sufficient: False)", log):
         flag = "not in any passage"
     elif stated is None:

@@ -346,7 +346,7 @@ def test_omne_replies_cut_after_their_last_call_still_chain(store):  # noqa: F81
 def test_trajectories_a_guard_changed_are_no_targets(store, tmp_path):  # noqa: F811
     """A guard-replaced answer is the code's, not the model's: no sft or mygo row. A send-back (the guard changed
     the run, the model answered) stays an sft row but is no mygo row, which selects by reward."""
-    from mhqa_graph.graphs.guards import firing
+    from mhqa_graph.graphs.guards import OPTION_ANSWER, firing
     from test_traces import OMNE_SCRIPT, run_omne
 
     from mhqa_graph.export import mygo_rows, sft_rows
@@ -355,9 +355,9 @@ def test_trajectories_a_guard_changed_are_no_targets(store, tmp_path):  # noqa: 
     sent_back = record("wk2", trace.question, ["London"], out, trace)
     assert [f["guard"] for f in trace.design["guards"]] == ["send_back_ungrounded"]
     replaced = json.loads(json.dumps(sent_back))
-    replaced["trace"]["design"]["guards"].append(firing("option_answer", "Christopher Nolan", "London", True))
+    replaced["trace"]["design"]["guards"].append(firing(OPTION_ANSWER, "Christopher Nolan", "London", True))
     logged = json.loads(json.dumps(sent_back))
-    logged["trace"]["design"]["guards"] = [firing("option_answer", "Christopher Nolan", "London", False)]
+    logged["trace"]["design"]["guards"] = [firing(OPTION_ANSWER, "Christopher Nolan", "London", False)]
     assert [len(sft_rows([r])) for r in (sent_back, replaced, logged)] == [1, 0, 1]
     assert [len(mygo_rows([r])) for r in (sent_back, replaced, logged)] == [0, 0, 1]
 

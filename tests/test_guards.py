@@ -139,10 +139,10 @@ def test_plan_guards_switch_off_one_at_a_time():
 
 
 def test_health_counts_guards_and_answer_replacements():
-    firings = [G.firing("date_comparison", "Heat", "Spione", True), G.firing("unecho", "q1: x", "x", False)]
+    firings = [G.firing(G.DATE_COMPARISON, "Heat", "Spione", True), G.firing(G.UNECHO, "q1: x", "x", False)]
     assert guard_health(firings) == {"guards": {"date_comparison": 1, "unecho": 1}, "guard_changed": True,
                                      "answer_guard": True}
-    assert guard_health([G.firing("unecho", "a", "b", False)])["guard_changed"] is False
+    assert guard_health([G.firing(G.UNECHO, "a", "b", False)])["guard_changed"] is False
     rows = [{**guard_health(firings), "constrained": 3}, {**guard_health([]), "constrained": 2}]
     summary = health_summary(rows)
     assert (summary["guard_changed"], summary["answer_guard"], summary["constrained"]) == (1, 1, 5)
@@ -181,6 +181,21 @@ def test_eval_summaries_show_the_guards():
 
     records = [{"id": str(i), "em": 1.0, "f1": 1.0, "latency": 1.0, "llm_calls": 2, "tokens": {"total": 10},
                 "health": {**guard_health(f), "constrained": 2}} for i, f in
-               enumerate([[G.firing("date_comparison", "Heat", "Spione", True)], []])]
+               enumerate([[G.firing(G.DATE_COMPARISON, "Heat", "Spione", True)], []])]
     caption = summary_table(summarize(records, agent="opera")).caption
     assert "guards fired: date_comparison 1 (changed 1 runs, replaced 1 answers); 4 constrained model calls" in caption
+
+
+def test_the_designs_hold_guards_as_objects_not_names():
+    """A guard is named by string only in the guard layer: elsewhere a misspelt name would be a guard silently off;
+    as an object (graphs/guards.py's constants) it fails at import."""
+    import re
+    from pathlib import Path
+
+    names = "|".join(G.GUARDS)
+    quoted = re.compile(rf"[\"']({names})[\"']")
+    found = [f"{p.name}: {m.group(0)}" for p in sorted(Path("graphs").glob("*.py")) if p.name != "guards.py"
+             for m in quoted.finditer(p.read_text())]
+    assert found == []
+    with pytest.raises(AttributeError):
+        G.is_on(None, "unecho")  # a name where a guard belongs fails at once
