@@ -16,7 +16,7 @@ node's facts by the question's words (`tools.stems`), and the refusal words by w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -187,3 +187,26 @@ def check(ctx: Any, guard: Guard, fires: Callable[[], bool], before: Any, after:
     """`guard` as a test: whether it fires and acts (`fires()` true and the mode enforce). A firing is
     logged with `before` / `after` saying what it does; an off guard, or one that raises, does not act."""
     return apply(ctx, guard, False, lambda: True if fires() else None, log, shown_as=(before, after))
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One link of a stage's guard chain: the guard, its test, and what a firing records it changing."""
+
+    guard: Guard
+    fires: Callable[[], bool]
+    before: Any
+    after: Any
+
+
+def first_that_fires(ctx: Any, rules: Iterable[Rule], log: list[dict]) -> Guard | None:
+    """A stage's guards in order: the first that fires ends the chain, in either mode (so a log run takes the path
+    an enforce run would have, up to the acting); the guard that fired and acts, or None. Rules after the one
+    that fired are not tested; one that raises is logged with its error and ends the chain too."""
+    for rule in rules:
+        before = len(log)
+        if check(ctx, rule.guard, rule.fires, rule.before, rule.after, log):
+            return rule.guard
+        if len(log) > before:
+            return None
+    return None

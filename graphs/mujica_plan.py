@@ -14,7 +14,7 @@ from mhqa_graph.tools import stems
 
 from . import mujica_prompts as P
 from .common import clean_answer
-from .guards import PLAN_EXAMPLE_COPY, PLAN_MADE_UP_ENTITY, PLAN_OFF_TOPIC, UNECHO, apply, check
+from .guards import PLAN_EXAMPLE_COPY, PLAN_MADE_UP_ENTITY, PLAN_OFF_TOPIC, UNECHO, Rule, apply, first_that_fires
 from .refusals import is_no_answer
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
@@ -23,6 +23,10 @@ REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earli
 ECHO = re.compile(r"^q[\w.-]*:\s+|\s*\((?:after [^)]*|blocked: [^)]*|not answered yet)\)|\s+->(?:\s.*)?$")
 
 ANSWERED, UNKNOWN, FAILED = "answered", "unknown", "failed"
+
+DROPPED = {PLAN_OFF_TOPIC: "is off the question's topic",  # the note of each plan guard's drop
+           PLAN_MADE_UP_ENTITY: "names no topic entity and no answer so far",
+           PLAN_EXAMPLE_COPY: "copies the prompt's example"}
 
 
 class SubQuestion(TypedDict):
@@ -165,24 +169,18 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
     for item in items:
         sid, text = item["id"], item["question"]
         cites = {m.group(1) or m.group(2) for m in REF.finditer(text)} | set(item["depends_on"])
-        named, fired = f"{sid or 'a sub-question'}: {text}", len(log)  # a guard that fired ends the chain
-        if about and check(ctx, PLAN_OFF_TOPIC,
-                           lambda t=text, c=cites: not stems(REF.sub(" ", t)) & topic and not c - off,
-                           named, "dropped", log):
-            notes.append(f"InvalidPlan: {sid or 'a sub-question'} is off the question's topic; dropped {text!r}")
-            off.add(sid)
-            continue
-        if anchors and len(log) == fired and check(ctx, PLAN_MADE_UP_ENTITY,
-                                                   lambda t=text, c=cites: not c and not stems(t) & anchors,
-                                                   named, "dropped", log):
-            notes.append(f"InvalidPlan: {sid or 'a sub-question'} names no topic entity and no answer so far; "
-                         f"dropped {text!r}")
-            off.add(sid)
-            continue
-        if about and len(log) == fired and check(ctx, PLAN_EXAMPLE_COPY,
-                           lambda t=text: text_key(t) in examples and not stems(REF.sub(" ", t)) & stems(about)
-                           or _names_an_example(t, about), named, "dropped", log):
-            notes.append(f"InvalidPlan: {sid or 'a sub-question'} copies the prompt's example; dropped {text!r}")
+        named = f"{sid or 'a sub-question'}: {text}"
+        rules = [Rule(PLAN_OFF_TOPIC, lambda t=text, c=cites: not stems(REF.sub(" ", t)) & topic and not c - off,
+                      named, "dropped")] if about else []
+        if anchors:
+            rules.append(Rule(PLAN_MADE_UP_ENTITY, lambda t=text, c=cites: not c and not stems(t) & anchors, named,
+                              "dropped"))
+        if about:
+            rules.append(Rule(PLAN_EXAMPLE_COPY, lambda t=text: text_key(t) in examples
+                              and not stems(REF.sub(" ", t)) & stems(about) or _names_an_example(t, about),
+                              named, "dropped"))
+        if acted := first_that_fires(ctx, rules, log):
+            notes.append(f"InvalidPlan: {sid or 'a sub-question'} {DROPPED[acted]}; dropped {text!r}")
             off.add(sid)
             continue
         old = known.get(sid)

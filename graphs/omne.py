@@ -92,7 +92,7 @@ from .common import (
     supports_tool_calling,
     topic_entities,
 )
-from .guards import SEND_BACK_ONE_HOP, SEND_BACK_UNGROUNDED, check
+from .guards import SEND_BACK_ONE_HOP, SEND_BACK_UNGROUNDED, Rule, first_that_fires
 from .omne_protocol import ai_message, call_key, call_order, call_text, check_args, parse_reply
 from .omne_send_back import grounded, one_hop_short, start_node
 
@@ -311,24 +311,26 @@ def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answ
     with the facts that it skipped: when no fact of the run contains it (the facts of the entity the question
     starts from, unless the run looked into it), or when it is one hop short (the facts of the answer entity)."""
     firings = list(state.get("guards") or [])
-    fired = len(firings)  # a guard that fired (enforced or logged) ends the chain, as in enforce mode
     if state["nudges"] == 0 and round_no < ctx.max_rounds:
-        if check(ctx, SEND_BACK_UNGROUNDED, lambda: not grounded(answer, state), answer, "sent back", firings):
-            text = P.UNGROUNDED.format(answer=answer)
-            if start := start_node(ctx, state):
-                facts = render_node(start, state["question"], max_chars=ctx.result_chars)
-                text = P.UNGROUNDED_FACTS.format(answer=answer, entity=start.name, facts=facts)
-            return {"rounds": round_no, "nudges": 1, "messages": [said, tagged(SEND_BACK, text)], "guards": firings}
-        left: list = []  # what the check found: the answer's node and the relations the walk left open
+        left: list = []  # what the one-hop check found: the answer's node and the relations the walk left open
 
         def one_hop() -> bool:
             left[:] = one_hop_short(ctx, state, answer) or ()
             return bool(left)
 
-        acts = len(firings) == fired and check(ctx, SEND_BACK_ONE_HOP, one_hop, answer, "sent back", firings)
+        fired = len(firings)
+        acted = first_that_fires(ctx, [Rule(SEND_BACK_UNGROUNDED, lambda: not grounded(answer, state), answer,
+                                            "sent back"),
+                                       Rule(SEND_BACK_ONE_HOP, one_hop, answer, "sent back")], firings)
         if left and len(firings) > fired:
             firings[-1]["after"] = f"sent back with the facts of {left[0].name}"
-        if acts:
+        if acted is SEND_BACK_UNGROUNDED:
+            text = P.UNGROUNDED.format(answer=answer)
+            if start := start_node(ctx, state):
+                facts = render_node(start, state["question"], max_chars=ctx.result_chars)
+                text = P.UNGROUNDED_FACTS.format(answer=answer, entity=start.name, facts=facts)
+            return {"rounds": round_no, "nudges": 1, "messages": [said, tagged(SEND_BACK, text)], "guards": firings}
+        if acted is SEND_BACK_ONE_HOP:
             node, relations = left
             text = P.ONE_HOP_SHORT.format(entity=node.name, relations=", ".join(relations),
                                           facts=render_node(node, state["question"], max_chars=ctx.result_chars))

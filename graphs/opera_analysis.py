@@ -9,7 +9,7 @@ from typing import Any
 from mhqa_graph.parsing import extract_json, final_answer, strip_think
 
 from .common import clean_answer
-from .guards import ANALYSIS_GROUNDED, ANALYSIS_REFUSAL, check
+from .guards import ANALYSIS_GROUNDED, ANALYSIS_REFUSAL, Rule, first_that_fires
 from .refusals import grounded, is_no_answer
 
 
@@ -34,14 +34,14 @@ def check_analysis(value: Any, passages: list[str] | None = None, ctx: Any = Non
     answer = clean_answer(str(v.get("answer") or ""))
     stated = v.get("sufficient", v.get("status"))
     sufficient, flag = stated is not None and _truthy(stated), None
-    fired = len(log)  # a guard that fired (enforced or logged) ends the chain, as in enforce mode
-    if not answer:
-        pass
-    elif check(ctx, ANALYSIS_REFUSAL, lambda: is_no_answer(answer), answer, "", log):
+    rules = [Rule(ANALYSIS_REFUSAL, lambda: is_no_answer(answer), answer, "")]
+    if passages is not None:
+        rules.append(Rule(ANALYSIS_GROUNDED, lambda: not grounded(answer, passages),
+                          f"{answer} (sufficient: {sufficient})", f"{answer} (sufficient: False)"))
+    acted = first_that_fires(ctx, rules, log) if answer else None
+    if acted is ANALYSIS_REFUSAL:
         answer, flag = "", "no answer"
-    elif len(log) == fired and passages is not None and check(
-            ctx, ANALYSIS_GROUNDED, lambda: not grounded(answer, passages),
-            f"{answer} (sufficient: {sufficient})", f"{answer} (sufficient: False)", log):
+    elif acted is ANALYSIS_GROUNDED:
         flag = "not in any passage"
     elif stated is None:
         flag = "no sufficiency given"
