@@ -63,6 +63,7 @@ BASH: dict[str, tuple] = {
     "mhqa ingest dataset pathquestion ../shared/data/pathquestion/2H-kb.txt --name pq2h": (RUN, [], None),
     "mhqa ingest triples kg.tsv --graph mykg": (RUN, [], None),
     "mhqa ingest passages docs.jsonl --corpus mydocs": (RUN, [], None),
+    "mhqa ingest plans ../shared/data/2wikimultihopqa/train_context.json --corpus plans": (RUN, [], None),
     "mhqa ingest extract --corpus mydocs --graph mydocs-kg --llm qwen2.5-coder-1.5b --limit 100": (RUN, [], TRIPLES),
     "mhqa stats": (RUN, [], None),
     'mhqa query match 2wiki-dev_evidences "duke louis of wurttemberg" -k 5': (RUN, [], None),
