@@ -56,7 +56,8 @@ def ask(args: argparse.Namespace, env: str, variant: str) -> None:
             out = plan({"question": item.question, "topic_entities": list(item.topic_entities)},
                        SimpleNamespace(context=ctx))
             have[item.id] = {"id": item.id, "cluster": cluster_key({"id": item.id, "chain": chain_json(item.chain)}),
-                             "hops": item.hops, "subgoals": out["plan"], "notes": out.get("notes")}
+                             "hops": item.hops, "subgoals": out["plan"],
+                             "notes": list(getattr(out.get("notes"), "value", out.get("notes")) or [])}
             R.write(path, have.values())
             print(f"  {env} {variant} {n}/{len(items)}: {len(out['plan'])} sub-goals", file=sys.stderr, flush=True)
 
