@@ -40,7 +40,7 @@ from mhqa_graph.errors import InvalidInput, MhqaError
 from mhqa_graph.eval.scoring import normalize_answer
 from mhqa_graph.parsing import words
 
-from .common import AgentContext, QAInput, QAOutput, check_question, context_as, setting
+from .common import AgentContext, QAInput, QAOutput, check_question, context_as, extend, setting
 from .refusals import grounded, is_no_answer
 
 DESIGNS = ("opera", "mujica", "omne")  # what auto may escalate to
@@ -67,11 +67,6 @@ class AutoContext(AgentContext):
 
     def check(self) -> None:
         check_settings(self)
-
-
-def extend(left: list, right: list | None) -> list:
-    """Append-only log; None resets."""
-    return [] if right is None else left + right
 
 
 class AutoOutput(QAOutput):

@@ -207,6 +207,11 @@ def validate_context(ctx: AgentContext, roles: tuple[str, ...]) -> None:
             raise InvalidInput(f"{f.name} must be a string, got {value!r}")
 
 
+def extend(left: list, right: list | None) -> list:
+    """The reducer of a state's append-only logs (decisions, notes, guard firings): appends; None resets."""
+    return [] if right is None else left + right
+
+
 def check_sources(ctx: AgentContext) -> None:
     """StoreNotFound, UnknownCorpus or UnknownGraph (naming the store) unless the context's corpus and
     graphs (comma-separated) are in its store. Opens the store as a run would (once per process)."""

@@ -63,6 +63,7 @@ from .common import (
     check_question,
     clean_answer,
     context_as,
+    extend,
     get_llm,
     get_store,
     setting,
@@ -126,11 +127,6 @@ def merge_results(left: dict[str, dict], right: dict[str, dict] | None) -> dict[
             record = {**record, "earlier": [*old.get("earlier", []), summary]}
         merged[sid] = record
     return dict(sorted(merged.items(), key=lambda kv: (kv[1]["order"], kv[0])))
-
-
-def extend(left: list, right: list | None) -> list:
-    """Append-only log; None resets."""
-    return [] if right is None else left + right
 
 
 class State(TypedDict):

@@ -54,6 +54,7 @@ from .common import (
     ask_json,
     check_question,
     context_as,
+    extend,
     get_llm,
     get_store,
     setting,
@@ -108,11 +109,6 @@ def merge_steps(left: list[dict], right: list[dict] | None) -> list[dict]:
             step["attempts"] = attempts
         steps[update["n"]] = step
     return [steps[n] for n in sorted(steps)]
-
-
-def extend(left: list, right: list | None) -> list:
-    """Append-only log; None resets."""
-    return [] if right is None else left + right
 
 
 class State(TypedDict, total=False):
