@@ -288,19 +288,22 @@ def policy_chat_model(model: Any, tokenizer: Any, config: ModelConfig, folder: s
                            temperature, max_new_tokens)
     if served is not None:
         return served["policy"]
+    seed = config.seed if temperature > 0 else None  # sampled calls: seed + n, reproducible
     if not serves_with_llamacpp(model, config):
-        return chat_model_for(model, tokenizer, temperature, max_new_tokens)
+        return chat_model_for(model, tokenizer, temperature, max_new_tokens, seed=seed)
     path = Path(folder) / f"{adapter or 'adapter'}.gguf"
     on_main_process(lambda: write_lora_gguf(model, path, adapter))
-    return llamacpp_policy(config.name, path, temperature, max_new_tokens)
+    return llamacpp_policy(config.name, path, temperature, max_new_tokens, seed=seed)
 
 
-def llamacpp_policy(pack: str, adapter: Path | None, temperature: float, max_new_tokens: int) -> Any:
-    """llama.cpp over `pack`'s GGUF with the LoRA `adapter` file (None: the base model)."""
+def llamacpp_policy(pack: str, adapter: Path | None, temperature: float, max_new_tokens: int,
+                    seed: int | None = None) -> Any:
+    """llama.cpp over `pack`'s GGUF with the LoRA `adapter` file (None: the base model); `seed` seeds sampled
+    calls (call n: seed + n)."""
     from mhqa_graph.models.factory import load_chat_model
 
     spec = f"llamacpp:{pack}" + (f"?lora={adapter}" if adapter else "")
-    return load_chat_model(spec, temperature=temperature, max_new_tokens=max_new_tokens,
+    return load_chat_model(spec, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                            model_name=f"{pack}+{adapter.stem}" if adapter else pack)
 
 
@@ -389,10 +392,11 @@ def load_model(config: ModelConfig) -> tuple[Any, Any]:
 
 
 def chat_model_for(model: Any, tokenizer: Any, temperature: float = 0.0, max_new_tokens: int = 256,
-                   name: str = "policy") -> TransformersChatModel:
-    """The model under training as a LangChain chat model, for the agents' `llm` / `role_llms`."""
+                   name: str = "policy", seed: int | None = None) -> TransformersChatModel:
+    """The model under training as a LangChain chat model, for the agents' `llm` / `role_llms`; `seed` seeds
+    sampled calls (call n: seed + n)."""
     return TransformersChatModel.from_loaded(model, tokenizer, model_name=name, temperature=temperature,
-                                             max_new_tokens=max_new_tokens)
+                                             max_new_tokens=max_new_tokens, seed=seed)
 
 
 def teacher_folder(spec: str) -> str:

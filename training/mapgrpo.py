@@ -237,11 +237,12 @@ def add_role_adapters(model: Any) -> None:
     model.delete_adapter("default")
 
 
-def role_models(model: Any, tokenizer: Any, temperature: float, max_new_tokens: int) -> tuple[Any, dict[str, Any]]:
+def role_models(model: Any, tokenizer: Any, temperature: float, max_new_tokens: int,
+                seed: int | None = None) -> tuple[Any, dict[str, Any]]:
     """(the base model for every other call, {role: its adapter's chat model}) over the policy. Without
-    adapters (full fine-tuning) every role is the one model."""
+    adapters (full fine-tuning) every role is the one model. `seed` seeds sampled calls (call n: seed + n)."""
     def chat(adapter: str | None) -> RoleChatModel:
-        return RoleChatModel.from_loaded(model, tokenizer, model_name=f"policy:{adapter or 'base'}",
+        return RoleChatModel.from_loaded(model, tokenizer, model_name=f"policy:{adapter or 'base'}", seed=seed,
                                          temperature=temperature, max_new_tokens=max_new_tokens, adapter=adapter)
 
     if not hasattr(model, "peft_config"):
@@ -530,9 +531,10 @@ class MAPGRPOTrainer:
         served = served_policy(self.model, cfg.model, folder, adapters, temperature, new)
         if served is not None:
             return served["answer"], served
+        seed = cfg.model.seed if temperature > 0 else None
         if not serves_with_llamacpp(self.model, cfg.model):
-            return role_models(self.model, self.tokenizer, temperature, new)
-        base = llamacpp_policy(cfg.model.name, None, temperature, new)
+            return role_models(self.model, self.tokenizer, temperature, new, seed)
+        base = llamacpp_policy(cfg.model.name, None, temperature, new, seed=seed)
         return base, {role: policy_chat_model(self.model, self.tokenizer, cfg.model, folder, temperature, new, role)
                       for role in OPERA_ROLES} | {"answer": base}
 

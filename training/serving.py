@@ -150,7 +150,8 @@ def served_policy(model: Any, config: Any, folder: str | Path, adapters: Mapping
             lora = [{"id": i, "scale": float(name == adapter)} for i, name in enumerate(names)]
             return {"extra_body": {"lora": lora}} if lora else {}
 
-        return {label: server.chat_model(**kwargs, **scales(a)) for label, a in adapters.items()}
+        seed = {"seed": config.seed} if temperature > 0 else {}  # per call: seed + n (one seed would repeat)
+        return {label: server.chat_model(**kwargs, **seed, **scales(a)) for label, a in adapters.items()}
     from mhqa_graph.models.factory import load_chat_model
 
     base_url, _, served = config.rollout_llm[len(OPENAI):].partition("#")

@@ -3,9 +3,11 @@ and `grammar=<GBNF text>` constrains a call where xgrammar is installed (`mhqa_g
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +98,20 @@ def stopping_when(event: threading.Event | None) -> Any:
     return StoppingCriteriaList([Abandoned()])
 
 
+@contextmanager
+def seeded(seed: int | None, device: Any) -> Iterator[None]:
+    """Sampling inside seeded with `seed` (None: as it is), the process's random state left as it was."""
+    if seed is None:
+        yield
+        return
+    import torch
+
+    devices = [device] if getattr(device, "type", "cpu") == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
 class TransformersChatModel(BaseChatModel):
     """Chat over a transformers model folder (or a hub id already in the HF cache). Loads on first use."""
 
@@ -103,6 +119,7 @@ class TransformersChatModel(BaseChatModel):
     model_name: str = ""
     max_new_tokens: int = 512
     temperature: float = 0.0  # 0 = greedy
+    seed: int | None = None  # sampling: call n samples with seed + n (reproducible runs); None = unseeded
     stop: list[str] | None = None
     dtype: str = "float32"  # stored bf16; float32 matmuls run ~2x faster on most CPUs
     context_window: int = 0  # tokens of prompt + reply; 0 = from the model config
@@ -111,6 +128,7 @@ class TransformersChatModel(BaseChatModel):
     _tokenizer: Any = PrivateAttr(default=None)
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _device_fault: str | None = PrivateAttr(default=None)
+    _calls: Any = PrivateAttr(default_factory=itertools.count)  # numbers the calls, for `seed`
 
     @property
     def accepts_grammar(self) -> bool:
@@ -131,7 +149,8 @@ class TransformersChatModel(BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self._name, "model_path": self.model_path, "max_new_tokens": self.max_new_tokens,
-                "temperature": self.temperature, "dtype": self.dtype, "context_window": self.context_window}
+                "temperature": self.temperature, "seed": self.seed, "dtype": self.dtype,
+                "context_window": self.context_window}
 
     @property
     def _name(self) -> str:
@@ -225,7 +244,8 @@ class TransformersChatModel(BaseChatModel):
             sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
             config = GenerationConfig(max_new_tokens=max_new, pad_token_id=pad, stop_strings=stops or None, **sampling)
             processors, decoding = self.constrained(kwargs)
-            with torch.inference_mode():
+            seed = None if self.seed is None else self.seed + next(self._calls)
+            with torch.inference_mode(), seeded(seed, model_device(self._model)):
                 out = self.generate_ids(**inputs, generation_config=config, logits_processor=processors, tokenizer=tok,
                                         stopping_criteria=stopping_when(abandoned))
             eos = self._model.generation_config.eos_token_id

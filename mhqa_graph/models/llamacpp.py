@@ -10,6 +10,7 @@ prefilled.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import threading
 from pathlib import Path
@@ -55,6 +56,7 @@ class LlamaCppChatModel(BaseChatModel):
     model_name: str = ""
     max_new_tokens: int = 512
     temperature: float = 0.0  # 0 = greedy
+    seed: int | None = None  # sampling: call n samples with seed + n (reproducible runs); None = unseeded
     stop: list[str] | None = None
     n_ctx: int = 0  # tokens of prompt + reply; 0 = the smaller of DEFAULT_CTX and the model's training context
     n_threads: int = 0  # 0 = every core this process may use
@@ -68,6 +70,7 @@ class LlamaCppChatModel(BaseChatModel):
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     _grammars: dict[str, Any] = PrivateAttr(default_factory=dict)  # GBNF text -> LlamaGrammar, or the parse error
     _cache: PrefixCache | None = PrivateAttr(default=None)
+    _calls: Any = PrivateAttr(default_factory=itertools.count)  # numbers the calls, for `seed`
 
     accepts_grammar: ClassVar[bool] = True  # `grammar=<GBNF text>` constrains a call (mhqa_graph.replies)
 
@@ -78,7 +81,7 @@ class LlamaCppChatModel(BaseChatModel):
     @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self._name, "model_path": self.model_path, "max_new_tokens": self.max_new_tokens,
-                "temperature": self.temperature, "n_ctx": self.n_ctx, "n_threads": self.n_threads,
+                "temperature": self.temperature, "seed": self.seed, "n_ctx": self.n_ctx, "n_threads": self.n_threads,
                 "lora_path": self.lora_path, "prompt_cache_mb": self.prompt_cache_mb}
 
     @property
@@ -209,8 +212,9 @@ class LlamaCppChatModel(BaseChatModel):
                 reused, failed = self._restore(ids)
                 cache_error = {"cache_error": "llama.cpp refused a cached state; the prompt was prefilled in full"} \
                     if failed else {}
+                seed = None if self.seed is None else self.seed + next(self._calls)
                 out = self._llm.create_completion(prompt=ids, max_tokens=max_new, temperature=temperature,
-                                                  stop=stops or None, grammar=grammar,
+                                                  stop=stops or None, grammar=grammar, seed=seed,
                                                   stopping_criteria=stopping_when(abandoned))
                 self._save()
             except (ValueError, RuntimeError) as exc:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import ctypes
+import itertools
 import os
 import signal
 import socket
@@ -321,6 +322,7 @@ class LlamaServerChatModel(ChatOpenAI or BaseChatModel):  # type: ignore[misc]
     accepts_grammar: ClassVar[bool] = True
     bind_tools = BaseChatModel.bind_tools  # type: ignore[assignment]
     _server: Any = PrivateAttr(default=None)
+    _calls: Any = PrivateAttr(default_factory=itertools.count)  # numbers the calls, for `seed`
 
     @property
     def backend_fault(self) -> str | None:
@@ -331,6 +333,8 @@ class LlamaServerChatModel(ChatOpenAI or BaseChatModel):  # type: ignore[misc]
         return None
 
     def _request(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        if self.seed is not None:  # call n samples with seed + n, as in-process (one seed for all would repeat)
+            kwargs.setdefault("seed", self.seed + next(self._calls))
         if "max_new_tokens" in kwargs:
             kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
         grammar = kwargs.pop("grammar", None)
