@@ -212,6 +212,19 @@ def extend(left: list, right: list | None) -> list:
     return [] if right is None else left + right
 
 
+def worked_plans(ctx: AgentContext, question: str) -> tuple[list[tuple[str, list[str]]], str | None]:
+    """([(question, sub-goals)], warning): the `plan_example_k` worked plans of the `plan_examples` corpus nearest
+    `question` (sub-goals cite earlier answers as [AnswerN]; `mhqa_graph.ingest.plans`), none without the setting;
+    a warning when the corpus cannot be searched (the planner then plans without them)."""
+    if not ctx.plan_examples or ctx.plan_example_k <= 0:
+        return [], None
+    try:
+        hits = get_store(ctx).search(ctx.plan_examples, question, k=ctx.plan_example_k)
+    except MhqaError as exc:
+        return [], f"warning: plan_examples: {type(exc).__name__}: {exc}; planned without them"
+    return [(h.title, h.text.splitlines()) for h in hits if h.title != question], None
+
+
 def check_sources(ctx: AgentContext) -> None:
     """StoreNotFound, UnknownCorpus or UnknownGraph (naming the store) unless the context's corpus and
     graphs (comma-separated) are in its store. Opens the store as a run would (once per process)."""

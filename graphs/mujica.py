@@ -68,6 +68,7 @@ from .common import (
     get_store,
     setting,
     topic_entities,
+    worked_plans,
 )
 from .guards import UNKNOWN_CONTEXTS, WORKER_REFUSAL, check
 from .mujica_chat import (
@@ -184,7 +185,10 @@ def _prompt(state: State, ctx: MujicaContext, rnd: int, final: bool, may_answer:
     must_ask = "" if may_answer else P.MUST_ASK
     if not state["planner_log"]:
         topic = P.TOPIC.format(entities=", ".join(state["topic_entities"])) if state.get("topic_entities") else ""
-        return ("", ""), P.PLANNER_USER.format(question=state["question"], topic=topic, progress=plan, round=rnd,
+        worked, _ = worked_plans(ctx, state["question"])  # a corpus that cannot be searched: none (check_sources)
+        worked_text = P.WORKED.format(examples=P.worked_examples(worked)) if worked else ""
+        return ("", ""), P.PLANNER_USER.format(worked=worked_text, question=state["question"], topic=topic,
+                                               progress=plan, round=rnd,
                                                max_rounds=ctx.max_rounds, must_ask=must_ask, think=think)
     news = report(state["results"], state["planner_log"][-1].get("waves", 0))
     if final:

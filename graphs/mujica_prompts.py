@@ -2,6 +2,7 @@
 WORKER_SYSTEM (passages) and GRAPH_WORKER_SYSTEM (graph facts) are sent as they are (single braces)."""
 
 import json
+import re
 
 from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, json_reply, obj, text
 
@@ -51,12 +52,25 @@ needs), ask something else, or conclude.
 - Conclude with what the workers found: a worker's answer, yes or no, or one of the two options the \
 question names."""
 
+# before the question in the first turn, with the `plan_examples` setting: plans of training questions like it
+WORKED = "Plans of questions like this one:\n{examples}\n\nNow plan this one.\n"
+
+
+def worked_examples(plans: list[tuple[str, list[str]]]) -> str:
+    """Worked plans ([(question, sub-goals citing [AnswerN])]) written as the planner's examples are: sub-goal N is
+    qN, and a cited [AnswerN] is #qN and a dependency."""
+    def plan(goals: list[str]) -> tuple:
+        return tuple((re.sub(r"\[Answer(\d+)\]", r"#q\1", g), tuple(f"q{n}" for n in
+                      dict.fromkeys(re.findall(r"\[Answer(\d+)\]", g)))) for g in goals)
+    return "\n".join(_example(q, plan(goals)) for q, goals in plans)
+
+
 THINK_FIRST = "First reason briefly inside <think>...</think>, then give the JSON."
 NO_THINK = "Reply with the JSON only."
 MUST_ASK = "Ask at least one sub-question before you answer. "
 TOO_EARLY = "no worker has answered yet: ask at least one sub-question first"
 
-PLANNER_USER = """Question: {question}{topic}
+PLANNER_USER = """{worked}Question: {question}{topic}
 
 Sub-questions so far:
 {progress}

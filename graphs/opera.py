@@ -29,7 +29,6 @@ Replies each role is expected to give (what `fake_llms` scripts; `opera_prompts`
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -40,7 +39,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, Overwrite, Send
 from typing_extensions import TypedDict
 
-from mhqa_graph.errors import EntityNotFound, MhqaError, ModelError, StoreError
+from mhqa_graph.errors import EntityNotFound, ModelError, StoreError
 from mhqa_graph.store.base import MAX_K
 from mhqa_graph.tools import MAX_FACTS, format_passages
 from mhqa_graph.types import PassageHit
@@ -59,6 +58,7 @@ from .common import (
     get_store,
     setting,
     topic_entities,
+    worked_plans,
 )
 from .compare import NOTE as DATE_NOTE
 from .compare import OPTION_NOTE, Step, as_option, compare_dates, comparison
@@ -242,9 +242,11 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     if not (ctx.corpus or ctx.graph):
         return fresh | {"halted": True, "notes": Overwrite([f"InvalidInput: {P.NO_SOURCE}"]), "guards": Overwrite([])}
     hint = P.PLAN_HINT.format(entities=", ".join(entities)) if entities else ""
-    worked, notes = worked_plans(ctx, question)
+    worked, warning = worked_plans(ctx, question)
+    notes = [warning] if warning else []
     messages = [SystemMessage(P.PLAN_SYSTEM), HumanMessage(P.PLAN_USER.format(
-        worked=P.PLAN_WORKED.format(examples=worked) if worked else "", question=question, hint=hint))]
+        worked=P.PLAN_WORKED.format(examples=P.worked_examples(worked)) if worked else "", question=question,
+        hint=hint))]
     cuts = enforced(ctx, PLAN_RUNAWAY_CUT)  # a reply cut off by the token limit is read only to be cut
     try:
         parsed = ask_json(get_llm(ctx, "plan", reply=P.plan_format(ctx.max_rounds)), messages, check_plan,
@@ -268,19 +270,6 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
         subgoals = subgoals[:ctx.max_rounds]
     return fresh | {"plan": subgoals, "depends_on": dependencies(subgoals), "plan_raw": parsed.raw,
                     "notes": Overwrite(notes), "guards": Overwrite(firings)}
-
-
-def worked_plans(ctx: OperaContext, question: str) -> tuple[str, list[str]]:
-    """The `plan_example_k` worked plans of `plan_examples` nearest the question, as the Plan agent's examples
-    are written ("" without the setting), and a warning when the corpus cannot be searched."""
-    if not ctx.plan_examples or ctx.plan_example_k <= 0:
-        return "", []
-    try:
-        hits = get_store(ctx).search(ctx.plan_examples, question, k=ctx.plan_example_k)
-    except MhqaError as exc:
-        return "", [f"warning: plan_examples: {type(exc).__name__}: {exc}; planned without them"]
-    return "\n".join(f"Question: {h.title}\n" + json.dumps({"subgoals": h.text.splitlines()}, ensure_ascii=False)
-                     for h in hits if h.title != question), []
 
 
 def schedule(state: State) -> Command[Literal["retrieve", "synthesize"]]:

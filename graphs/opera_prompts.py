@@ -1,6 +1,8 @@
 """Prompts of OPERA's agents: Plan (Goal Planning Module), Analysis-Answer and Rewrite (Reason-Execute
 Module), and the final synthesis. Written for small instruction-tuned models: one task each, JSON out."""
 
+import json
+
 from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, json_reply, line_reply, obj, text
 
 PLAN_SYSTEM = """You are the Plan agent of a question answering system that searches a knowledge source.
@@ -25,6 +27,11 @@ PLAN_USER = "{worked}Question: {question}{hint}\nJSON:"
 
 # before the question, with the `plan_examples` setting: plans of training questions like it
 PLAN_WORKED = "Plans of questions like this one:\n{examples}\n\nNow plan this one.\n"
+
+
+def worked_examples(plans: list[tuple[str, list[str]]]) -> str:
+    """Worked plans ([(question, sub-goals)]) written as the Plan agent's examples are."""
+    return "\n".join(f"Question: {q}\n" + json.dumps({"subgoals": goals}, ensure_ascii=False) for q, goals in plans)
 
 PLAN_HINT = "\nEntities the question is about: {entities}"
 

@@ -91,3 +91,15 @@ def test_the_cli_ingests_plans_and_refuses_a_bad_set(tmp_path):
     bad = subprocess.run([*mhqa, "ask", "Who?", "--agent", "rag", "--llm", "fake:[\"x\"]", "--store", store,
                           "--corpus", "plans", "--set", "budgett=3"], capture_output=True, text=True)
     assert bad.returncode != 0 and "rag has no setting 'budgett'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_mujicas_planner_sees_them_in_its_own_format(store):
+    planner = FakeChatModel(responses=[json.dumps({"subquestions": [
+        {"id": "q1", "question": "Who directed Inception?", "depends_on": []}]}), json.dumps({"answer": "x"})])
+    worker = FakeChatModel(responses=[json.dumps({"relevant": [1], "answer": "Christopher Nolan"})])
+    ctx = make_context("mujica", llm="fake", role_llms={"planner": planner, "worker": worker}, store=store,
+                       corpus="wiki", plan_examples="plans", plan_example_k=1)
+    build_graph("mujica").invoke({"question": "When was the director of Inception born?"}, context=ctx)
+    first = planner.calls[0][-1].text
+    assert '{"id": "q2", "question": "When was #q1 born?", "depends_on": ["q1"]}' in first
+    assert "Question: When was the director of Inception born?" in first.split("Now plan this one.")[1]
