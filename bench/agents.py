@@ -57,7 +57,7 @@ from mhqa_graph.graphs import context_schema
 from mhqa_graph.graphs.guards import GUARDS, selected
 
 from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
-from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
+from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, ensure_worked_plans, open_environment
 from mhqa_graph.eval.health import format_repairs, health_summary
 from mhqa_graph.eval.paired import cluster_key, paired_interval
 from mhqa_graph.eval.report import RESULTS, prefilled_per_question, read_records
@@ -203,12 +203,15 @@ def fired_guards(args: argparse.Namespace, env: str, variant: str) -> list[str]:
     return sorted(counts, key=lambda n: (-counts[n], n))
 
 
-def build_environments(store: str, data: Path, envs: Iterable[str]) -> None:
-    """Ingest each environment into `store` once, so that evals can then open it read-only side by side."""
+def build_environments(store: str, data: Path, envs: Iterable[str], plans: bool = False) -> None:
+    """Ingest each environment into `store` once, so that evals can then open it read-only side by side; with
+    `plans`, the worked plans too (a variant sets plan_examples)."""
     for env in envs:
         spec = DEV_ENVIRONMENTS[env]
-        with open_environment(store, spec.dataset, data / spec.file) as (_, built):
+        with open_environment(store, spec.dataset, data / spec.file) as (opened, built):
             print(f"  environment {env}: {'ingested' if built['ingested'] else 'ready'}", file=sys.stderr)
+            if plans:
+                ensure_worked_plans(opened, data)
 
 
 # -- child processes ------------------------------------------------------------------------
@@ -265,7 +268,8 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[str, str]]) -> None:
     """The evals of `jobs`, `args.jobs` at a time; each one's output goes to its run folder's eval.log.
     The environments are built first, so that the evals open the shared store read-only side by side.
     Variants that turn guards off run after the others, on what `carry_over` leaves them."""
-    build_environments(args.store, args.data, dict.fromkeys(env for env, _ in jobs))
+    build_environments(args.store, args.data, dict.fromkeys(env for env, _ in jobs),
+                       plans=any("plan_examples" in parse_variant(v)[1] for _, v in jobs))
 
     def run(job: tuple[str, str]) -> None:
         if _stopping.is_set():

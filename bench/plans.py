@@ -20,17 +20,14 @@ from mhqa_graph.graphs import make_context, parse_settings
 from mhqa_graph.graphs.opera import plan
 
 from mhqa_graph.eval.diagnostics import chain_json
-from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
+from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, ensure_worked_plans, open_environment
 from mhqa_graph.eval.paired import cluster_key, paired_interval
 from mhqa_graph.eval.runner import load_questions
-from mhqa_graph.ingest.plans import read_plans_file
-from mhqa_graph.ingest.runner import ingest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import records as R  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-POOL = ("plans", "2wikimultihopqa/train_context.json")  # the worked plans' corpus and the training file it is from
 VARIANTS = ("opera-plan", "opera-plan:plan_examples=plans")
 
 
@@ -48,8 +45,7 @@ def ask(args: argparse.Namespace, env: str, variant: str) -> None:
     if not items:
         return
     with open_environment(args.store, spec.dataset, args.data / spec.file) as (store, built):
-        if POOL[0] not in store.corpora():
-            ingest(store, passages=read_plans_file(args.data / POOL[1]), corpus=POOL[0])
+        ensure_worked_plans(store, args.data)
         ctx = make_context("opera", llm=args.llm, store=store, corpus=built["corpus"], graph=built["graph"],
                            **settings_of(variant))
         for n, item in enumerate(items, 1):

@@ -47,6 +47,21 @@ DEV_ENVIRONMENTS = {
 }
 
 
+# the worked plans the dev environments' planners may be shown (`plan_examples`): 2Wiki's training split
+WORKED_PLANS = ("plans", "2wikimultihopqa/train_context.json")  # (corpus, file in the data folder)
+
+
+def ensure_worked_plans(store: KnowledgeStore, data: Path) -> str:
+    """The corpus of worked plans (WORKED_PLANS), ingested into `store` from `data` unless it is there; its name."""
+    from ..ingest.plans import read_plans_file
+    from ..ingest.runner import ingest
+
+    corpus, file = WORKED_PLANS
+    if corpus not in store.corpora():
+        ingest(store, corpus=corpus, passages=read_plans_file(Path(data) / file))
+    return corpus
+
+
 def environment_name(dataset: str, path: str | Path) -> str:
     """`hotpotqa-dev_a`; a PathQuestion question file is named after its KB (`pathquestion-2H-kb`),
     so the question files of one KB share one graph."""
