@@ -46,7 +46,8 @@ def ask(args: argparse.Namespace, env: str, variant: str) -> None:
         return
     with open_environment(args.store, spec.dataset, args.data / spec.file) as (store, built):
         ensure_worked_plans(store, args.data)
-        ctx = make_context("opera", llm=args.llm, store=store, corpus=built["corpus"], graph=built["graph"],
+        llm = args.llm if "?" in args.llm or not args.llm.startswith("llamacpp:") else f"{args.llm}?threads=1"
+        ctx = make_context("opera", llm=llm, store=store, corpus=built["corpus"], graph=built["graph"],
                            **settings_of(variant))
         for n, item in enumerate(items, 1):
             out = plan({"question": item.question, "topic_entities": list(item.topic_entities)},
