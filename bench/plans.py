@@ -86,7 +86,7 @@ def report(args: argparse.Namespace, env: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", action="append", choices=sorted(DEV_ENVIRONMENTS), help="repeatable; default pq2h")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: opera-plan[:key=value;...]")
@@ -97,13 +97,23 @@ def main() -> None:
     parser.add_argument("--store", default=f"embedded://{Path(__file__).resolve().parent / 'out' / 'store'}")
     parser.add_argument("--results", type=Path, default=R.RESULTS_DIR)
     parser.add_argument("--report-only", action="store_true")
-    args = parser.parse_args()
+    return parser
+
+
+def reports(args: argparse.Namespace) -> str:
+    """The report of each environment of `args`, from the records (runs no model)."""
+    args.variants = [v for v in args.variants.split(",") if v] if isinstance(args.variants, str) else args.variants
+    return "\n\n".join(report(args, env) for env in args.env or ["pq2h"])
+
+
+def main() -> None:
+    args = arguments().parse_args()
     args.variants = [v for v in args.variants.split(",") if v]
-    for env in args.env or ["pq2h"]:
-        if not args.report_only:
+    if not args.report_only:
+        for env in args.env or ["pq2h"]:
             for variant in args.variants:
                 ask(args, env, variant)
-        print(report(args, env))
+    print(reports(args))
 
 
 if __name__ == "__main__":

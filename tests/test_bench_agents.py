@@ -337,7 +337,7 @@ def test_a_run_asks_only_the_questions_the_records_lack(folders, monkeypatch):
     """A benchmark stopped on one machine goes on from the committed records on another: a complete records
     file is not asked again, a partial one asks only the ids it lacks."""
     commands = []
-    monkeypatch.setattr(bench, "build_environments", lambda *a: None)
+    monkeypatch.setattr(bench, "build_environments", lambda *a, **kw: None)
     monkeypatch.setattr(bench, "_run", lambda cmd, folder: commands.append(cmd))
     folders.store, folders.jobs = "embedded:///s", 1
     bench.run_all(folders, [("pq2h", "rag"), ("pq2h", "opera")])
@@ -409,3 +409,21 @@ def test_a_design_takes_its_answers_from_autos_stage_and_asks_the_rest(folders):
     assert [(r["id"], r["f1"], r["llm_calls"], r["latency"], r["carried"]) for r in carried] == [
         (ids[0], 1.0, 4, 9.5, "auto"), (ids[1], 0.0, 4, 9.5, "auto")]
     assert carried[0]["tokens"]["total"] == 35 and "route" not in carried[0]
+    # a stage handed rag's entities (auto's hand_over) is not the design's own run: nothing is carried from it
+    handed = bench.run_dir(folders.out, LLM, "pq2h", "omne")
+    for row in rows[:2]:
+        row["route"]["stages"][1] |= {"stage": "omne", "start_from": ["x"]}
+        row["route"]["decisions"][1]["stage"] = "omne"
+    (auto / RESULTS).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert bench.from_auto(folders, "pq2h", "omne") == 0 and not (handed / RESULTS).exists()
+
+
+def test_a_mechanism_is_compared_with_the_run_without_it_on_the_questions_both_answered(summary_args):
+    write_run(summary_args, "pq2h", "mujica", scored("pq2h", [0, 0, 1, 0], calls=6))
+    after = scored("pq2h", [1, 0, 1], calls=3)
+    after[1]["health"]["forced"] = 1
+    write_run(summary_args, "pq2h", "mujica:plan_examples=plans", after)
+    table = bench.mechanisms_table(summary_args, ["pq2h", "pq3h"], [("mujica", "mujica:plan_examples=plans")])
+    assert "| `mujica` → `mujica:plan_examples=plans` | pq2h | 3 (3) | 33.3 → 66.7 | +33.3 [" in table
+    assert "| 6.00 → 3.00 | 3.0 → 3.0 | 0 of 3 → 1 of 3 |" in table and "pq3h" not in table
+    assert bench.mechanisms_table(summary_args, ["pq3h"], [("mujica", "mujica:plan_examples=plans")]) is None
