@@ -3,7 +3,7 @@ Module), and the final synthesis. Written for small instruction-tuned models: on
 
 import json
 
-from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, json_reply, line_reply, obj, text
+from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, json_reply, line_reply, obj, text
 
 PLAN_SYSTEM = """You are the Plan agent of a question answering system that searches a knowledge source.
 Break the question into the fewest simple sub-goals that answer it, in the order they must be solved.
@@ -48,9 +48,13 @@ retrieved for it. Use only the passages and the earlier findings.
 - "answer" is the shortest exact span that answers the sub-goal (a name, date, number or place), or "" when
   the passages do not contain it. If you are unsure, give your best guess and set "sufficient" to false."""
 
-ANALYSIS_FORMAT_THINK = '{"reasoning": "one or two sentences", "sufficient": true or false, "answer": "short answer"}'
-
-ANALYSIS_FORMAT_DIRECT = '{"sufficient": true or false, "answer": "short answer"}'
+# the Analysis-Answer agent's reply, declared once: its schema and the format line below come from it
+ANALYSIS = Shape((("reasoning", text(400, 0), '"one or two sentences"'),
+                  ("sufficient", {"type": "boolean"}, "true or false"),
+                  ("answer", text(ANSWER_CHARS, 0), '"short answer"')))
+NO_REASONING = ("reasoning",)  # the analysis reply without its reasoning field (think off)
+ANALYSIS_FORMAT_THINK = ANALYSIS.line()
+ANALYSIS_FORMAT_DIRECT = ANALYSIS.line(NO_REASONING)
 
 ANALYSIS_USER = """Question: {question}
 Earlier findings:
@@ -63,9 +67,11 @@ Retrieved passages:
 Reply with JSON only, in this format:
 {format}"""
 
+REWRITE = Shape((("query", text(), '"new search query"'),))  # the Rewrite agent's reply, declared once
+
 REWRITE_SYSTEM = """You are the Rewrite agent. A search did not find what a sub-goal needs. Write one new search
 query that is more likely to find it: name the entities explicitly, use other words for the relation, drop
-words that do not help. Reply with JSON only: {"query": "new search query"}"""
+words that do not help. Reply with JSON only: """ + REWRITE.line()
 
 REWRITE_USER = """Question: {question}
 Sub-goal: {subgoal}
@@ -95,9 +101,8 @@ def plan_format(max_subgoals: int) -> ReplyFormat:
 
 
 def analysis_format(think: bool) -> ReplyFormat:
-    fields = {"reasoning": text(400, 0)} if think else {}
-    return json_reply("analysis", obj({**fields, "sufficient": {"type": "boolean"}, "answer": text(ANSWER_CHARS, 0)}))
+    return ANALYSIS.reply("analysis", () if think else NO_REASONING)
 
 
-REWRITE_FORMAT = json_reply("rewrite", obj({"query": text()}))
+REWRITE_FORMAT = REWRITE.reply("rewrite")
 ANSWER_FORMAT = line_reply("answer")

@@ -113,6 +113,29 @@ def obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[s
             "required": list(properties) if required is None else required, "additionalProperties": False}
 
 
+@dataclass(frozen=True)
+class Shape:
+    """A JSON object reply declared once: each field's name, JSON schema and how the prompt shows it. From it come
+    the schema (so the grammar and `response_format`) and the format line the prompt asks for; a design's parser
+    reads the same names."""
+
+    fields: tuple[tuple[str, dict[str, Any], str], ...]  # (name, schema, shown as: '"short answer"', 'true or false')
+
+    def names(self, omit: tuple[str, ...] = ()) -> list[str]:
+        return [name for name, _, _ in self.fields if name not in omit]
+
+    def schema(self, omit: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The object's JSON schema, every field required, without the fields in `omit`."""
+        return obj({name: schema for name, schema, _ in self.fields if name not in omit})
+
+    def line(self, omit: tuple[str, ...] = ()) -> str:
+        """The reply as the prompt shows it: `{"answer": "short answer", "sufficient": true or false}`."""
+        return "{" + ", ".join(f'"{name}": {shown}' for name, _, shown in self.fields if name not in omit) + "}"
+
+    def reply(self, name: str, omit: tuple[str, ...] = (), think: bool = False) -> ReplyFormat:
+        return json_reply(name, self.schema(omit), think=think)
+
+
 def json_reply(name: str, schema: dict[str, Any], think: bool = False) -> ReplyFormat:
     return ReplyFormat(name=name, turn="json", schema=schema, think=think)
 

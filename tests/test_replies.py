@@ -386,3 +386,19 @@ def test_a_model_with_structured_output_is_called_with_it_and_traced_so(tmp_path
     decoded = {c.role: c.decoding for c in recorder.trace(out).llm_calls}
     assert decoded == {"plan": "structured_output", "analysis": "structured_output", "answer": "prompt"}
     store.close()
+
+
+def test_a_shape_gives_the_schema_and_the_format_line_from_one_declaration():
+    from mhqa_graph.graphs import opera_prompts as P
+
+    from mhqa_graph.replies import Shape, text
+
+    shape = Shape((("why", text(10, 0), '"a reason"'), ("ok", {"type": "boolean"}, "true or false")))
+    assert shape.line() == '{"why": "a reason", "ok": true or false}' and shape.line(("why",)) == '{"ok": true or false}'
+    assert shape.schema(("why",)) == {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                      "additionalProperties": False}
+    assert shape.reply("x", think=True).think and shape.reply("x").schema == shape.schema()
+    # OPERA's analysis: the prompt's format line names exactly the fields its grammar allows
+    for think, line in ((True, P.ANALYSIS_FORMAT_THINK), (False, P.ANALYSIS_FORMAT_DIRECT)):
+        fields = P.analysis_format(think).schema["properties"]
+        assert [f'"{name}"' in line for name in fields] == [True] * len(fields) and line.count('": ') == len(fields)
