@@ -785,7 +785,7 @@ def summary(args: argparse.Namespace, envs: list[str], agents: list[str]) -> str
         text += ["### What `auto` did\n", "Per environment: where it stopped at `rag` (its answer supported by its "
                  "evidence) and where it escalated to the design, with the F1 of each group.\n", routes]
     text += ["### Targets\n", targets_table(by_env, agents), "### Cost per question\n", cost_table(by_env, agents)]
-    pairs = [tuple(p.split(">", 1)) for p in (args.mechanisms or "").split(" ") if ">" in p]
+    pairs = [tuple(pair) for pair in getattr(args, "mechanism", None) or []]
     table = mechanisms_table(args, envs, pairs) if pairs else None
     if table:
         text += ["### Mechanisms: each against the run without it\n", "Paired on the questions both runs "
@@ -873,8 +873,9 @@ def arguments() -> argparse.ArgumentParser:
                         "(agent matrix, what the guards carry, targets, cost) from finished runs, to OUT/summary.md")
     parser.add_argument("--guards", default=None, help="also run every agent with these guards (e.g. none), "
                         "or 'each': every guard that fired, alone off")
-    parser.add_argument("--mechanisms", default=None, help="with --summary: space-separated BEFORE>AFTER pairs of "
-                        "variants to compare (e.g. 'auto:hand_over=false>auto mujica>mujica:plan_examples=plans')")
+    parser.add_argument("--mechanism", nargs=2, action="append", metavar=("BEFORE", "AFTER"), default=[],
+                        help="with --summary, repeatable: compare two variants, e.g. --mechanism "
+                        "auto:hand_over=false auto")
     parser.add_argument("--write-doc", type=Path, default=None, help="regenerate the generated blocks of this markdown "
                         "file (docs/benchmarks.md) from the records, run nothing")
     return parser
