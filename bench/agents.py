@@ -752,7 +752,7 @@ def mechanisms_table(args: argparse.Namespace, envs: list[str], pairs: list[tupl
             if not ids:
                 continue
             a, b = ([run[i] for i in ids] for run in runs)
-            diffs = [100 * (y["f1"] - x["f1"]) for x, y in zip(a, b)]
+            diffs = [y["f1"] - x["f1"] for x, y in zip(a, b)]
             clusters = [cluster_key(x) for x in a]
 
             def cell(key: Any, digits: int = 1, runs: tuple = (a, b)) -> str:
@@ -762,7 +762,7 @@ def mechanisms_table(args: argparse.Namespace, envs: list[str], pairs: list[tupl
                                 for recs in (a, b))
             ci = _interval(paired_interval(diffs, clusters=clusters))
             rows.append(f"| `{before}` → `{after}` | {env} | {len(ids)} ({len(set(clusters))}) | "
-                        f"{cell(lambda r: 100 * r['f1'])} | {_mean(diffs):+.1f}{ci} | "
+                        f"{cell(lambda r: 100 * r['f1'])} | {100 * _mean(diffs):+.1f}{ci} | "
                         f"{cell(lambda r: r['llm_calls'], 2)} | {cell(lambda r: r['latency'])} | {forced} |")
     return "\n".join(rows) if len(rows) > 2 else None
 

@@ -78,9 +78,9 @@ def report(args: argparse.Namespace, env: str) -> str:
         if not rows:
             continue
         share = sum(map(short, rows)) / len(rows)
-        diffs = [100 * (short(recs[i]) - short(runs[base][i])) for i in ids]
+        diffs = [short(recs[i]) - short(runs[base][i]) for i in ids]
         ci = paired_interval(diffs, clusters=[recs[i]["cluster"] for i in ids]) if v != base else None
-        delta = f"{sum(diffs) / len(diffs):+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}]" if ci else "–"
+        delta = f"{100 * sum(diffs) / len(diffs):+.1f} [{ci[0]:+.1f}, {ci[1]:+.1f}] points" if ci else "–"
         lines.append(f"| {v} | {100 * share:.0f}% | {sum(len(r['subgoals']) == 1 for r in rows)} of {len(rows)} | "
                      f"{sum(len(r['subgoals']) for r in rows) / len(rows):.2f} | {delta} |")
     return "\n".join(lines)

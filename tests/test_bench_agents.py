@@ -424,6 +424,6 @@ def test_a_mechanism_is_compared_with_the_run_without_it_on_the_questions_both_a
     after[1]["health"]["forced"] = 1
     write_run(summary_args, "pq2h", "mujica:plan_examples=plans", after)
     table = bench.mechanisms_table(summary_args, ["pq2h", "pq3h"], [("mujica", "mujica:plan_examples=plans")])
-    assert "| `mujica` → `mujica:plan_examples=plans` | pq2h | 3 (3) | 33.3 → 66.7 | +33.3 [" in table
+    assert "| `mujica` → `mujica:plan_examples=plans` | pq2h | 3 (3) | 33.3 → 66.7 | +33.3 [+0.0, +100.0] |" in table
     assert "| 6.00 → 3.00 | 3.0 → 3.0 | 0 of 3 → 1 of 3 |" in table and "pq3h" not in table
     assert bench.mechanisms_table(summary_args, ["pq3h"], [("mujica", "mujica:plan_examples=plans")]) is None
