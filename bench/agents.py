@@ -931,4 +931,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: the evals were stopped, each keeping what it finished
+        print(f"stopped ({exc or 'interrupted'}): every eval keeps the questions it finished; rerun to resume",
+              file=sys.stderr)
+        sys.exit(130)

@@ -12,9 +12,10 @@
   X's husband?" answered with the husband): finding the end is the walk's work. An empty answer, a refusal, an
   answer no evidence holds, or a graph entity the question does not name escalates.
 - **escalate** runs the design that suits the store: Omne over a graph, OPERA over a corpus (`escalate_to`).
-  Its calls are capped by what `budget` leaves after the first stage. Omne starts from what the first stage
-  found (`hand_over`): the facts of the entities rag matched that the question names are its first tool
-  results, so its turns go to the hops beyond them.
+  Its calls are capped by what `budget` leaves after the first stage. With `hand_over`, Omne starts from what
+  the first stage found: the facts of the entities rag matched that the question names are its first tool
+  results, so its turns could go to the hops beyond them (off by default: the 1.5B model calls node_info on
+  those entities again and loops on the repeat; docs/benchmarks.md).
 - **reconcile** keeps the design's answer when it has one, else the first answer (a design that failed,
   raised or ran out of budget falls back to it). Two answers that agree are marked so.
 
@@ -59,9 +60,10 @@ class AutoContext(AgentContext):
 
     escalate_to: str = setting("auto", help="The design asked when the first answer is not supported: opera, "
                                "mujica, omne, or auto (omne over a graph, opera over a corpus).")
-    hand_over: bool = setting(True, help="Omne starts its walk from the entities rag matched that the question "
+    hand_over: bool = setting(False, help="Omne starts its walk from the entities rag matched that the question "
                               "names (the best match when it names none): their facts are looked up for it before "
-                              "its first turn, in place of the entity_matcher and node_info turns it would spend.")
+                              "its first turn, in place of the entity_matcher and node_info turns it would spend. "
+                              "Off by default: with qwen2.5-coder-1.5b it cost F1 on PQ-2H (docs/benchmarks.md).")
     budget: int = setting(12, help="Most model calls a question may take, all stages together (repairs "
                           "included); 0 = no cap. Below what the first stage and the design need, it is refused.")
 
@@ -197,10 +199,11 @@ def supported(question: str, answer: str, first: dict) -> tuple[bool, str]:
 
 
 def starting_entities(question: str, first: dict) -> list[str]:
-    """What the first stage hands Omne: the graph entities rag matched that the question names, else its best
-    match (none when rag read a corpus)."""
+    """What the first stage hands Omne: the graph entities rag matched that the question names (not one named only
+    inside another's name: "france" in "marguerite of france"), else its best match (none when rag read a corpus)."""
     matched = [r["entity"] for r in first.get("retrieved") or [] if r.get("entity")]
     named = [e for e in matched if f" {words(e)} " in f" {words(question)} "]
+    named = [e for e in named if not any(o != e and f" {words(e)} " in f" {words(o)} " for o in named)]
     return named or matched[:1]
 
 

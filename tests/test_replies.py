@@ -394,7 +394,8 @@ def test_a_shape_gives_the_schema_and_the_format_line_from_one_declaration():
     from mhqa_graph.replies import Shape, text
 
     shape = Shape((("why", text(10, 0), '"a reason"'), ("ok", {"type": "boolean"}, "true or false")))
-    assert shape.line() == '{"why": "a reason", "ok": true or false}' and shape.line(("why",)) == '{"ok": true or false}'
+    assert shape.line() == '{"why": "a reason", "ok": true or false}'
+    assert shape.line(("why",)) == '{"ok": true or false}'
     assert shape.schema(("why",)) == {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
                                       "additionalProperties": False}
     assert shape.reply("x", think=True).think and shape.reply("x").schema == shape.schema()
