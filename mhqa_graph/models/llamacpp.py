@@ -13,6 +13,7 @@ import ctypes
 import itertools
 import os
 import threading
+import weakref
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -47,6 +48,15 @@ def stopping_when(event: threading.Event | None) -> Any:
     from llama_cpp import StoppingCriteriaList
 
     return StoppingCriteriaList([lambda ids, logits: event.is_set()])
+
+
+def _close(llm: Any) -> None:
+    """Free a llama.cpp model. Left to `Llama.__del__` at interpreter exit, freeing fails noisily ("Exception
+    ignored in Llama.__del__") once the bindings are torn down."""
+    try:
+        llm.close()
+    except Exception:  # noqa: BLE001 (freeing is best effort)
+        pass
 
 
 class LlamaCppChatModel(BaseChatModel):
@@ -124,6 +134,7 @@ class LlamaCppChatModel(BaseChatModel):
         self._template = Jinja2ChatFormatter(template, eos_text, bos_text)
         self._head_template = Jinja2ChatFormatter(template, eos_text, bos_text, add_generation_prompt=False)
         self._llm, self._window = llm, window
+        weakref.finalize(self, _close, llm)  # at the latest at exit, while llama.cpp's bindings are still loaded
         self._cache = PrefixCache(self.prompt_cache_mb << 20) if self.prompt_cache_mb > 0 else None
 
     def _restore(self, ids: list[int]) -> tuple[int, bool]:
