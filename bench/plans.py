@@ -52,9 +52,10 @@ def ask(args: argparse.Namespace, env: str, variant: str) -> None:
         for n, item in enumerate(items, 1):
             out = plan({"question": item.question, "topic_entities": list(item.topic_entities)},
                        SimpleNamespace(context=ctx))
+            notes = list(getattr(out.get("notes"), "value", out.get("notes")) or [])
             have[item.id] = {"id": item.id, "cluster": cluster_key({"id": item.id, "chain": chain_json(item.chain)}),
-                             "hops": item.hops, "subgoals": out["plan"],
-                             "notes": list(getattr(out.get("notes"), "value", out.get("notes")) or [])}
+                             "hops": item.hops, "subgoals": out["plan"], "notes": notes,
+                             **({"error": notes[-1] if notes else "halted"} if out.get("halted") else {})}
             R.write(path, have.values())
             print(f"  {env} {variant} {n}/{len(items)}: {len(out['plan'])} sub-goals", file=sys.stderr, flush=True)
 
@@ -63,7 +64,8 @@ def report(args: argparse.Namespace, env: str) -> str:
     spec = DEV_ENVIRONMENTS[env]
     wanted = [q.id for q in load_questions(spec.dataset, args.data / spec.file, args.limit, args.start)]
     runs = {v: {r["id"]: r for r in R.load(R.path_of(args.llm, env, v, args.results))} for v in args.variants}
-    ids = [i for i in wanted if all(i in recs for recs in runs.values())]
+    # a plan that halted (its model call failed) has no length: left out
+    ids = [i for i in wanted if all(i in recs and not recs[i].get("error") for recs in runs.values())]
     lines = [f"{env}, questions {args.start}-{args.start + args.limit - 1} ({len(ids)} planned by every variant, "
              f"{len({runs[args.variants[0]][i]['cluster'] for i in ids})} clusters)",
              "| variant | shorter than the gold chain | one sub-goal | mean sub-goals | Δ shorter [95% CI] |",

@@ -101,11 +101,18 @@ def parse_settings(agent: str, items: list[str]) -> dict[str, Any]:
         if name not in fields:
             raise InvalidInput(f"{agent} has no setting {name!r}; known: {', '.join(sorted(fields))}")
         kind = fields[name].type if isinstance(fields[name].type, str) else getattr(fields[name].type, "__name__", "")
+        scalar = kind.split("|")[0].strip()
+        if name == "store" or scalar not in SCALARS:
+            raise InvalidInput(f"--set {name}: {'give --store' if name == 'store' else f'a {kind} setting'}; "
+                               "--set takes text, numbers and true/false (set the others in Python or Studio)")
         try:
-            out[name] = _read_value(kind.split("|")[0].strip(), value.strip())
+            out[name] = _read_value(scalar, value.strip())
         except ValueError:
             raise InvalidInput(f"--set {name}={value}: expected {kind}") from None
     return out
+
+
+SCALARS = ("bool", "int", "float", "str")  # the setting types `--set` reads
 
 
 def _read_value(kind: str, value: str) -> Any:

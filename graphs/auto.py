@@ -198,12 +198,15 @@ def supported(question: str, answer: str, first: dict) -> tuple[bool, str]:
     return True, "found in its evidence"
 
 
-def starting_entities(question: str, first: dict) -> list[str]:
-    """What the first stage hands Omne: the graph entities rag matched that the question names (not one named only
-    inside another's name: "france" in "marguerite of france"), else its best match (none when rag read a corpus)."""
-    matched = [r["entity"] for r in first.get("retrieved") or [] if r.get("entity")]
-    named = [e for e in matched if f" {words(e)} " in f" {words(question)} "]
-    named = [e for e in named if not any(o != e and f" {words(e)} " in f" {words(o)} " for o in named)]
+def starting_entities(question: str, first: dict) -> list[dict[str, str]]:
+    """What the first stage hands Omne ({"entity", "graph"}): the graph entities rag matched that the question names
+    (not one named only inside another's name: "france" in "marguerite of france"), else its best match (none when
+    rag read a corpus)."""
+    matched = [{"entity": r["entity"], "graph": r.get("graph") or ""} for r in first.get("retrieved") or []
+               if r.get("entity")]
+    named = [m for m in matched if f" {words(m['entity'])} " in f" {words(question)} "]
+    named = [m for m in named if not any(o["entity"] != m["entity"] and f" {words(m['entity'])} " in
+                                         f" {words(o['entity'])} " for o in named)]
     return named or matched[:1]
 
 

@@ -219,10 +219,10 @@ def worked_plans(ctx: AgentContext, question: str) -> tuple[list[tuple[str, list
     if not ctx.plan_examples or ctx.plan_example_k <= 0:
         return [], None
     try:
-        hits = get_store(ctx).search(ctx.plan_examples, question, k=ctx.plan_example_k)
+        hits = get_store(ctx).search(ctx.plan_examples, question, k=ctx.plan_example_k + 1)
     except MhqaError as exc:
         return [], f"warning: plan_examples: {type(exc).__name__}: {exc}; planned without them"
-    return [(h.title, h.text.splitlines()) for h in hits if h.title != question], None
+    return [(h.title, h.text.splitlines()) for h in hits if h.title != question][:ctx.plan_example_k], None
 
 
 def check_sources(ctx: AgentContext) -> None:

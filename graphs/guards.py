@@ -39,7 +39,7 @@ class Guard:
 
     @property
     def on_by_default(self) -> tuple[str, ...]:
-      return self.agents if self.default is None else self.default
+        return self.agents if self.default is None else self.default
 
 
 # the guards, as objects the designs hold: a misspelt name fails at import
@@ -113,41 +113,41 @@ def selected(spec: Any, agent: str | None = None) -> frozenset[str]:
     """The guard names a `guards` setting turns on: "auto", "none", names ("unecho,option_answer"), or changes to
     `agent`'s default set ("-unecho,+date_comparison"); InvalidInput for an unknown name."""
     if spec in (None, "", "auto"):
-      return defaults(agent)
+        return defaults(agent)
     if spec == "none":
-      return frozenset()
+        return frozenset()
     names = [str(n).strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if str(n).strip()]
     unknown = [n for n in names if n.removeprefix("-").removeprefix("+") not in GUARDS]
     if unknown:
-      raise InvalidInput(f"unknown guard(s) {', '.join(map(repr, unknown))}; known: {', '.join(GUARDS)}")
+        raise InvalidInput(f"unknown guard(s) {', '.join(map(repr, unknown))}; known: {', '.join(GUARDS)}")
     changes = [n for n in names if n[0] in "+-"]
     if not changes:
-      return frozenset(names)
+        return frozenset(names)
     if len(changes) < len(names):
-      raise InvalidInput("guards: list names to turn on, or +/-names to change the default set, not both")
+        raise InvalidInput("guards: list names to turn on, or +/-names to change the default set, not both")
     return defaults(agent) - {n[1:] for n in names if n[0] == "-"} | {n[1:] for n in names if n[0] == "+"}
 
 
 def check_settings(guards: Any, mode: Any) -> None:
     if not (guards is None or isinstance(guards, (str, list, tuple))):
-      raise InvalidInput(f"guards must be 'auto', 'none' or a list of guard names, got {guards!r}")
+        raise InvalidInput(f"guards must be 'auto', 'none' or a list of guard names, got {guards!r}")
     selected(guards)
     if mode not in MODES:
-      raise InvalidInput(f"guard_mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise InvalidInput(f"guard_mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
 def shown(value: Any) -> Any:
     """A firing's before/after value: text cut to MAX_SHOWN characters, numbers as they are, else its text."""
     if isinstance(value, str):
-      return value[:MAX_SHOWN]
+        return value[:MAX_SHOWN]
     if isinstance(value, (bool, int, float)) or value is None:
-      return value
+        return value
     return str(value)[:MAX_SHOWN]
 
 
 def firing(guard: Guard, before: Any, after: Any, enforced: bool, error: str | None = None) -> dict[str, Any]:
     record = {"guard": guard.name, "stage": guard.stage, "before": shown(before), "after": shown(after),
-            "enforced": enforced, "prompt_only": guard.prompt_only, "replaces_answer": guard.replaces_answer}
+              "enforced": enforced, "prompt_only": guard.prompt_only, "replaces_answer": guard.replaces_answer}
     return record | ({"error": error} if error else {})
 
 
@@ -163,21 +163,21 @@ def enforced(ctx: Any, guard: Guard) -> bool:
 
 
 def apply(ctx: Any, guard: Guard, before: T, rule: Callable[[], T | None], log: list[dict],
-        shown_as: tuple[Any, Any] | None = None) -> T:
+          shown_as: tuple[Any, Any] | None = None) -> T:
     """`guard` on `before`: `rule()` gives the guarded value, or None (or `before`) when it does not fire.
     A firing is appended to `log` (with `shown_as` as its before/after, if given); its value is returned when
     the mode is enforce, else `before`. A guard that is off, does not fire, or raises returns `before` (a raise
     is logged with its error)."""
     if not is_on(ctx, guard):
-      return before
+        return before
     told_before, told_after = shown_as or (before, None)
     try:
-      after = rule()
+        after = rule()
     except Exception as exc:  # a guard must never stop the run
-      log.append(firing(guard, told_before, None, False, f"{type(exc).__name__}: {exc}"))
-      return before
+        log.append(firing(guard, told_before, None, False, f"{type(exc).__name__}: {exc}"))
+        return before
     if after is None or after == before:
-      return before
+        return before
     enforced = getattr(ctx, "guard_mode", "enforce") == "enforce"
     log.append(firing(guard, told_before, after if shown_as is None else told_after, enforced))
     return after if enforced else before

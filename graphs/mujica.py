@@ -177,24 +177,25 @@ def start(state: State, runtime: Runtime[MujicaContext]) -> dict:
             "force_final": False, "done": False}
 
 
-def _prompt(state: State, ctx: MujicaContext, rnd: int, final: bool, may_answer: bool) -> tuple[tuple[str, str], str]:
+def _prompt(state: State, ctx: MujicaContext, rnd: int, final: bool,
+            may_answer: bool) -> tuple[tuple[str, str], str, list[str]]:
     """This round's user message to the planner: the workers' news since the last round (in full, and
-    summarised) and what is asked of it."""
+    summarised), what is asked of it, and a warning when the worked plans could not be searched."""
     think = P.THINK_FIRST if ctx.think else P.NO_THINK
     plan = progress(state["dag"], state["results"])
     must_ask = "" if may_answer else P.MUST_ASK
     if not state["planner_log"]:
         topic = P.TOPIC.format(entities=", ".join(state["topic_entities"])) if state.get("topic_entities") else ""
-        worked, _ = worked_plans(ctx, state["question"])  # a corpus that cannot be searched: none (check_sources)
+        worked, warning = worked_plans(ctx, state["question"])
         worked_text = P.WORKED.format(examples=P.worked_examples(worked)) if worked else ""
         return ("", ""), P.PLANNER_USER.format(worked=worked_text, question=state["question"], topic=topic,
-                                               progress=plan, round=rnd,
-                                               max_rounds=ctx.max_rounds, must_ask=must_ask, think=think)
+                                               progress=plan, round=rnd, max_rounds=ctx.max_rounds,
+                                               must_ask=must_ask, think=think), [warning] if warning else []
     news = report(state["results"], state["planner_log"][-1].get("waves", 0))
     if final:
-        return news, P.FINAL_USER.format(progress=plan, think=think)
+        return news, P.FINAL_USER.format(progress=plan, think=think), []
     return news, P.NEXT_USER.format(progress=plan, round=rnd, max_rounds=ctx.max_rounds, must_ask=must_ask,
-                                    think=think)
+                                    think=think), []
 
 
 def _ask_the_question(state: State, dag: list[SubQuestion], rnd: int, cap: int) -> tuple[list[SubQuestion], str]:
@@ -217,7 +218,8 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     final = state["force_final"] or rnd >= ctx.max_rounds
     may_answer = final or state["waves"] >= ctx.min_worker_rounds
     notes = [] if state["force_final"] or not final else [f"RoundCap: round {rnd} of {ctx.max_rounds} must answer"]
-    news, ask = _prompt(state, ctx, rnd, final, may_answer)
+    news, ask, warnings = _prompt(state, ctx, rnd, final, may_answer)
+    notes += warnings
     messages, prompt = conversation(state["planner_log"], news, ask, ctx.planner_budget,
                                     final=final and bool(state["planner_log"]))  # FINAL_USER: answer now
     brief = (news[1] or P.NO_NEW_ANSWERS) if state["planner_log"] else prompt

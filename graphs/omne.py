@@ -126,7 +126,8 @@ class ToolCallRecord(TypedDict):
 
 
 class OmneInput(QAInput):
-    start_from: NotRequired[list[str]]  # entities whose facts the walk starts from (an earlier stage's retrieval)
+    # entities whose facts the walk starts from (an earlier stage's retrieval): names, or {"entity", "graph"}
+    start_from: NotRequired[list[str | dict[str, str]]]
 
 
 class OmneOutput(QAOutput):
@@ -142,7 +143,7 @@ class OmneOutput(QAOutput):
 class OmneState(TypedDict):
     question: str
     topic_entities: NotRequired[list[str]]
-    start_from: NotRequired[list[str]]
+    start_from: NotRequired[list[str | dict[str, str]]]
     graphs: list[str]  # the graph_type values of this run
     native: bool  # the model's own tool calling, not the text protocol
     messages: Annotated[list[AnyMessage], add_messages]  # the conversation, without the system prompt
@@ -254,18 +255,25 @@ def start(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
         text += "\n" + P.TOPIC_ENTITIES.format(entities=", ".join(entities))
     return {**update, "graphs": graphs, "native": native,
             "messages": [RemoveMessage(id=REMOVE_ALL_MESSAGES), HumanMessage(text),
-                         *handed_over(state.get("start_from") or [], graphs, ctx.max_calls_per_round)]}
+                         *(handed_over(state.get("start_from") or [], graphs, ctx.max_calls_per_round, native)
+                           if ctx.max_rounds > 0 else [])]}
 
 
-def handed_over(entities: list[str], graphs: list[str], limit: int) -> list[AIMessage]:
-    """The walk's first step when an earlier stage found where it starts: node_info on each of `entities` (at
-    most `limit`), written as the model writes a call and tagged `handed_over`; the tools node runs them."""
-    names = [e for e in dict.fromkeys(" ".join(str(e).split()) for e in entities) if e][:limit]
-    if not names:
+def handed_over(entities: list[Any], graphs: list[str], limit: int, native: bool) -> list[AIMessage]:
+    """The walk's first step when an earlier stage found where it starts: node_info on each of `entities` (names,
+    or {"entity", "graph"}; at most `limit`), written as the model writes a call (its text protocol's block; no
+    text in native mode) and tagged `handed_over`; the tools node runs them."""
+    calls, seen = [], set()
+    for item in entities:
+        name, graph = (item.get("entity"), item.get("graph")) if isinstance(item, dict) else (item, None)
+        name = " ".join(str(name or "").split())
+        graph = graph if graph in graphs else graphs[0] if graphs else ""
+        if name and (name, graph) not in seen and len(calls) < limit:
+            seen.add((name, graph))
+            calls.append({"name": "node_info", "args": {"entity": name, "graph_type": graph}, "error": None})
+    if not calls:
         return []
-    calls = [{"name": "node_info", "args": {"entity": name, "graph_type": graphs[0] if graphs else ""}, "error": None}
-             for name in names]
-    return [marked(HANDED_OVER, ai_message(call_text(calls), calls, 0))]
+    return [marked(HANDED_OVER, ai_message("" if native else call_text(calls), calls, 0))]
 
 
 def _native_turn(ctx: OmneContext, state: OmneState, round_no: int) -> dict:

@@ -252,7 +252,8 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
         parsed = ask_json(get_llm(ctx, "plan", reply=P.plan_format(ctx.max_rounds)), messages, check_plan,
                           ctx.parse_retries, cut_off=check_runaway_plan if cuts else None)
     except ModelError as exc:
-        return fresh | {"halted": True, "notes": Overwrite([f"ModelError: plan: {exc}"]), "guards": Overwrite([])}
+        return fresh | {"halted": True, "notes": Overwrite([*notes, f"ModelError: plan: {exc}"]),
+                        "guards": Overwrite([])}
     firings: list[dict] = []
     if is_on(ctx, PLAN_RUNAWAY_CUT) and not cuts and (runaway := runaway_reply(parsed.raw[0])):
         firings.append(firing(PLAN_RUNAWAY_CUT, runaway, cut_runaway(runaway), False))  # what log mode saw

@@ -43,7 +43,7 @@ def check_analysis(value: Any, passages: list[str] | None = None, ctx: Any = Non
         answer, flag = "", "no answer"
     elif acted is ANALYSIS_GROUNDED:
         flag = "not in any passage"
-    elif stated is None:
+    elif answer and stated is None:
         flag = "no sufficiency given"
     sufficient = sufficient and bool(answer) and flag is None
     return {"reasoning": str(v.get("reasoning") or v.get("analysis") or ""), "sufficient": sufficient,

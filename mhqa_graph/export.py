@@ -44,7 +44,7 @@ from typing import Any
 from .errors import MhqaError
 from .eval.health import guard_health
 from .eval.scoring import normalize_answer
-from .messages import FORCED_FINAL, RETRIES, legacy_kind
+from .messages import FORCED_FINAL, HANDED_OVER, RETRIES, legacy_kind
 from .traces import LLMCall, Trace, TraceError, load_trace
 
 FORMATS = ("sft", "roles", "grpo", "mygo")
@@ -173,8 +173,11 @@ def segments(text: str, think_weight: float = THINK_WEIGHT) -> list[dict[str, An
     return parts
 
 
-def weighted_message(role: str, content: str, think_weight: float = THINK_WEIGHT) -> dict[str, Any]:
-    if role == "assistant":
+def weighted_message(role: str, content: str, think_weight: float = THINK_WEIGHT,
+                     kind: str | None = None) -> dict[str, Any]:
+    """A chat message with its loss weights: the model's replies trained on, everything else (prompts, results,
+    and a call the system wrote in the model's place: kind `handed_over`) context."""
+    if role == "assistant" and kind != HANDED_OVER:
         return {"role": role, "content": content, "weight": 1.0, "segments": segments(content, think_weight)}
     return {"role": role, "content": content, "weight": 0.0, "segments": [{"text": content, "weight": 0.0}]}
 
@@ -198,11 +201,11 @@ def legacy_kinds(role: str, text: str) -> str | None:
 
 
 def trace_kinds(trace: Trace) -> KindOf:
-    """What kind each user message of `trace` is: its tag, or for an older trace its text."""
+    """What kind each message of `trace` is: its tag, or for an older trace (user messages) its text."""
     if not trace.kinds:
         return legacy_kinds
-    kinds = {m.content: m.kind for c in trace.llm_calls for m in c.messages if m.role == "user" and m.kind}
-    return lambda role, text: kinds.get(text) if role == "user" else None
+    kinds = {(m.role, m.content): m.kind for c in trace.llm_calls for m in c.messages if m.kind}
+    return lambda role, text: kinds.get((role, text))
 
 
 def clean_turns(turns: list[tuple[str, str]], kind_of: KindOf = legacy_kinds) -> list[tuple[str, str]]:
@@ -260,7 +263,7 @@ def chat_rows(record: Mapping[str, Any], trace: Trace, reward: str, think_weight
     base = _base(record, reward) | {"agent": trace.agent}
     kinds = trace_kinds(trace)
     return [base | {"conversation": i, "roles": roles, "messages": [
-                weighted_message(who, text, think_weight) for who, text in clean_turns(turns, kinds)]}
+                weighted_message(who, text, think_weight, kinds(who, text)) for who, text in clean_turns(turns, kinds)]}
             for i, (roles, turns) in enumerate(conversations(trace))]
 
 

@@ -116,13 +116,9 @@ def obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[s
 @dataclass(frozen=True)
 class Shape:
     """A JSON object reply declared once: each field's name, JSON schema and how the prompt shows it. From it come
-    the schema (so the grammar and `response_format`) and the format line the prompt asks for; a design's parser
-    reads the same names."""
+    the schema (so the grammar and `response_format`) and the format line the prompt asks for."""
 
     fields: tuple[tuple[str, dict[str, Any], str], ...]  # (name, schema, shown as: '"short answer"', 'true or false')
-
-    def names(self, omit: tuple[str, ...] = ()) -> list[str]:
-        return [name for name, _, _ in self.fields if name not in omit]
 
     def schema(self, omit: tuple[str, ...] = ()) -> dict[str, Any]:
         """The object's JSON schema, every field required, without the fields in `omit`."""

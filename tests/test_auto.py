@@ -121,7 +121,7 @@ def test_omne_starts_from_the_entities_rag_matched(store, hand_over):
     assert out["answer"] == "London" and out["answered_by"] == "omne"
     assert omne["calls"] == len(walk) and len(agent.calls) == len(walk)
     assert [c["args"]["entity"] for c in omne["tool_calls"]] == ["Inception", "Christopher Nolan"]
-    assert omne.get("start_from") == (["Inception"] if hand_over else None)
+    assert omne.get("start_from") == ([{"entity": "Inception", "graph": "kg"}] if hand_over else None)
     if hand_over:
         first_prompt = "\n".join(m.text for m in agent.calls[0])
         assert "(inception) -[directed by]-> (christopher nolan)" in first_prompt.lower()

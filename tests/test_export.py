@@ -331,6 +331,26 @@ def test_omne_answers_sent_back_weigh_nothing(store, tmp_path):  # noqa: F811
     assert not any("Paris" in m["content"] for m in row["messages"])
 
 
+def test_a_call_written_in_the_models_place_weighs_nothing(store, tmp_path):  # noqa: F811
+    """Omne handed its start (`start_from`, auto's hand-over): the node_info turn the system wrote is context in the
+    exported chat, the model's own replies are the targets."""
+    from mhqa_graph.graphs.omne import OmneContext
+    from test_traces import OMNE_SCRIPT
+
+    model = FakeChatModel(responses=OMNE_SCRIPT[2:], cycle=False)
+    graph = build_graph("omne")
+    ctx = OmneContext(llm=model, store=store, graph="films")
+    recorder = traces.TraceRecorder("omne", ctx)
+    out = graph.invoke({"question": QUESTION, "start_from": ["Inception"]}, {"callbacks": [recorder]}, context=ctx)
+    trace = recorder.trace(out)
+    run = one_record_run(tmp_path, "ho1", out, trace)
+    export(run, "sft", tmp_path / "sft")
+    [row] = datasets.load_from_disk(str(tmp_path / "sft")).to_list()
+    handed = [m for m in row["messages"] if m["role"] == "assistant" and '"entity": "Inception"' in m["content"]]
+    assert len(handed) == 1 and handed[0]["weight"] == 0.0
+    assert trained_texts(row) == OMNE_SCRIPT[2:]
+
+
 def test_omne_replies_cut_after_their_last_call_still_chain(store):  # noqa: F811
     """The Omne graph keeps a reply only through its last call; the next call's input holds that cut
     reply, and the chat continues with it (the text after the call is no target)."""

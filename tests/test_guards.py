@@ -199,3 +199,29 @@ def test_the_designs_hold_guards_as_objects_not_names():
     assert found == []
     with pytest.raises(AttributeError):
         G.is_on(None, "unecho")  # a name where a guard belongs fails at once
+
+
+@pytest.mark.parametrize("mode", ["enforce", "log"])
+def test_the_first_rule_that_fires_ends_the_chain_in_either_mode(mode):
+    """A chain of rules: the first that fires is logged and ends it (in log mode too, so both modes take one path);
+    a rule that raises is logged with its error and ends it; the guard returned is the one that acts."""
+    ctx = make_context("mujica", llm="fake", guard_mode=mode)
+    tested: list[str] = []
+
+    def rule(guard, fires):
+        def test():
+            tested.append(guard.name)
+            if fires == "raise":
+                raise RuntimeError("broken")
+            return fires
+        return G.Rule(guard, test, "before", "after")
+
+    log: list[dict] = []
+    acted = G.first_that_fires(ctx, [rule(G.UNECHO, False), rule(G.PLAN_MADE_UP_ENTITY, True),
+                                     rule(G.PLAN_EXAMPLE_COPY, True)], log)
+    assert tested == ["unecho", "plan_made_up_entity"] and [f["guard"] for f in log] == ["plan_made_up_entity"]
+    assert acted is (G.PLAN_MADE_UP_ENTITY if mode == "enforce" else None)
+    log, tested[:] = [], []
+    assert G.first_that_fires(ctx, [rule(G.UNECHO, "raise"), rule(G.PLAN_EXAMPLE_COPY, True)], log) is None
+    assert tested == ["unecho"] and log[0]["error"] == "RuntimeError: broken"
+    assert G.first_that_fires(ctx, [rule(G.PLAN_OFF_TOPIC, True)], []) is None  # off by default: never tested

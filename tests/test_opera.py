@@ -640,3 +640,10 @@ def test_short_answers_must_appear_in_a_passage():
     assert grounded("Christopher Nolan", passages) and grounded("July 30, 1970", passages)
     assert grounded("yes", passages) and grounded("the city where a long answer was composed by the model", [])
     assert not grounded("Steven Spielberg", passages) and not grounded("Nolan, 2010", passages)
+
+
+def test_an_empty_analysis_answer_is_insufficient_without_a_flag():
+    from mhqa_graph.graphs.opera_analysis import check_analysis
+
+    assert check_analysis({"answer": ""}) == {"reasoning": "", "sufficient": False, "answer": "", "flag": None}
+    assert check_analysis({"answer": "London"})["flag"] == "no sufficiency given"

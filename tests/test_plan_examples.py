@@ -75,8 +75,11 @@ def test_a_plans_corpus_the_store_lacks_is_refused(store):
 def test_settings_from_the_command_line_are_typed():
     assert parse_settings("auto", ["hand_over=false", "budget=5"]) == {"hand_over": False, "budget": 5}
     assert parse_settings("opera", ["plan_examples=plans", "think=on"]) == {"plan_examples": "plans", "think": True}
+    with pytest.raises(InvalidInput, match="a tuple"):
+        parse_settings("opera", ["topk_schedule=10,20"])
     for bad, message in ((["x"], "NAME=VALUE"), (["nope=1"], "no setting 'nope'"), (["budget=ab"], "expected int"),
-                         (["hand_over=maybe"], "expected bool")):
+                         (["hand_over=maybe"], "expected bool"), (["store=x"], "give --store"),
+                         (["role_llms={}"], "a dict")):
         with pytest.raises(InvalidInput, match=message):
             parse_settings("auto", bad)
 

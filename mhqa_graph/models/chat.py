@@ -119,7 +119,8 @@ class TransformersChatModel(BaseChatModel):
     model_name: str = ""
     max_new_tokens: int = 512
     temperature: float = 0.0  # 0 = greedy
-    seed: int | None = None  # sampling: call n samples with seed + n (reproducible runs); None = unseeded
+    seed: int | None = None  # sampling: call n samples with seed + n (a run whose calls come one at a time,
+    # in one order, repeats); None = unseeded
     stop: list[str] | None = None
     dtype: str = "float32"  # stored bf16; float32 matmuls run ~2x faster on most CPUs
     context_window: int = 0  # tokens of prompt + reply; 0 = from the model config

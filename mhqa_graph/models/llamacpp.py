@@ -66,7 +66,8 @@ class LlamaCppChatModel(BaseChatModel):
     model_name: str = ""
     max_new_tokens: int = 512
     temperature: float = 0.0  # 0 = greedy
-    seed: int | None = None  # sampling: call n samples with seed + n (reproducible runs); None = unseeded
+    seed: int | None = None  # sampling: call n samples with seed + n (a run whose calls come one at a time,
+    # in one order, repeats); None = unseeded
     stop: list[str] | None = None
     n_ctx: int = 0  # tokens of prompt + reply; 0 = the smaller of DEFAULT_CTX and the model's training context
     n_threads: int = 0  # 0 = every core this process may use
