@@ -388,8 +388,8 @@ class ExpertGRPOTrainer(GRPOTrainer):
                 continue
             completion_ids[i] = self._expert_ids(text)
             completions[i] = [{"role": "assistant", "content": text}] if isinstance(completions[i], list) else text
-            if logprobs is not None:  # no sampling logprobs for it: TRL neutralises NaN in importance sampling
-                logprobs[i] = [None] * len(completion_ids[i])
+            if logprobs is not None:  # no sampling logprobs for it: NaN, which TRL's importance sampling zeroes
+                logprobs[i] = [float("nan")] * len(completion_ids[i])  # (a None would fail torch.tensor in older TRL)
             self._injected.append(i)
         self._metrics[mode]["expert/injected"].append(float(len(self._injected)))
         return tuple(out)
