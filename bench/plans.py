@@ -67,7 +67,7 @@ def report(args: argparse.Namespace, env: str) -> str:
     # a plan that halted (its model call failed) has no length: left out
     ids = [i for i in wanted if all(i in recs and not recs[i].get("error") for recs in runs.values())]
     lines = [f"{env}, questions {args.start}-{args.start + args.limit - 1} ({len(ids)} planned by every variant, "
-             f"{len({runs[args.variants[0]][i]['cluster'] for i in ids})} clusters)",
+             f"{len({runs[args.variants[0]][i]['cluster'] for i in ids})} clusters)\n",
              "| variant | shorter than the gold chain | one sub-goal | mean sub-goals | Δ shorter [95% CI] |",
              "|---|---|---|---|---|"]
     base = args.variants[0]
