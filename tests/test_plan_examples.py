@@ -39,7 +39,7 @@ def test_rows_of_either_shape_and_bad_rows(tmp_path):
     items = list(read_plans_file(path, yield_errors=True))
     assert isinstance(items[0], Passage) and all(isinstance(i, IngestError) for i in items[1:])
     assert "plans.jsonl:2" in str(items[1]) and "qa_pairs" in str(items[1])
-    with pytest.raises(IngestError, match="plans.jsonl:2: expected"):  # raised at the first bad row by default
+    with pytest.raises(IngestError, match="plans.jsonl:2: malformed row: expected"):  # the first bad row, by default
         list(read_plans_file(path))
 
 

@@ -105,7 +105,7 @@ def read_rows(path: StrPath, *, yield_errors: bool = False) -> Iterator[tuple[in
     return checked(rows(), yield_errors)
 
 
-def _per_row(path: StrPath, parse: Callable[[dict], list[T]]) -> Iterator[list[T] | IngestError]:
+def per_row(path: StrPath, parse: Callable[[dict], list[T]]) -> Iterator[list[T] | IngestError]:
     """parse(row) for every row; a row it cannot parse becomes an IngestError at its line."""
     for item in read_rows(path, yield_errors=True):
         if isinstance(item, IngestError):
@@ -120,7 +120,7 @@ def _per_row(path: StrPath, parse: Callable[[dict], list[T]]) -> Iterator[list[T
             yield IngestError(f"malformed row: {e}", str(path), line)
 
 
-def _flat(items: Iterator[list[T] | IngestError]) -> Iterator[T | IngestError]:
+def flat(items: Iterator[list[T] | IngestError]) -> Iterator[T | IngestError]:
     for item in items:
         if isinstance(item, IngestError):
             yield item
@@ -211,13 +211,13 @@ class _ContextBenchmark(Benchmark):
         return out
 
     def passages(self, path: StrPath) -> Iterator[Passage | IngestError]:
-        return _flat(_per_row(path, self.row_passages))
+        return flat(per_row(path, self.row_passages))
 
     def item(self, row: dict) -> QAItem:
         raise NotImplementedError
 
     def questions(self, path: StrPath) -> Iterator[QAItem | IngestError]:
-        return _flat(_per_row(path, lambda row: [self.item(row)]))
+        return flat(per_row(path, lambda row: [self.item(row)]))
 
 
 class HotpotQA(_ContextBenchmark):
@@ -256,7 +256,7 @@ class TwoWiki(_ContextBenchmark):
         return super().row_passages(row) if "context" in row else []
 
     def triples(self, path: StrPath) -> Iterator[Triple | IngestError]:
-        return _flat(_per_row(path, _evidences))
+        return flat(per_row(path, _evidences))
 
     def item(self, row: dict) -> QAItem:
         question = _str(row["question"], "question")
@@ -306,7 +306,7 @@ class MuSiQue(Benchmark):
         return out
 
     def passages(self, path: StrPath) -> Iterator[Passage | IngestError]:
-        return _flat(_per_row(path, self.row_passages))
+        return flat(per_row(path, self.row_passages))
 
     def item(self, row: dict) -> QAItem:
         aliases = row.get("answer_aliases") or []
@@ -333,7 +333,7 @@ class MuSiQue(Benchmark):
         )
 
     def questions(self, path: StrPath) -> Iterator[QAItem | IngestError]:
-        return _flat(_per_row(path, lambda row: [self.item(row)]))
+        return flat(per_row(path, lambda row: [self.item(row)]))
 
 
 # Question file stem -> its KB file, as in the PathQuestion readme.

@@ -16,8 +16,8 @@ from os import PathLike
 
 from ..errors import IngestError
 from ..types import Passage
-from .datasets import read_rows
-from .files import make_passage
+from .datasets import flat, per_row
+from .files import checked, make_passage
 
 _WORD = re.compile(r"[^\W_]+(?:[.'’-][^\W_]+)*\.?")
 
@@ -74,16 +74,6 @@ def plan_passage(row: dict) -> Passage:
 
 
 def read_plans_file(path: str | PathLike[str], yield_errors: bool = False) -> Iterator[Passage | IngestError]:
-    """The worked plans of a JSON list or JSONL file; a bad row is an IngestError (raised, or yielded)."""
-    for item in read_rows(path, yield_errors=yield_errors):
-        if isinstance(item, IngestError):
-            yield item
-            continue
-        line, row = item
-        try:
-            yield plan_passage(row)
-        except ValueError as exc:
-            error = IngestError(str(exc), str(path), line)
-            if not yield_errors:
-                raise error from None
-            yield error
+    """The worked plans of a JSON list or JSONL file; a bad row is an IngestError at its line (raised, or yielded),
+    as the dataset readers make it."""
+    return checked(flat(per_row(path, lambda row: [plan_passage(row)])), yield_errors)
