@@ -98,6 +98,13 @@ def stopping_when(event: threading.Event | None) -> Any:
     return StoppingCriteriaList([Abandoned()])
 
 
+def call_seed(model: Any) -> int | None:
+    """The sampling seed of `model`'s next call: its `seed` plus the number of calls it made before, so a group of
+    samples is not one sample repeated and a run whose calls come one at a time, in one order, repeats; None when
+    the model has no seed. The model keeps the count in `_calls` (an itertools.count)."""
+    return None if model.seed is None else model.seed + next(model._calls)
+
+
 @contextmanager
 def seeded(seed: int | None, device: Any) -> Iterator[None]:
     """Sampling inside seeded with `seed` (None: as it is), the process's random state left as it was."""
@@ -119,8 +126,7 @@ class TransformersChatModel(BaseChatModel):
     model_name: str = ""
     max_new_tokens: int = 512
     temperature: float = 0.0  # 0 = greedy
-    seed: int | None = None  # sampling: call n samples with seed + n (a run whose calls come one at a time,
-    # in one order, repeats); None = unseeded
+    seed: int | None = None  # sampling: call n samples with seed + n (`call_seed`); None = unseeded
     stop: list[str] | None = None
     dtype: str = "float32"  # stored bf16; float32 matmuls run ~2x faster on most CPUs
     context_window: int = 0  # tokens of prompt + reply; 0 = from the model config
@@ -245,8 +251,7 @@ class TransformersChatModel(BaseChatModel):
             sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
             config = GenerationConfig(max_new_tokens=max_new, pad_token_id=pad, stop_strings=stops or None, **sampling)
             processors, decoding = self.constrained(kwargs)
-            seed = None if self.seed is None else self.seed + next(self._calls)
-            with torch.inference_mode(), seeded(seed, model_device(self._model)):
+            with torch.inference_mode(), seeded(call_seed(self), model_device(self._model)):
                 out = self.generate_ids(**inputs, generation_config=config, logits_processor=processors, tokenizer=tok,
                                         stopping_criteria=stopping_when(abandoned))
             eos = self._model.generation_config.eos_token_id

@@ -24,7 +24,7 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import PrivateAttr
 
 from ..errors import ModelError, ModelNotInstalled
-from .chat import CUT_MARKER, chat_dicts, fit_chat
+from .chat import CUT_MARKER, call_seed, chat_dicts, fit_chat
 from .grammar import remembered
 from .prefix_cache import PrefixCache, common_prefix
 from .timeout import ABANDONED, raise_if_abandoned
@@ -66,8 +66,7 @@ class LlamaCppChatModel(BaseChatModel):
     model_name: str = ""
     max_new_tokens: int = 512
     temperature: float = 0.0  # 0 = greedy
-    seed: int | None = None  # sampling: call n samples with seed + n (a run whose calls come one at a time,
-    # in one order, repeats); None = unseeded
+    seed: int | None = None  # sampling: call n samples with seed + n (`chat.call_seed`); None = unseeded
     stop: list[str] | None = None
     n_ctx: int = 0  # tokens of prompt + reply; 0 = the smaller of DEFAULT_CTX and the model's training context
     n_threads: int = 0  # 0 = every core this process may use
@@ -224,9 +223,8 @@ class LlamaCppChatModel(BaseChatModel):
                 reused, failed = self._restore(ids)
                 cache_error = {"cache_error": "llama.cpp refused a cached state; the prompt was prefilled in full"} \
                     if failed else {}
-                seed = None if self.seed is None else self.seed + next(self._calls)
                 out = self._llm.create_completion(prompt=ids, max_tokens=max_new, temperature=temperature,
-                                                  stop=stops or None, grammar=grammar, seed=seed,
+                                                  stop=stops or None, grammar=grammar, seed=call_seed(self),
                                                   stopping_criteria=stopping_when(abandoned))
                 self._save()
             except (ValueError, RuntimeError) as exc:

@@ -40,6 +40,7 @@ from langchain_core.outputs import ChatResult
 from pydantic import PrivateAttr
 
 from ..errors import ModelError, ModelNotInstalled
+from .chat import call_seed
 from .llamacpp import DEFAULT_CACHE_MB, DEFAULT_CTX, usable_cores
 from .packs import PACKS, gguf_path
 
@@ -334,7 +335,7 @@ class LlamaServerChatModel(ChatOpenAI or BaseChatModel):  # type: ignore[misc]
 
     def _request(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         if self.seed is not None:  # call n samples with seed + n, as in-process (one seed for all would repeat)
-            kwargs.setdefault("seed", self.seed + next(self._calls))
+            kwargs.setdefault("seed", call_seed(self))
         if "max_new_tokens" in kwargs:
             kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
         grammar = kwargs.pop("grammar", None)
