@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import typing
 import uuid
 from typing import Any
 
@@ -89,8 +90,8 @@ def make_context(agent: str, **settings: Any) -> Any:
 
 def parse_settings(agent: str, items: list[str]) -> dict[str, Any]:
     """`["hand_over=false", "max_rounds=5"]` (the CLI's `--set`) as settings of `agent`, each value read as its
-    field's type (true/false, integers, numbers, text). InvalidInput names an item without `=`, an unknown setting
-    or a value of the wrong type, in one line."""
+    field's type (true/false, integers, numbers, text, one of a setting's choices). InvalidInput names an item
+    without `=`, an unknown setting or a value of the wrong type, in one line."""
     fields = {f.name: f for f in dataclasses.fields(context_schema(agent))}
     out: dict[str, Any] = {}
     for item in items:
@@ -102,6 +103,12 @@ def parse_settings(agent: str, items: list[str]) -> dict[str, Any]:
             raise InvalidInput(f"{agent} has no setting {name!r}; known: {', '.join(sorted(fields))}")
         kind = fields[name].type if isinstance(fields[name].type, str) else getattr(fields[name].type, "__name__", "")
         scalar = kind.split("|")[0].strip()
+        if scalar.startswith("Literal["):
+            choices = typing.get_args(typing.get_type_hints(context_schema(agent))[name])
+            if value.strip() not in choices:
+                raise InvalidInput(f"--set {name}={value}: expected one of {', '.join(map(str, choices))}")
+            out[name] = value.strip()
+            continue
         if name == "store" or scalar not in SCALARS:
             raise InvalidInput(f"--set {name}: {'give --store' if name == 'store' else f'a {kind} setting'}; "
                                "--set takes text, numbers and true/false (set the others in Python or Studio)")

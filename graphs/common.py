@@ -11,6 +11,7 @@ from difflib import get_close_matches
 from typing import (
     Any,
     ClassVar,
+    Literal,
     NotRequired,  # pydantic needs these on Python 3.11
     TypeVar,
 )
@@ -36,6 +37,7 @@ from mhqa_graph.text import (
 
 from .guards import check_settings as check_guards
 
+RELATION_QUESTION = "What is the {relation} of {entity}?"  # a sub-question written as (entity, relation): ask_as
 MAX_QUESTION_CHARS = 4000
 MAX_ANSWER_CHARS = 500
 MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
@@ -84,6 +86,10 @@ class AgentContext:
                                         "the planner is shown the plan_example_k plans of the questions most like "
                                         "its own, after its fixed examples (OPERA, Mujica).")
     plan_example_k: int = setting(2, help="Worked plans shown to the planner when plan_examples is set.")
+    ask_as: Literal["question", "relation"] = setting(
+        "question", help="How the planner writes a sub-question (OPERA, Mujica): a question in its own words, or one "
+        "relation of one entity (a topic entity of the question, when given, or an earlier answer), which the reply "
+        "format holds it to; it is asked as 'What is the <relation> of <entity>?'.")
     think: bool = setting(True, help="Ask the model to reason before each action.")
     parse_retries: int = setting(1, help="Repair attempts after a malformed structured reply.")
     model_retries: int = setting(2, help="Retries of a model call that timed out or met a connection error "

@@ -220,7 +220,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     notes = [] if state["force_final"] or not final else [f"RoundCap: round {rnd} of {ctx.max_rounds} must answer"]
     news, ask, warnings = _prompt(state, ctx, rnd, final, may_answer)
     notes += warnings
-    messages, prompt = conversation(state["planner_log"], news, ask, ctx.planner_budget,
+    messages, prompt = conversation(state["planner_log"], news, ask, ctx.planner_budget, P.planner_system(ctx.ask_as),
                                     final=final and bool(state["planner_log"]))  # FINAL_USER: answer now
     brief = (news[1] or P.NO_NEW_ANSWERS) if state["planner_log"] else prompt
     pending = bool(ready(dag, results))
@@ -233,7 +233,8 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         firings.clear()
         return read_plan(value, final, pending, may_answer, ctx, firings)
 
-    fmt = P.planner_format(final, may_answer, ctx.think, ctx.max_subquestions)
+    fmt = P.planner_format(final, may_answer, ctx.think, ctx.max_subquestions, state.get("topic_entities"),
+                           ctx.ask_as)
     try:
         llm = get_llm(ctx, "planner", reply=fmt)
         parsed = ask_json(llm, messages, validate, retries=ctx.parse_retries)
@@ -271,7 +272,8 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         asked, note = _ask_the_question(state, merge_dag(dag, new), rnd, ctx.max_subquestions)
         new, notes, update["force_final"] = new + asked, notes + [note], not asked
         log["plan"] = log.get("plan", []) + asked
-    asked_now = [{"id": q["id"], "question": q["question"], "depends_on": q["depends_on"]} for q in new]
+    asked_now = [{"id": q["id"], "entity": q["entity"], "relation": q["relation"]} if "relation" in q else
+                 {"id": q["id"], "question": q["question"], "depends_on": q["depends_on"]} for q in new]
     log["reply"] = said(log["thought"], {"subquestions": asked_now}, ctx.think)
     return {**update, "dag": new, "notes": notes, "planner_log": [log], "guards": firings}
 

@@ -64,9 +64,9 @@ def report(results: dict[str, dict], since_wave: int) -> tuple[str, str]:
     return P.REPORT.format(answers="\n".join(full)), P.REPORT.format(answers="\n".join(brief))
 
 
-def conversation(log: list[dict], news: tuple[str, str], ask: str, budget: int,
+def conversation(log: list[dict], news: tuple[str, str], ask: str, budget: int, system: str = P.PLANNER_SYSTEM,
                  final: bool = False) -> tuple[list[BaseMessage], str]:
-    """The planner's chat: the system prompt, each earlier round (its prompt and what it did), then this round's
+    """The planner's chat: the `system` prompt, each earlier round (its prompt and what it did), then this round's
     prompt: the workers' news (in full, or summarised) and `ask` (a `forced` message when `final`). Over `budget`
     characters, older rounds' prompts give way to their summaries (oldest first), then the oldest rounds after
     the first are left out, then this round's news is summarised, then cut. Returns the messages and this
@@ -75,7 +75,7 @@ def conversation(log: list[dict], news: tuple[str, str], ask: str, budget: int,
     prompt = news[0] + ask
 
     def size() -> int:
-        return len(P.PLANNER_SYSTEM) + len(prompt) + sum(len(t[0]) + len(t[2]) for t in turns)
+        return len(system) + len(prompt) + sum(len(t[0]) + len(t[2]) for t in turns)
 
     for turn in turns[1:]:
         if size() <= budget:
@@ -87,7 +87,7 @@ def conversation(log: list[dict], news: tuple[str, str], ask: str, budget: int,
         prompt = news[1] + ask
     if size() > budget:
         prompt = cap_text(news[1], max(100, budget - size() + len(news[1]))) + "\n\n" + ask
-    messages: list[BaseMessage] = [SystemMessage(P.PLANNER_SYSTEM)]
+    messages: list[BaseMessage] = [SystemMessage(system)]
     for text, _, reply in turns:
         messages += [HumanMessage(text), AIMessage(reply)]
     return messages + [tagged(FORCED, prompt) if final else HumanMessage(prompt)], prompt

@@ -39,7 +39,7 @@ def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: lis
     elif check(ctx, SHORT_ANSWER_REASK, lambda: is_sentence(value) and text_key(value) not in {
             text_key(r["answer"]) for r in results.values()}, value, "(asked again)", firings):
         fmt = P.SHORT_FORMAT
-        value, note, raw = _shorten(get_llm(ctx, "planner", reply=fmt), state, value)
+        value, note, raw = _shorten(get_llm(ctx, "planner", reply=fmt), state, value, P.planner_system(ctx.ask_as))
         firings[-1]["after"] = shown(value)
         notes.append(note)
         log["raw"] = log["raw"] + raw
@@ -68,13 +68,13 @@ def _short(value: Any, question: str) -> str:
     return answer
 
 
-def _shorten(llm: Runnable, state: State, answer: str) -> tuple[str, str, list[str]]:
+def _shorten(llm: Runnable, state: State, answer: str, system: str) -> tuple[str, str, list[str]]:
     """One more call when the planner concluded with a sentence that is no worker's answer: the question and
     the plan's answers, asked afresh for the short answer (in its conversation, a small model repeats its
     sentence), or the sentence if none comes. Returns the answer, a note and the raw reply."""
     prompt = P.SHORT_USER.format(question=state["question"], progress=progress(state["dag"], state["results"]))
     try:
-        again = ask_json(llm, [SystemMessage(P.PLANNER_SYSTEM), HumanMessage(prompt)],
+        again = ask_json(llm, [SystemMessage(system), HumanMessage(prompt)],
                          lambda v: _short(v, state["question"]), retries=0)
     except ModelError as exc:
         return answer, f"LongAnswer: the planner concluded {answer!r}; asking again failed: {exc}", []

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import itertools
 import re
-from typing import Any
+from typing import Any, NotRequired
 
 from typing_extensions import TypedDict
 
 from mhqa_graph.tools import stems
 
 from . import mujica_prompts as P
-from .common import clean_answer
+from .common import RELATION_QUESTION, clean_answer
 from .guards import PLAN_EXAMPLE_COPY, PLAN_MADE_UP_ENTITY, PLAN_OFF_TOPIC, UNECHO, Rule, apply, first_that_fires
 from .refusals import is_no_answer
 
@@ -35,6 +35,8 @@ class SubQuestion(TypedDict):
     depends_on: list[str]
     round: int  # planner round that asked it (last)
     attempt: int  # times asked: 1, then one more per re-ask after no answer
+    entity: NotRequired[str]  # with ask_as="relation": the entity (a name, or #q1) and the relation asked of it
+    relation: NotRequired[str]
 
 
 def merge_dag(left: list[SubQuestion], right: list[SubQuestion] | None) -> list[SubQuestion]:
@@ -94,6 +96,9 @@ def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True, c
     for n, item in enumerate(items, start=1):
         if isinstance(item, str):
             item = {"question": item}
+        asked = as_relation(item)
+        if asked:
+            item = {**item, **asked, "question": RELATION_QUESTION.format(**asked)}
         question = item.get("question") if isinstance(item, dict) else None
         if isinstance(question, str):
             question = apply(ctx, UNECHO, " ".join(question.split()), lambda q=question: unecho(q), log)
@@ -103,10 +108,18 @@ def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True, c
             notes.append(f"InvalidPlan: sub-question {n} has no question text or a malformed depends_on")
             continue
         plan.append({"id": clean_id(item.get("id")), "question": question,
-                     "depends_on": [d for d in map(clean_id, deps) if d]})
+                     "depends_on": [d for d in map(clean_id, deps) if d], **asked})
     if not plan and not pending:
         raise ValueError("no usable sub-questions and no answer")
     return "plan", (plan, notes)
+
+
+def as_relation(item: Any) -> dict[str, str]:
+    """{"entity", "relation"} of a sub-question written as one relation of one entity (`ask_as="relation"`), or {}."""
+    if not isinstance(item, dict) or not all(isinstance(item.get(k), str) and item[k].strip()
+                                             for k in ("entity", "relation")):
+        return {}
+    return {k: " ".join(item[k].split()) for k in ("entity", "relation")}
 
 
 def unecho(text: str) -> str:
@@ -218,7 +231,8 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
         if sid:
             rename[sid] = new
         taken.add(new)
-        kept.append({"id": new, "question": text, "depends_on": item["depends_on"], "round": rnd, "attempt": attempt})
+        kept.append({"id": new, "question": text, "depends_on": item["depends_on"], "round": rnd, "attempt": attempt,
+                     **as_relation(item)})
 
     ids = set(known) | {q["id"] for q in kept}
 
@@ -229,6 +243,8 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
     by_id = {**known, **{q["id"]: q for q in kept}}
     for q in kept:
         q["question"] = REF.sub(recite, q["question"])
+        if "entity" in q:
+            q["entity"] = REF.sub(recite, q["entity"])
         cited = [m.group(1) or m.group(2) for m in REF.finditer(q["question"])]
         deps = []
         for d in [rename.get(d, d) for d in q["depends_on"]] + [c for c in cited if c in ids]:

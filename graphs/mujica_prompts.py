@@ -6,6 +6,8 @@ import re
 
 from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, json_reply, obj, text
 
+from .common import RELATION_QUESTION
+
 # the planner's worked examples: (question, sub-questions as (question, depends_on)), and the names they use
 EXAMPLES = (
     ("Where was the director of Inception born?",
@@ -17,7 +19,6 @@ EXAMPLES = (
       ("What is the nationality of #q2?", ("q2",)))),
 )
 EXAMPLE_NAMES = ("Inception", "Vertigo", "Jaws", "Ada Lovelace")
-EXAMPLE_SUBQUESTIONS = tuple(text for _, plan in EXAMPLES for text, _ in plan)
 
 
 def _example(question: str, plan: tuple) -> str:
@@ -25,19 +26,44 @@ def _example(question: str, plan: tuple) -> str:
     return f"Question: {question}\n" + json.dumps({"subquestions": asked})
 
 
-PLANNER_SYSTEM = """You are the planner of a question-answering team. You break a multi-hop question into \
+# the same examples with each sub-question as one relation of one entity (the `ask_as="relation"` setting)
+RELATION_EXAMPLES = (
+    ("Where was the director of Inception born?", (("Inception", "director"), ("#q1", "place of birth"))),
+    ("Which film came out first, Vertigo or Jaws?", (("Vertigo", "release date"), ("Jaws", "release date"))),
+    ("What is the nationality of Ada Lovelace's husband's mother?",
+     (("Ada Lovelace", "spouse"), ("#q1", "mother"), ("#q2", "nationality"))),
+)
+EXAMPLE_SUBQUESTIONS = (*(text for _, plan in EXAMPLES for text, _ in plan),  # in either form
+                        *(RELATION_QUESTION.format(entity=e, relation=r)
+                          for _, plan in RELATION_EXAMPLES for e, r in plan))
+
+
+def _relation_example(question: str, plan: tuple) -> str:
+    asked = [{"id": f"q{n}", "entity": e, "relation": r} for n, (e, r) in enumerate(plan, 1)]
+    return f"Question: {question}\n" + json.dumps({"subquestions": asked})
+
+
+_INTRO = """You are the planner of a question-answering team. You break a multi-hop question into \
 simple sub-questions that workers answer from a knowledge source, and you write the final answer \
 from their answers.
 
 Each turn you see the workers' answers and the sub-questions asked so far. Then either:
-1. ask new sub-questions, as a small graph: each has an id, a question and the ids it depends on. \
-Sub-questions without dependencies run in parallel. A sub-question may use an earlier answer by \
-writing its id as #q1; the worker sees the answer in its place.
-2. or conclude, when the workers' answers are enough:
+"""
+_CONCLUDE = """2. or conclude, when the workers' answers are enough:
 {"answer": "<short answer: an entity, a date, a number, yes or no>"}
 
 Examples of a first turn:
-""" + "\n".join(_example(q, plan) for q, plan in EXAMPLES) + """
+"""
+_LATER_RULES = """- A sub-question answered "unknown" or "failed" has no answer and the sub-questions that use it \
+wait: ask it again with the same id in other words (about the entity its contexts name, if they name the one it \
+needs), ask something else, or conclude.
+- Conclude with what the workers found: a worker's answer, yes or no, or one of the two options the \
+question names."""
+
+PLANNER_SYSTEM = _INTRO + """1. ask new sub-questions, as a small graph: each has an id, a question and the ids \
+it depends on. Sub-questions without dependencies run in parallel. A sub-question may use an earlier answer by \
+writing its id as #q1; the worker sees the answer in its place.
+""" + _CONCLUDE + "\n".join(_example(q, plan) for q, plan in EXAMPLES) + """
 
 Rules:
 - Each sub-question asks one fact through one relation. "Where was X's father buried?" is two \
@@ -46,11 +72,25 @@ sub-questions: "Who is the father of X?", then "Where was #q1 buried?".
 the examples.
 - Ids are new and unique (q1, q2, ...); a dependency names an earlier or new id, never the sub-question \
 itself, and dependencies never form a loop. Do not repeat a sub-question that was already asked.
-- A sub-question answered "unknown" or "failed" has no answer and the sub-questions that use it wait: ask \
-it again with the same id in other words (about the entity its contexts name, if they name the one it \
-needs), ask something else, or conclude.
-- Conclude with what the workers found: a worker's answer, yes or no, or one of the two options the \
-question names."""
+""" + _LATER_RULES
+
+# the system prompt of `ask_as="relation"`: a sub-question is one relation of one entity
+RELATION_PLANNER_SYSTEM = _INTRO + """1. ask new sub-questions. Each asks one relation of one entity: an id, the \
+entity (a name from the question, or #q1 for the answer of sub-question q1) and the relation. The worker is asked \
+"What is the <relation> of <entity>?", with the answer in place of #q1. Sub-questions that use no \
+earlier answer run in parallel.
+""" + _CONCLUDE + "\n".join(_relation_example(q, plan) for q, plan in RELATION_EXAMPLES) + """
+
+Rules:
+- One relation per sub-question. "Where was X's father buried?" is two sub-questions: the father of X, \
+then the place of burial of #q1.
+- Never write a name you guessed, or one from the examples.
+- Ids are new and unique (q1, q2, ...). Do not repeat a sub-question that was already asked.
+""" + _LATER_RULES
+
+
+def planner_system(ask_as: str) -> str:
+    return RELATION_PLANNER_SYSTEM if ask_as == "relation" else PLANNER_SYSTEM
 
 # before the question in the first turn, with the `plan_examples` setting: plans of training questions like it
 WORKED = "Plans of questions like this one:\n{examples}\n\nNow plan this one.\n"
@@ -135,16 +175,27 @@ NO_CONTEXTS = "(no contexts found)"
 
 
 # -- reply formats (mhqa_graph.replies): what a constrained backend lets each role write ----------
+RELATION_CHARS = 60  # of a relation: a few words ("place of birth"), not a chain of them
+
+
 def _ids(cap: int) -> dict:
     return {"type": "string", "enum": [f"q{i}" for i in range(1, cap + 1)]}
 
 
-def planner_format(final: bool, may_answer: bool, think: bool, cap: int) -> ReplyFormat:
+def planner_format(final: bool, may_answer: bool, think: bool, cap: int, entities: list[str] | None = None,
+                   ask_as: str = "question") -> ReplyFormat:
     """The planner's reply: sub-questions with ids among q1..q`cap` (dependencies too), or the answer when it
-    may conclude; only the answer when it must."""
+    may conclude; only the answer when it must. With `ask_as="relation"` a sub-question is an entity and a
+    relation, the entity one of `entities` (the question's topic entities, when given) or an earlier answer
+    (#q1..#q`cap`)."""
     answer = obj({"answer": text(ANSWER_CHARS)})
-    item = obj({"id": _ids(cap), "question": text(), "depends_on": {"type": "array", "items": _ids(cap),
-                                                                     "maxItems": cap}})
+    if ask_as == "relation":
+        refs = [f"#q{i}" for i in range(1, cap + 1)]
+        entity = {"type": "string", "enum": [*dict.fromkeys(entities), *refs]} if entities else text(ANSWER_CHARS)
+        item = obj({"id": _ids(cap), "entity": entity, "relation": text(RELATION_CHARS)})
+    else:
+        item = obj({"id": _ids(cap), "question": text(), "depends_on": {"type": "array", "items": _ids(cap),
+                                                                         "maxItems": cap}})
     plan = obj({"subquestions": {"type": "array", "items": item, "maxItems": cap}})
     schema = answer if final else {"anyOf": [plan, answer]} if may_answer else plan
     return json_reply("planner", schema, think=think)

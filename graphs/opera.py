@@ -244,12 +244,13 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     hint = P.PLAN_HINT.format(entities=", ".join(entities)) if entities else ""
     worked, warning = worked_plans(ctx, question)
     notes = [warning] if warning else []
-    messages = [SystemMessage(P.PLAN_SYSTEM), HumanMessage(P.PLAN_USER.format(
+    messages = [SystemMessage(P.plan_system(ctx.ask_as)), HumanMessage(P.PLAN_USER.format(
         worked=P.PLAN_WORKED.format(examples=P.worked_examples(worked)) if worked else "", question=question,
         hint=hint))]
     cuts = enforced(ctx, PLAN_RUNAWAY_CUT)  # a reply cut off by the token limit is read only to be cut
     try:
-        parsed = ask_json(get_llm(ctx, "plan", reply=P.plan_format(ctx.max_rounds)), messages, check_plan,
+        fmt = P.plan_format(ctx.max_rounds, entities, ctx.ask_as)
+        parsed = ask_json(get_llm(ctx, "plan", reply=fmt), messages, check_plan,
                           ctx.parse_retries, cut_off=check_runaway_plan if cuts else None)
     except ModelError as exc:
         return fresh | {"halted": True, "notes": Overwrite([*notes, f"ModelError: plan: {exc}"]),

@@ -9,6 +9,8 @@ from typing import Any
 
 from mhqa_graph.parsing import close_json, extract_json, strip_think
 
+from .common import RELATION_QUESTION
+
 # -- placeholders ----------------------------------------------------------------------
 _BRACKETED = re.compile(r"\[([^\[\]]{1,60})\]|\{([^{}]{1,60})\}|<([^<>]{1,60})>")
 
@@ -70,7 +72,8 @@ _ITEM_KEYS = ("subgoal", "sub_goal", "question", "subquestion", "query", "goal",
 
 
 def check_plan(value: Any) -> list[str]:
-    """The sub-goals of a Plan agent reply ({"subgoals": [...]} or a bare list); ValueError if there are none."""
+    """The sub-goals of a Plan agent reply ({"subgoals": [...]} or a bare list; a sub-goal written as an entity and a
+    relation, `ask_as="relation"`, is asked as "What is the <relation> of <entity>?"); ValueError if there are none."""
     if isinstance(value, dict):
         lowered = {str(k).lower(): v for k, v in value.items()}
         key = next((k for k in _PLAN_KEYS if k in lowered), None)
@@ -81,7 +84,10 @@ def check_plan(value: Any) -> list[str]:
         raise ValueError('"subgoals" must be a list of strings')
     subgoals = []
     for item in value:
-        if isinstance(item, dict):
+        if isinstance(item, dict) and all(isinstance(item.get(k), str) and item[k].strip()
+                                          for k in ("entity", "relation")):
+            item = RELATION_QUESTION.format(entity=item["entity"].strip(), relation=item["relation"].strip())
+        elif isinstance(item, dict):
             item = next((item[k] for k in _ITEM_KEYS if isinstance(item.get(k), str)), None)
         if isinstance(item, str) and item.strip():
             subgoals.append(" ".join(item.split()))

@@ -23,6 +23,25 @@ Question: Where was the director of Inception born?
 Question: What is the nationality of Ada Lovelace's husband's mother?
 {"subgoals": ["Who is the husband of Ada Lovelace?", "Who is the mother of [Answer1]?", "What is the nationality of [Answer2]?"]}"""  # noqa: E501
 
+# the Plan agent's prompt with `ask_as="relation"`: a sub-goal is one relation of one entity
+RELATION_PLAN_SYSTEM = """You are the Plan agent of a question answering system that searches a knowledge source.
+Break the question into the fewest simple sub-goals that answer it, in the order they must be solved.
+Each sub-goal asks one relation of one entity: {"entity": "<entity>", "relation": "<relation>"} is asked as
+"What is the <relation> of <entity>?".
+Rules:
+- The entity is a name from the question, or [AnswerN] for the answer of sub-goal N.
+- One relation per sub-goal. A chain such as "A's mother's father's religion" gets one sub-goal per link,
+  in the order of the chain, each about the answer of the one before.
+- The last sub-goal asks for what the question asks for. A question that needs one lookup gets one sub-goal.
+Reply with JSON only, in this format:
+{"subgoals": [{"entity": "...", "relation": "..."}, {"entity": "[Answer1]", "relation": "..."}]}
+
+Examples
+Question: Where was the director of Inception born?
+{"subgoals": [{"entity": "Inception", "relation": "director"}, {"entity": "[Answer1]", "relation": "place of birth"}]}
+Question: What is the nationality of Ada Lovelace's husband's mother?
+{"subgoals": [{"entity": "Ada Lovelace", "relation": "spouse"}, {"entity": "[Answer1]", "relation": "mother"}, {"entity": "[Answer2]", "relation": "nationality"}]}"""  # noqa: E501
+
 PLAN_USER = "{worked}Question: {question}{hint}\nJSON:"
 
 # before the question, with the `plan_examples` setting: plans of training questions like it
@@ -95,9 +114,23 @@ ANSWER_OPTIONS = "\nAnswer with one of the two it names: {a} or {b}."
 
 
 # -- reply formats (mhqa_graph.replies): what a constrained backend lets each role write ----------
-def plan_format(max_subgoals: int) -> ReplyFormat:
-    return json_reply("plan", obj({"subgoals": {"type": "array", "items": text(), "minItems": 1,
+RELATION_CHARS = 60  # of a relation: a few words ("place of birth"), not a chain of them
+
+
+def plan_format(max_subgoals: int, entities: list[str] | None = None, ask_as: str = "question") -> ReplyFormat:
+    """The Plan agent's reply: sub-goals as text, or with `ask_as="relation"` each an entity (one of `entities`,
+    the question's topic entities when given, or an earlier answer [AnswerN]) and a relation."""
+    item = text()
+    if ask_as == "relation":
+        refs = [f"[Answer{n}]" for n in range(1, max_subgoals)]
+        entity = {"type": "string", "enum": [*dict.fromkeys(entities), *refs]} if entities else text(ANSWER_CHARS)
+        item = obj({"entity": entity, "relation": text(RELATION_CHARS)})
+    return json_reply("plan", obj({"subgoals": {"type": "array", "items": item, "minItems": 1,
                                                 "maxItems": max_subgoals}}))
+
+
+def plan_system(ask_as: str) -> str:
+    return RELATION_PLAN_SYSTEM if ask_as == "relation" else PLAN_SYSTEM
 
 
 def analysis_format(think: bool) -> ReplyFormat:

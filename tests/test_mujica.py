@@ -331,7 +331,12 @@ def test_a_copy_of_the_prompts_example_is_dropped_unless_the_question_asks_it():
     assert kept == [] and notes == ["InvalidPlan: q2 copies the prompt's example; dropped 'Where was #q1 born?'"]
     kept, notes = repair_plan(copied, dag, 12, 2, results, about="where was mary de bohun 's kid born ?")
     assert [q["id"] for q in kept] == ["q2"] and notes == []
-    assert all(x in mujica.P.PLANNER_SYSTEM for x in mujica.P.EXAMPLE_SUBQUESTIONS)
+    P = mujica.P
+    assert all(text in P.PLANNER_SYSTEM and text in P.EXAMPLE_SUBQUESTIONS
+               for _, plan in P.EXAMPLES for text, _ in plan)
+    assert all(f'"entity": "{e}", "relation": "{r}"' in P.RELATION_PLANNER_SYSTEM
+               and P.RELATION_QUESTION.format(entity=e, relation=r) in P.EXAMPLE_SUBQUESTIONS
+               for _, plan in P.RELATION_EXAMPLES for e, r in plan)
 
 
 def test_a_subquestion_naming_an_entity_of_the_examples_is_dropped_unless_the_question_names_it():
@@ -346,7 +351,8 @@ def test_a_subquestion_naming_an_entity_of_the_examples_is_dropped_unless_the_qu
                      "InvalidPlan: q3 copies the prompt's example; dropped 'Who directed jaws?'"]
     kept, _ = repair_plan(items[:1], [], 12, 1, {}, about="Where was the director of Inception born?")
     assert [q["question"] for q in kept] == ["Who directed Inception?"]
-    assert all(name in mujica.P.PLANNER_SYSTEM for name in mujica.P.EXAMPLE_NAMES)
+    assert all(name in mujica.P.PLANNER_SYSTEM and name in mujica.P.RELATION_PLANNER_SYSTEM
+               for name in mujica.P.EXAMPLE_NAMES)
 
 
 def test_a_subquestion_about_an_entity_the_planner_made_up_is_dropped_when_topic_entities_are_given():
@@ -847,3 +853,32 @@ def test_sub_questions_off_the_topic_are_dropped():
     done = {"q3": {"status": "answered", "answer": "Chris Taylor", "attempt": 1}}
     assert [q["id"] for q in repair_plan(later, new, 12, 2, done, about=question, ctx=on)[0]] == ["q5"]
     assert [q["id"] for q in repair_plan(items, [], cap=12, rnd=1)[0]] == ["q1", "q2", "q3", "q4"]
+
+
+# -- ask_as="relation" ----------------------------------------------------------------------------
+def test_a_relation_subquestion_asks_the_worker_its_relation_of_its_entity_with_earlier_answers_filled_in(store):
+    plan = {"subquestions": [{"id": "q1", "entity": "Inception", "relation": "director who directed Inception"},
+                             {"id": "q2", "entity": "#q1", "relation": "place where Nolan born"}]}
+    work, plan_llm = answering_worker(), planner([plan, {"answer": "London"}])
+    out = mujica.graph.invoke({"question": "Where was the director of Inception born?",
+                               "topic_entities": ["Inception"]},
+                              context=ctx(store, plan_llm, work, ask_as="relation"))
+    asked = [question_of(c) for c in work.calls]
+    assert asked == ["What is the director who directed Inception of Inception?",
+                     "What is the place where Nolan born of Christopher Nolan?"]
+    assert out["answer"] == "London" and [q["depends_on"] for q in out["dag"]] == [[], ["q1"]]
+    assert [(q["entity"], q["relation"]) for q in out["dag"]] == [("Inception", "director who directed Inception"),
+                                                                  ("#q1", "place where Nolan born")]
+    first, second = plan_llm.calls
+    assert first[0].text == mujica.P.RELATION_PLANNER_SYSTEM
+    assert json.loads(second[2].text) == plan  # its own turn, in the form it wrote it
+
+
+def test_a_relation_subquestions_entity_is_a_topic_entity_or_an_earlier_answer_in_the_reply_format():
+    fmt = mujica.P.planner_format(False, True, False, 3, ["Inception", "Inception"], ask_as="relation")
+    item = fmt.schema["anyOf"][0]["properties"]["subquestions"]["items"]
+    assert item["properties"]["entity"]["enum"] == ["Inception", "#q1", "#q2", "#q3"]
+    assert item["required"] == ["id", "entity", "relation"]
+    free = mujica.P.planner_format(False, True, False, 3, None, ask_as="relation")
+    assert "enum" not in free.schema["anyOf"][0]["properties"]["subquestions"]["items"]["properties"]["entity"]
+    assert 'relation' in fmt.gbnf() and "Vertigo" in mujica.P.RELATION_PLANNER_SYSTEM

@@ -12,6 +12,7 @@ import threading
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
+from mhqa_graph.graphs import opera_prompts
 from mhqa_graph.graphs.common import AgentContext
 from mhqa_graph.graphs.opera import RECURSION_LIMIT, OperaContext, build, merge_steps, topk_for
 from mhqa_graph.graphs.opera_analysis import check_analysis, parse_rewrite
@@ -647,3 +648,25 @@ def test_an_empty_analysis_answer_is_insufficient_without_a_flag():
 
     assert check_analysis({"answer": ""}) == {"reasoning": "", "sufficient": False, "answer": "", "flag": None}
     assert check_analysis({"answer": "London"})["flag"] == "no sufficiency given"
+
+
+def test_a_relation_plan_asks_each_subgoal_as_its_relation_of_its_entity_with_placeholders_kept():
+    P = opera_prompts
+    plan = check_plan({"subgoals": [{"entity": "Inception", "relation": "director"},
+                                    {"entity": "[Answer1]", "relation": "place of birth"}]})
+    assert plan == ["What is the director of Inception?", "What is the place of birth of [Answer1]?"]
+    assert dependencies(plan) == [[], [1]]
+    fmt = P.plan_format(3, ["Inception"], ask_as="relation")
+    entity = fmt.schema["properties"]["subgoals"]["items"]["properties"]["entity"]
+    assert entity["enum"] == ["Inception", "[Answer1]", "[Answer2]"]
+    assert P.plan_system("relation") == P.RELATION_PLAN_SYSTEM and P.plan_system("question") == P.PLAN_SYSTEM
+
+
+def test_with_ask_as_relation_the_plan_agent_writes_relations_and_the_second_hop_searches_the_first_answer(store):
+    plan = json.dumps({"subgoals": [{"entity": "Inception", "relation": "director"},
+                                    {"entity": "[Answer1]", "relation": "place of birth"}]})
+    roles = models(plan=[plan])
+    out = run(store, roles, ask_as="relation")
+    assert out["answer"] == "London"
+    assert roles["plan"].calls[0][0].text == opera_prompts.RELATION_PLAN_SYSTEM
+    assert out["steps"][1]["query"] == "What is the place of birth of Christopher Nolan?"

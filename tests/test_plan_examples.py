@@ -75,6 +75,9 @@ def test_a_plans_corpus_the_store_lacks_is_refused(store):
 def test_settings_from_the_command_line_are_typed():
     assert parse_settings("auto", ["hand_over=false", "budget=5"]) == {"hand_over": False, "budget": 5}
     assert parse_settings("opera", ["plan_examples=plans", "think=on"]) == {"plan_examples": "plans", "think": True}
+    assert parse_settings("mujica", ["ask_as=relation", "source=graph"]) == {"ask_as": "relation", "source": "graph"}
+    with pytest.raises(InvalidInput, match="expected one of question, relation"):
+        parse_settings("mujica", ["ask_as=relations"])
     with pytest.raises(InvalidInput, match="a tuple"):
         parse_settings("opera", ["topk_schedule=10,20"])
     for bad, message in ((["x"], "NAME=VALUE"), (["nope=1"], "no setting 'nope'"), (["budget=ab"], "expected int"),
