@@ -12,6 +12,18 @@ repeated calls, stop sequences. Also outside the layer, being wording rather tha
 relation synonyms in the prompts (Mujica's graph worker, OPERA's analysis), the stem table that ranks a
 node's facts by the question's words (`tools.stems`), and the refusal words by which Mujica's planner's
 "answer" beside new sub-questions is ignored and a "no answer" conclusion is not re-asked as a sentence.
+
+Five rules that change the control flow sit outside the layer, each by decision:
+- Mujica's straight dispatch (`after_wave`: a wave that all answered sends the dependents the planner already
+  wrote without a planner call) is a setting, `straight_dispatch`: a cost choice, not a repair of a reply.
+- Mujica's question sent to a worker (a round before `min_worker_rounds` waves that gives the workers nothing)
+  is structural: it follows from the `min_worker_rounds` setting (0 turns it off), whatever the reply said.
+- OPERA's query for a sub-goal whose placeholder has no answer (the sub-goal with the question beside it) is
+  structural: a search needs text, and the unfilled placeholder is noted as a warning.
+- OPERA's fallbacks (the question as the one sub-goal when no plan can be read; the last sub-goal's answer when
+  no synthesis comes) are structural validation of malformed output, each noted as a typed error.
+- Omne's one nudge or send-back a run (a shared counter) is structural: it bounds the loop; the send-backs it
+  counts are guards (`send_back_ungrounded`, `send_back_one_hop`).
 """
 
 from __future__ import annotations

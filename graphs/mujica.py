@@ -15,7 +15,7 @@ other's user and assistant.
 
 Departures from the paper:
 - When a wave of workers all answered and the plan already holds sub-questions that are now ready, they go
-  straight to the workers without a planner call.
+  straight to the workers without a planner call (`straight_dispatch`, a setting).
 - Bad plans (cycles, self-dependencies, unknown or duplicate ids, repeats, more than `max_subquestions`) are
   repaired and noted (`mujica_plan`); after a malformed reply or a round that can run nothing, and in round
   `max_rounds`, the planner must give the final answer. It may conclude only after `min_worker_rounds` waves;
@@ -111,6 +111,9 @@ class MujicaContext(AgentContext):
     max_facts: int = setting(30, help="Facts shown per sub-question on the graph source.")
     min_worker_rounds: int = setting(1, help="Waves of workers before the planner may conclude (a round cap still "
                                      "ends the run).")
+    straight_dispatch: bool = setting(True, help="When every answer of a wave is usable, send the sub-questions the "
+                                      "planner already wrote that are now ready to the workers without a planner "
+                                      "call (off: the planner sees every wave, as in the paper).")
     planner_budget: int = setting(8000, help="Characters of the planner's conversation; older worker contexts are "
                                   "summarised to fit.")
 
@@ -302,11 +305,11 @@ def collect(state: State) -> dict:
     return {"waves": state["waves"] + 1}
 
 
-def after_wave(state: State) -> str | list[Send]:
+def after_wave(state: State, runtime: Runtime[MujicaContext]) -> str | list[Send]:
     """Straight to the workers with the sub-questions the planner already wrote that are now ready, when every
-    answer of the wave is usable; else back to the planner."""
+    answer of the wave is usable (`straight_dispatch`); else back to the planner."""
     wave = [r for r in state["results"].values() if r["wave"] == state["waves"]]
-    if any(r["status"] != ANSWERED for r in wave):
+    if not context_as(MujicaContext, runtime).straight_dispatch or any(r["status"] != ANSWERED for r in wave):
         return "planner"
     return _dispatch(state) or "planner"
 

@@ -128,6 +128,16 @@ def test_ready_dependents_go_straight_to_workers_with_the_answer_filled_in(store
     assert out["notes"] == []
 
 
+def test_without_straight_dispatch_the_planner_sees_every_wave(store):
+    chain = {"subquestions": [subq("q1", "Who directed Inception?"), subq("q2", "Where was #q1 born?", "q1")]}
+    plan = planner([chain, {"subquestions": []}, {"answer": "London"}], final='{"answer": "London"}')
+    work = answering_worker()
+    out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
+                              context=ctx(store, plan, work, straight_dispatch=False))
+    assert [question_of(m) for m in work.calls] == ["Who directed Inception?", "Where was Christopher Nolan born?"]
+    assert out["answer"] == "London" and out["waves"] == 2 and len(plan.calls) == 3  # a planner call between
+
+
 def test_the_planner_keeps_its_conversation_across_rounds(store):
     chain = {"subquestions": [subq("q1", "Who directed Inception?")]}
     more = {"subquestions": [subq("q2", "Where was #q1 born?", "q1")]}
