@@ -111,6 +111,8 @@ class MujicaContext(AgentContext):
     max_facts: int = setting(30, help="Facts shown per sub-question on the graph source.")
     min_worker_rounds: int = setting(1, help="Waves of workers before the planner may conclude (a round cap still "
                                      "ends the run).")
+    replan_retries: int = setting(0, help="Times a round whose sub-questions can none run (each asked before, or "
+                                  "dropped) is sent back with why, before the planner must give its final answer.")
     straight_dispatch: bool = setting(True, help="When every answer of a wave is usable, send the sub-questions the "
                                       "planner already wrote that are now ready to the workers without a planner "
                                       "call (off: the planner sees every wave, as in the paper).")
@@ -231,22 +233,34 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     log = {"round": rnd, "final": final, "waves": state["waves"], "prompt": prompt, "brief": brief, "raw": [],
            "thought": "", "action": "", "error": None}
     firings: list[dict] = []
+    entities = state.get("topic_entities") or []
+    replans: list[str] = []  # why each reply sent back for planning nothing that can run did not count
 
     def validate(value: Any) -> tuple[str, Any]:  # the firings of the reply that is kept only
         firings.clear()
-        return read_plan(value, final, pending, may_answer, ctx, firings)
+        kind, read = read_plan(value, final, pending, may_answer, ctx, firings)
+        if kind == "answer":
+            return kind, read
+        items, read_notes = read
+        new, repair_notes = repair_plan(items, dag, ctx.max_subquestions, rnd, results,
+                                        " ".join([state["question"], *entities]), entities, ctx, firings)
+        if items and not ready(merge_dag(dag, new), results) and len(replans) < ctx.replan_retries:
+            why = "; ".join(n.removeprefix("InvalidPlan: ") for n in repair_notes) or "its sub-questions wait"
+            replans.append(why)
+            raise ValueError(P.NOTHING_TO_RUN.format(why=why))
+        return kind, (new, read_notes + repair_notes)
 
-    fmt = P.planner_format(final, may_answer, ctx.think, ctx.max_subquestions, state.get("topic_entities"),
-                           ctx.ask_as)
+    fmt = P.planner_format(final, may_answer, ctx.think, ctx.max_subquestions, entities or None, ctx.ask_as)
     try:
         llm = get_llm(ctx, "planner", reply=fmt)
-        parsed = ask_json(llm, messages, validate, retries=ctx.parse_retries)
+        parsed = ask_json(llm, messages, validate, retries=ctx.parse_retries + ctx.replan_retries)
     except ModelError as exc:
         error = f"ModelError: {exc}"
         log.update(action="failed", error=error)
         return {**update, "answer": best_effort(results), "error": error, "done": True,
                 "notes": notes, "planner_log": [log]}
     log.update(raw=parsed.raw, thought=thought_of(parsed.raw[-1]))
+    notes += [f"Replan: round {rnd} planned nothing that can run ({why}); sent back" for why in replans]
     new: list[SubQuestion] = []
     if parsed.error:
         firings.clear()  # of a reply that was not used
@@ -262,11 +276,8 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
             value = conclude(ctx, state, value, log, notes, firings)
             log.update(action="answer", answer=value, reply=said(log["thought"], {"answer": value}, ctx.think))
             return {**update, "answer": value, "done": True, "notes": notes, "planner_log": [log], "guards": firings}
-        items, read_notes = value
-        entities = state.get("topic_entities") or []
-        new, repair_notes = repair_plan(items, dag, ctx.max_subquestions, rnd, results,
-                                        " ".join([state["question"], *entities]), entities, ctx, firings)
-        notes += read_notes + repair_notes
+        new, plan_notes = value
+        notes += plan_notes
         log.update(action="plan", plan=new)
         if not ready(merge_dag(dag, new), results):
             notes.append(f"NoProgress: round {rnd} planned nothing that can run")

@@ -105,6 +105,10 @@ def worked_examples(plans: list[tuple[str, list[str]]]) -> str:
     return "\n".join(_example(q, plan(goals)) for q, goals in plans)
 
 
+# why a plan was sent back (`replan_retries`), inside the repair message: "That reply could not be used (...)"
+NOTHING_TO_RUN = ("nothing in it can run: {why}. Ask a sub-question that was not asked before, in other words or "
+                  'about another entity, or conclude with {{"answer": "<short answer>"}}')
+
 THINK_FIRST = "First reason briefly inside <think>...</think>, then give the JSON."
 NO_THINK = "Reply with the JSON only."
 MUST_ASK = "Ask at least one sub-question before you answer. "

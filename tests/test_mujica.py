@@ -825,6 +825,27 @@ def test_an_empty_list_of_subquestions_asks_the_planner_for_its_final_answer(sto
     assert out["answer"] == "Paris" and list(out["results"]) == ["q1"]
 
 
+def test_a_round_that_only_repeats_is_sent_back_with_why_before_the_planner_must_answer(store):
+    asked = {"subquestions": [subq("q1", "What is the capital of France?")]}
+    again = {"subquestions": [subq("q2", "What is the capital of France?")]}
+    new = {"subquestions": [subq("q2", "What is the capital of Italy?")]}
+    replies = iter([asked, again, new, {"answer": "Paris and Rome"}])
+    plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies)))
+    out = mujica.graph.invoke({"question": "What is the capital of France and of Italy?"},
+                              context=ctx(store, plan, answering_worker(), replan_retries=1))
+    assert out["answer"] == "Paris and Rome" and list(out["results"]) == ["q1", "q2"]
+    assert out["notes"] == ["Replan: round 2 planned nothing that can run (q2 asks again what q1 answered; dropped); "
+                            "sent back"]
+    repair = plan.calls[2][-1]
+    assert kind_of(repair) == "repair" and "nothing in it can run: q2 asks again what q1 answered" in repair.text
+    replies = iter([asked, again, again])  # sent back once, then the old way: the final answer is asked for
+    plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies, {"answer": "Paris"})))
+    out = mujica.graph.invoke({"question": "What is the capital of France?"},
+                              context=ctx(store, plan, answering_worker(), replan_retries=1))
+    assert out["answer"] == "Paris" and out["notes"][-1] == "NoProgress: round 2 planned nothing that can run"
+    assert mujica.P.NO_MORE in plan.calls[-1][-1].text and len(plan.calls) == 4
+
+
 def test_endless_re_asks_end_within_the_round_and_subquestion_caps(store):
     phrasings = iter(f"Who made Inception, version {i}?" for i in range(100))
 
