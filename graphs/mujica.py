@@ -384,7 +384,8 @@ def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
     listing = cap_text("\n".join(f"[{i}] {c.text}" for i, c in enumerate(contexts, start=1))) or P.NO_CONTEXTS
     system = P.GRAPH_WORKER_SYSTEM if record["source"] == "graph" else P.WORKER_SYSTEM
     messages = [SystemMessage(system), HumanMessage(P.WORKER_USER.format(
-        question=sub["query"], contexts=listing, think=P.THINK_FIRST if ctx.think else P.NO_THINK))]
+        question=sub["query"], contexts=listing, format=P.WORKER.line(),
+        think=P.THINK_FIRST if ctx.think else P.NO_THINK))]
     try:
         llm = get_llm(ctx, "worker", reply=P.worker_format(len(contexts), ctx.think))
         parsed = ask_json(llm, messages, lambda v: read_worker(v, len(contexts)), retries=ctx.parse_retries, want=dict)

@@ -4,7 +4,7 @@ WORKER_SYSTEM (passages) and GRAPH_WORKER_SYSTEM (graph facts) are sent as they 
 import json
 import re
 
-from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, json_reply, obj, text
+from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, json_reply, obj, text
 
 from .common import RELATION_QUESTION
 
@@ -173,7 +173,11 @@ WORKER_USER = """Question: {question}
 Contexts:
 {contexts}
 
-Reply with JSON: {{"relevant": [<numbers of the helpful contexts>], "answer": "<short answer>"}}. {think}"""
+Reply with JSON: {format}. {think}"""
+
+# the worker's reply, declared once: its schema (the context numbers given per call) and the format line above
+WORKER = Shape((("relevant", {"type": "array", "items": {"type": "integer"}}, "[<numbers of the helpful contexts>]"),
+                ("answer", text(ANSWER_CHARS), '"<short answer>"')))
 
 NO_CONTEXTS = "(no contexts found)"
 
@@ -208,8 +212,7 @@ def planner_format(final: bool, may_answer: bool, think: bool, cap: int, entitie
 def worker_format(contexts: int, think: bool) -> ReplyFormat:
     """The worker's reply: the numbers of the contexts it used (1..`contexts`) and its answer."""
     numbers = {"type": "integer", "enum": list(range(1, contexts + 1))} if contexts else {"type": "integer"}
-    relevant = {"type": "array", "items": numbers, "maxItems": contexts}
-    return json_reply("worker", obj({"relevant": relevant, "answer": text(ANSWER_CHARS)}), think=think)
+    return WORKER.reply("worker", think=think, relevant={"type": "array", "items": numbers, "maxItems": contexts})
 
 
 SHORT_FORMAT = json_reply("short answer", obj({"answer": text(ANSWER_CHARS)}))

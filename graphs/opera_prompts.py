@@ -3,7 +3,16 @@ Module), and the final synthesis. Written for small instruction-tuned models: on
 
 import json
 
-from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, json_reply, line_reply, obj, text
+from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, line_reply, obj, text
+
+# the Plan agent's reply, declared once, in either form (`ask_as`): its schema (the cap and the entities given per
+# call) and the format line its prompt shows
+PLAN = Shape((("subgoals", {"type": "array", "items": text(), "minItems": 1},
+               '["first sub-goal", "second sub-goal using [Answer1]"]'),))
+RELATION_CHARS = 60  # of a relation: a few words ("place of birth"), not a chain of them
+RELATION_PLAN = Shape((("subgoals", {"type": "array", "items": obj({"entity": text(ANSWER_CHARS),
+                                                                    "relation": text(RELATION_CHARS)}), "minItems": 1},
+                        '[{"entity": "...", "relation": "..."}, {"entity": "[Answer1]", "relation": "..."}]'),))
 
 PLAN_SYSTEM = """You are the Plan agent of a question answering system that searches a knowledge source.
 Break the question into the fewest simple sub-goals that answer it, in the order they must be solved.
@@ -15,7 +24,7 @@ Rules:
 - Keep every name, date and qualifier of the question in the sub-goals that need them.
 - The last sub-goal asks for what the question asks for. A question that needs one lookup gets one sub-goal.
 Reply with JSON only, in this format:
-{"subgoals": ["first sub-goal", "second sub-goal using [Answer1]"]}
+""" + PLAN.line() + """
 
 Examples
 Question: Where was the director of Inception born?
@@ -34,7 +43,7 @@ Rules:
   in the order of the chain, each about the answer of the one before.
 - The last sub-goal asks for what the question asks for. A question that needs one lookup gets one sub-goal.
 Reply with JSON only, in this format:
-{"subgoals": [{"entity": "...", "relation": "..."}, {"entity": "[Answer1]", "relation": "..."}]}
+""" + RELATION_PLAN.line() + """
 
 Examples
 Question: Where was the director of Inception born?
@@ -114,19 +123,16 @@ ANSWER_OPTIONS = "\nAnswer with one of the two it names: {a} or {b}."
 
 
 # -- reply formats (mhqa_graph.replies): what a constrained backend lets each role write ----------
-RELATION_CHARS = 60  # of a relation: a few words ("place of birth"), not a chain of them
-
-
 def plan_format(max_subgoals: int, entities: list[str] | None = None, ask_as: str = "question") -> ReplyFormat:
     """The Plan agent's reply: sub-goals as text, or with `ask_as="relation"` each an entity (one of `entities`,
     the question's topic entities when given, or an earlier answer [AnswerN]) and a relation."""
-    item = text()
-    if ask_as == "relation":
-        refs = [f"[Answer{n}]" for n in range(1, max_subgoals)]
-        entity = {"type": "string", "enum": [*dict.fromkeys(entities), *refs]} if entities else text(ANSWER_CHARS)
-        item = obj({"entity": entity, "relation": text(RELATION_CHARS)})
-    return json_reply("plan", obj({"subgoals": {"type": "array", "items": item, "minItems": 1,
-                                                "maxItems": max_subgoals}}))
+    if ask_as != "relation":
+        return PLAN.reply("plan", subgoals={"type": "array", "items": text(), "minItems": 1, "maxItems": max_subgoals})
+    refs = [f"[Answer{n}]" for n in range(1, max_subgoals)]
+    entity = {"type": "string", "enum": [*dict.fromkeys(entities), *refs]} if entities else text(ANSWER_CHARS)
+    item = obj({"entity": entity, "relation": text(RELATION_CHARS)})
+    return RELATION_PLAN.reply("plan", subgoals={"type": "array", "items": item, "minItems": 1,
+                                                 "maxItems": max_subgoals})
 
 
 def plan_system(ask_as: str) -> str:

@@ -120,16 +120,17 @@ class Shape:
 
     fields: tuple[tuple[str, dict[str, Any], str], ...]  # (name, schema, shown as: '"short answer"', 'true or false')
 
-    def schema(self, omit: tuple[str, ...] = ()) -> dict[str, Any]:
-        """The object's JSON schema, every field required, without the fields in `omit`."""
-        return obj({name: schema for name, schema, _ in self.fields if name not in omit})
+    def schema(self, omit: tuple[str, ...] = (), **given: dict[str, Any]) -> dict[str, Any]:
+        """The object's JSON schema, every field required, without the fields in `omit`; a field named in `given`
+        takes that schema for this reply (a list whose items or length depend on the call)."""
+        return obj({name: given.get(name, schema) for name, schema, _ in self.fields if name not in omit})
 
     def line(self, omit: tuple[str, ...] = ()) -> str:
         """The reply as the prompt shows it: `{"answer": "short answer", "sufficient": true or false}`."""
         return "{" + ", ".join(f'"{name}": {shown}' for name, _, shown in self.fields if name not in omit) + "}"
 
-    def reply(self, name: str, omit: tuple[str, ...] = (), think: bool = False) -> ReplyFormat:
-        return json_reply(name, self.schema(omit), think=think)
+    def reply(self, name: str, omit: tuple[str, ...] = (), think: bool = False, **given: dict[str, Any]) -> ReplyFormat:
+        return json_reply(name, self.schema(omit, **given), think=think)
 
 
 def json_reply(name: str, schema: dict[str, Any], think: bool = False) -> ReplyFormat:
