@@ -301,7 +301,8 @@ def test_expert_completion_anchors_its_group_and_is_trained_on_when_asked(tmp_pa
 
     args = grpo_args(MAPGRPOConfig(grpo={"num_generations": group, "per_device_train_batch_size": 2 * group,
                                          "max_steps": 1, "learning_rate": 0.05, "max_completion_length": 8}),
-                     tmp_path)
+                     tmp_path, expert_slot=True)
+    assert args.num_generations == group + 1 and args.per_device_train_batch_size == 2 * (group + 1)
     trainer = ExpertGRPOTrainer(model, reward_funcs=[reward], args=args,
                                 train_dataset=Dataset.from_list([{"prompt": with_expert}, {"prompt": without}]),
                                 processing_class=tokenizer, experts={prompt_key(with_expert): expert},
@@ -324,7 +325,7 @@ def test_expert_completion_anchors_its_group_and_is_trained_on_when_asked(tmp_pa
     rows = [i for i, t in enumerate(texts) if t == expert]
     assert len(rows) == 1 and prompts[rows[0]] == with_expert  # one member of that group, none elsewhere
     members = [i for i, p in enumerate(prompts) if p == with_expert]
-    assert len(members) == group and rows[0] in members
+    assert len(members) == group + 1 and rows[0] == members[-1]  # added to the group's samples, not one of them
     i = rows[0]
     assert out["completion_ids"][i][:len(expert_ids)].tolist() == expert_ids
     # its reward is in the group's baseline: the sampled members fall below it

@@ -22,10 +22,12 @@ then rewrite):
      context's top_k in the read-only store) against the hop's gold evidence + ω2·format;
 3. high-score sample selection, for the roles in `inject_roles` (default: plan, as the paper): `expert`
    is a `mhqa export --format roles` folder (e.g. a stronger model's run). For every prompt with an
-   expert row (best `expert_score` >= `expert_min_score`), one member of its group is replaced by the
-   expert completion, scored by the same reward: it anchors the group's baseline (mean and std). Its own
-   tokens get no gradient unless `expert_gradient` (the paper's current text adds the sample to the
-   group without training on it directly). The expert rows' prompts join the role's training prompts.
+   expert row (best `expert_score` >= `expert_min_score`), the expert completion is added to its group of
+   `num_generations` samples, scored by the same reward: it anchors the group's baseline (mean and std). TRL's
+   groups are of one size, so a stage with experts samples groups of num_generations + 1 and puts the expert in
+   the last place (a prompt without one keeps num_generations + 1 samples of its own). Its own tokens get no
+   gradient unless `expert_gradient` (the paper's current text adds the sample to the group without training
+   on it directly). The expert rows' prompts join the role's training prompts.
 
 Full fine-tuning (`model.lora: false`) has one set of weights for every role, so earlier roles change
 when later ones train; use LoRA for the paper's frozen roles. With beta > 0 the KL reference is the
@@ -134,19 +136,30 @@ class MAPGRPOConfig:
     output_dir: str = "runs/mapgrpo"
 
 
-def grpo_args(config: MAPGRPOConfig, output_dir: str | Path, heldout: bool = False) -> GRPOConfig:
+def grpo_args(config: MAPGRPOConfig, output_dir: str | Path, heldout: bool = False,
+              expert_slot: bool = False) -> GRPOConfig:
     """GRPOConfig from `config.grpo` over CPU-friendly defaults, use_cpu and bf16 from the policy's device
     (`devices.precision_args`), a step checkpoint after every step (a stopped role resumes there); with
-    `heldout`, an evaluation every `config.heldout_every` steps, one group of completions per eval batch. Bad
-    arguments raise InvalidInput."""
+    `heldout`, an evaluation every `config.heldout_every` steps, one group of completions per eval batch. With
+    `expert_slot`, train groups have one more place, for the expert sample added to num_generations policy
+    samples (the batch grows with them: the same prompts a step). Bad arguments raise InvalidInput."""
     defaults = dict(report_to=[], **STEP_SAVES, logging_steps=1, disable_tqdm=True, gradient_checkpointing=False,
                     seed=config.model.seed, **precision_args(config.grpo))
+    group = config.grpo.get("num_generations") or GRPOConfig.__dataclass_fields__["num_generations"].default
     if heldout:
-        group = config.grpo.get("num_generations_eval") or config.grpo.get("num_generations") \
-            or GRPOConfig.__dataclass_fields__["num_generations"].default
-        defaults |= dict(eval_strategy="steps", eval_steps=config.heldout_every, per_device_eval_batch_size=group)
+        defaults |= dict(eval_strategy="steps", eval_steps=config.heldout_every,
+                         per_device_eval_batch_size=config.grpo.get("num_generations_eval") or group)
+    grown = {}
+    if expert_slot:
+        batch = config.grpo.get("per_device_train_batch_size", GRPOConfig.__dataclass_fields__[
+            "per_device_train_batch_size"].default)
+        if batch % group:
+            raise InvalidInput(f"grpo: per_device_train_batch_size {batch} must be a multiple of num_generations "
+                               f"{group} to add the expert sample to each group")
+        grown = {"num_generations": group + 1, "per_device_train_batch_size": batch // group * (group + 1),
+                 "num_generations_eval": config.grpo.get("num_generations_eval") or group}
     try:
-        return GRPOConfig(**(defaults | config.grpo | {"output_dir": str(output_dir)}))
+        return GRPOConfig(**(defaults | config.grpo | grown | {"output_dir": str(output_dir)}))
     except (TypeError, ValueError) as exc:
         raise InvalidInput(f"grpo: {exc}") from None
 
@@ -359,7 +372,8 @@ def stage_rows(rows: list[dict[str, Any]], experts: dict[str, dict[str, Any]],
 # -- GRPO with injected expert samples -----------------------------------------------------------
 class ExpertGRPOTrainer(GRPOTrainer):
     """GRPOTrainer whose groups take one expert completion: for a prompt in `experts` (prompt key ->
-    completion text), the group's last member is replaced after generation by the expert's tokens plus eos,
+    completion text), the group's last member (the place `grpo_args(expert_slot=True)` adds) is replaced after
+    generation by the expert's tokens plus eos,
     all of them (max_completion_length bounds generation only: a cut would score a prefix by the whole).
     Its reward enters the group's mean and std, so it anchors the others' advantages; with
     `expert_gradient` False its own tokens are masked out of the loss."""
@@ -595,7 +609,7 @@ class MAPGRPOTrainer:
         rows, held = split_heldout(rows, records, cfg.heldout)
         held_keys = {prompt_key(r["prompt"]) for r in held}
         expert_texts = {k: v for k, v in expert_texts.items() if k not in held_keys}  # never injected in a held group
-        args = grpo_args(cfg, stage / "grpo", heldout=bool(held))
+        args = grpo_args(cfg, stage / "grpo", heldout=bool(held), expert_slot=bool(expert_texts))
         info = {"role": role, "event": "rollouts", "records": len(records),
                 "rollout_f1": sum(r.get("f1") or 0.0 for r in records) / max(1, len(records)),
                 "prompts": len(rows), "expert_prompts": len(expert_texts), "heldout_prompts": len(held),
