@@ -42,7 +42,7 @@ from mhqa_graph.eval.scoring import normalize_answer
 from mhqa_graph.parsing import words
 
 from .common import AgentContext, QAInput, QAOutput, check_question, context_as, extend, setting
-from .refusals import grounded, is_no_answer
+from .guards.refusals import grounded, is_no_answer
 
 DESIGNS = ("opera", "mujica", "omne")  # what auto may escalate to
 MIN_CALLS = {"rag": 1, "opera": 3, "mujica": 3, "omne": 2}  # the fewest model calls a stage can answer in

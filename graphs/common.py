@@ -66,7 +66,7 @@ class AgentContext:
     """Run settings. LangGraph Studio shows them as a form; in Python, `llm`, `role_llms` values and
     `store` may also be objects (a chat model, a KnowledgeStore)."""
 
-    agent: ClassVar[str] = ""  # the agent these settings are of: its default guards (graphs/guards.py)
+    agent: ClassVar[str] = ""  # the agent these settings are of: its default guards (graphs/guards/)
 
     llm: str = setting("auto", help="Model spec of every role: a pack name (qwen2.5-coder-1.5b), "
                        "llamacpp:<pack>, hf:<folder>, openai:<url>#<model> or fake:[\"reply\", ...]; "
@@ -102,7 +102,7 @@ class AgentContext:
                             "(llama.cpp grammar, OpenAI-compatible json_schema), else prompt and parse; "
                             "constrained: the same, but a role whose backend constrains nothing is an error "
                             "(turns a backend cannot express still use the prompt); prompt: never constrain.")
-    guards: str = setting("auto", help="Small-model guards to run (graphs/guards.py): auto (the default set), none, "
+    guards: str = setting("auto", help="Small-model guards to run (graphs/guards/): auto (the default set), none, "
                           "comma-separated names, or -name,+name to change the default set.")
     guard_mode: str = setting("enforce", help="enforce: a guard that fires changes the run; log: it is only "
                               "recorded in the run's guards list.")

@@ -20,7 +20,7 @@ Departures from the paper:
   repaired and noted (`mujica_plan`); after a malformed reply or a round that can run nothing, and in round
   `max_rounds`, the planner must give the final answer. It may conclude only after `min_worker_rounds` waves;
   before that, a round that asks nothing sends the question itself to a worker.
-- Guards (graphs/guards.py, each switchable and recorded in `guards`; the default set is what paid on questions
+- Guards (graphs/guards/, each switchable and recorded in `guards`; the default set is what paid on questions
   100-139, docs/benchmarks.md): on the plan `unecho`, `plan_made_up_entity`, `plan_example_copy` and
   `plan_off_topic` (off by default) (`mujica_plan`); on worker answers `worker_refusal` and `unknown_contexts`
   (a sub-question without an answer is reported with the contexts the worker retrieved, so the planner can ask
@@ -71,6 +71,8 @@ from .common import (
     worked_plans,
 )
 from .guards import UNKNOWN_CONTEXTS, WORKER_REFUSAL, check
+from .guards.mujica_conclusion import conclude
+from .guards.refusals import is_no_answer
 from .mujica_chat import (
     EVIDENCE_CHARS,
     EVIDENCE_CONTEXTS,
@@ -81,7 +83,6 @@ from .mujica_chat import (
     said,
     thought_of,
 )
-from .mujica_conclusion import conclude
 from .mujica_plan import (
     ANSWERED,
     FAILED,
@@ -94,7 +95,6 @@ from .mujica_plan import (
     ready,
     repair_plan,
 )
-from .refusals import is_no_answer
 
 RECURSION_LIMIT = 1000  # graph steps: start, then per round a planner step and its worker waves (two steps each)
 EARLIER_FIELDS = ("attempt", "question", "query", "retrieved", "answer", "status", "error")  # kept of a re-asked result
@@ -143,7 +143,7 @@ class State(TypedDict):
     dag: Annotated[list[SubQuestion], merge_dag]
     results: Annotated[dict[str, dict], merge_results]  # id -> query, retrieved, selected, evidence, answer, status
     notes: Annotated[list[str], extend]  # typed notes: "InvalidPlan: ...", "MalformedOutput: ...", "RoundCap: ..."
-    guards: Annotated[list[dict], extend]  # every guard firing (graphs/guards.py)
+    guards: Annotated[list[dict], extend]  # every guard firing (graphs/guards/)
     planner_log: Annotated[list[dict], extend]  # one entry per planner call: its prompt, raw replies, action
     rounds: int  # planner calls
     waves: int  # worker waves

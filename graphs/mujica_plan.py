@@ -1,6 +1,6 @@
 """Mujica's DAG: the planner's replies read, the plan validated (ids, dependencies, cycles, caps, repeats;
 always on) and filtered by the plan guards (`plan_off_topic`, `plan_made_up_entity`, `plan_example_copy`,
-`unecho`; graphs/guards.py), and the sub-questions that are ready to run."""
+`unecho`; graphs/guards/), and the sub-questions that are ready to run."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mhqa_graph.tools import stems
 from . import mujica_prompts as P
 from .common import RELATION_QUESTION, clean_answer
 from .guards import PLAN_EXAMPLE_COPY, PLAN_MADE_UP_ENTITY, PLAN_OFF_TOPIC, UNECHO, Rule, apply, first_that_fires
-from .refusals import is_no_answer
+from .guards.refusals import is_no_answer
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
 

@@ -25,7 +25,7 @@ Reply format (text mode), e.g. for `fake_llms(**{"tool-agent": [...]})`:
     </tool_call>
 and finally `<think>...</think><answer>Brendan Nolan</answer>`.
 
-Departures from the paper, as guards (graphs/guards.py; switchable, recorded in `guards`): an answer is
+Departures from the paper, as guards (graphs/guards/; switchable, recorded in `guards`): an answer is
 sent back once (the model's only nudge) when no fact the run was sent contains it (`send_back_ungrounded`:
 copied from the prompt's example, made up, or picked from entity_matcher's list of names), or when it is
 one hop short (`send_back_one_hop`: an entity the run never looked into, with relations that the question
@@ -93,8 +93,8 @@ from .common import (
     topic_entities,
 )
 from .guards import SEND_BACK_ONE_HOP, SEND_BACK_UNGROUNDED, Rule, first_that_fires
+from .guards.omne_send_back import grounded, one_hop_short, start_node
 from .omne_protocol import ai_message, call_key, call_order, call_text, check_args, parse_reply
-from .omne_send_back import grounded, one_hop_short, start_node
 
 ROLE = "tool-agent"
 PREVIEW_CHARS = 200
@@ -153,7 +153,7 @@ class OmneState(TypedDict):
     repeated_calls: int
     invented_results: int  # <tool_response> blocks the model wrote itself (dropped)
     dropped_answers: int  # answers written beside tool calls (dropped: the calls run)
-    guards: list[dict]  # every guard firing (graphs/guards.py)
+    guards: list[dict]  # every guard firing (graphs/guards/)
     answer: str
     error: str | None
 

@@ -15,9 +15,9 @@ Departures from the paper:
 - Retrieval searches `corpus`; with only `graph` set, it reads the facts of the best-matching entities.
 - A placeholder whose step has no answer is left as written and the sub-goal is searched together with the
   question; another step's answer is never put in its place.
-- Guards (graphs/guards.py, each switchable and recorded in `guards`): `plan_runaway_cut`,
+- Guards (graphs/guards/, each switchable and recorded in `guards`): `plan_runaway_cut`,
   `analysis_refusal` and `analysis_grounded` (`opera_analysis`), and at the synthesis `options_line`,
-  `date_comparison` and `option_answer` (graphs/compare.py), which may replace the synthesis's answer.
+  `date_comparison` and `option_answer` (graphs/guards/compare.py), which may replace the synthesis's answer.
 
 Replies each role is expected to give (what `fake_llms` scripts; `opera_prompts` holds their formats):
 - plan: `{"subgoals": ["Who directed Inception?", "Where was [Answer1] born?"]}` (a bare JSON list works too).
@@ -60,8 +60,6 @@ from .common import (
     topic_entities,
     worked_plans,
 )
-from .compare import NOTE as DATE_NOTE
-from .compare import OPTION_NOTE, Step, as_option, compare_dates, comparison
 from .guards import (
     DATE_COMPARISON,
     OPTION_ANSWER,
@@ -73,6 +71,8 @@ from .guards import (
     firing,
     is_on,
 )
+from .guards.compare import NOTE as DATE_NOTE
+from .guards.compare import OPTION_NOTE, Step, as_option, compare_dates, comparison
 from .opera_analysis import check_analysis, parse_final, parse_rewrite
 from .opera_plan import check_plan, check_runaway_plan, cut_runaway, dependencies, fill_placeholders, runaway_reply
 
@@ -122,7 +122,7 @@ class State(TypedDict, total=False):
     answer: str
     error: str | None  # the first typed failure of the run (set by synthesize, from the notes)
     notes: Annotated[list[str], extend]  # every failure, warning, "DateComparison: ..." and "OptionAnswer: ..."
-    guards: Annotated[list[dict], extend]  # every guard firing (graphs/guards.py)
+    guards: Annotated[list[dict], extend]  # every guard firing (graphs/guards/)
     halted: bool  # the run cannot execute sub-goals (no source, the Plan agent failed)
     placeholders: dict[str, Any]  # {"written", "resolved", "fill_rate"} over the executed sub-goals
 

@@ -1,5 +1,5 @@
 """Reading OPERA's Analysis-Answer, Rewrite and synthesis replies; the analysis guards (`analysis_refusal`,
-`analysis_grounded`; graphs/guards.py) judge the answer before its sufficiency counts."""
+`analysis_grounded`; graphs/guards/) judge the answer before its sufficiency counts."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from mhqa_graph.parsing import extract_json, final_answer, strip_think
 
 from .common import clean_answer
 from .guards import ANALYSIS_GROUNDED, ANALYSIS_REFUSAL, Rule, first_that_fires
-from .refusals import grounded, is_no_answer
+from .guards.refusals import grounded, is_no_answer
 
 
 def _truthy(flag: Any) -> bool:

@@ -1,6 +1,6 @@
 """OPERA's plan as the Plan agent writes it: sub-goals read from its reply, placeholders naming earlier answers
 (`[Answer2]`, `[entity from step 2]`, `{Answer2}`, `<Answer2>`, `#2`), the dependencies they imply, and the
-`plan_runaway_cut` guard for a plan that repeats one sub-goal until the token limit (graphs/guards.py)."""
+`plan_runaway_cut` guard for a plan that repeats one sub-goal until the token limit (graphs/guards/)."""
 
 from __future__ import annotations
 

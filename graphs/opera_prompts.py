@@ -118,7 +118,7 @@ Findings:
 {findings}
 Final answer:"""
 
-# after the question, when it names two options (graphs/compare.py; the `options_line` guard)
+# after the question, when it names two options (graphs/guards/compare.py; the `options_line` guard)
 ANSWER_OPTIONS = "\nAnswer with one of the two it names: {a} or {b}."
 
 

@@ -282,7 +282,7 @@ def ask_cmd(
     trace: Annotated[Path | None, typer.Option("--trace", help="Write the run's trace (mhqa_graph.traces.Trace) "
                                                                 "as JSON to FILE.")] = None,
     guards: Annotated[str | None, typer.Option("--guards", help="auto | none | guard names | -name,+name "
-                                                                "(graphs/guards.py).")] = None,
+                                                                "(graphs/guards/).")] = None,
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
     decoding: Annotated[str | None, typer.Option("--decoding", help="auto | constrained | prompt: constrain "
                                                                     "replies to their format (default auto).")] = None,
@@ -351,7 +351,7 @@ def eval_cmd(
     decoding: Annotated[str | None, typer.Option("--decoding", help="auto | constrained | prompt: constrain "
                                                                     "replies to their format (default auto).")] = None,
     guards: Annotated[str | None, typer.Option("--guards", help="auto | none | guard names | -name,+name "
-                                                                "(graphs/guards.py).")] = None,
+                                                                "(graphs/guards/).")] = None,
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
     budget: BudgetOpt = None,
     model_timeout: ModelTimeoutOpt = None,

@@ -25,7 +25,7 @@ Formats:
 - grpo: one prompt per question with gold answers, topic entities and the corpus/graph to search.
 - mygo: sft chats of trajectories whose reward >= the threshold, deduplicated.
 
-Guards (graphs/guards.py): a trajectory whose final answer an enforced guard replaced (a date comparison
+Guards (graphs/guards/): a trajectory whose final answer an enforced guard replaced (a date comparison
 settled in code, an answer mapped to an option, a worker's answer put in for "no answer") is no sft or mygo
 target: its reward is the code's, not the model's. mygo also leaves out every trajectory an enforced guard
 changed (a dropped sub-question, a send-back), since it selects by reward. Both stay in roles and grpo, whose

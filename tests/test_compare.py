@@ -1,6 +1,6 @@
-"""Date comparisons settled in code (graphs/compare.py)."""
+"""Date comparisons settled in code (graphs/guards/compare.py)."""
 import pytest
-from mhqa_graph.graphs.compare import (
+from mhqa_graph.graphs.guards.compare import (
     Step,
     as_option,
     asks_yes_or_no,

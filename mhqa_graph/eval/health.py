@@ -9,7 +9,7 @@ Per question:
 - `repairs`: model calls that answered a repair, nudge or send-back message (a reply could not be used).
 - `forced`: model calls that had to answer because a cap was reached.
 - `bad_answer`: the answer is empty or longer than 10 words.
-- `guards`: firings per guard (graphs/guards.py), enforced or logged; `guard_changed`: an enforced firing
+- `guards`: firings per guard (graphs/guards/), enforced or logged; `guard_changed`: an enforced firing
   changed the run (a prompt hint such as `options_line` does not count); `answer_guard`: an enforced guard
   replaced the model's final answer.
 - `constrained`: model calls whose reply the backend constrained to its format (a grammar or a JSON schema).
@@ -169,7 +169,7 @@ def behaviour(records: list[dict]) -> dict[str, Any]:
     - Mujica: `worker_rate` (at least one worker consulted) and `dispatches` (worker calls, repairs not counted);
     - `answer_chars` (median characters of the answers), `unknown` (answers that say there is none:
       empty, "unknown", "not stated", ...) and `guarded` (questions on which a guard fired)."""
-    from ..graphs.refusals import is_no_answer  # here: the graphs import this package (refusals -> scoring)
+    from ..graphs.guards.refusals import is_no_answer  # here: the graphs import this package (refusals -> scoring)
 
     n = max(1, len(records))
     malformed = [bool((r.get("health") or {}).get("malformed")) for r in records]

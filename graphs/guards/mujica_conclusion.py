@@ -1,4 +1,4 @@
-"""How a Mujica conclusion passes the conclusion guards (graphs/guards.py): a worker's answer to the question
+"""How a Mujica conclusion passes the conclusion guards (graphs/guards/): a worker's answer to the question
 itself for "no answer" (`no_answer_fallback`), a short answer asked for afresh for a sentence
 (`short_answer_reask`), the option the dates pick (`date_comparison`) or a step found about it
 (`option_answer`)."""
@@ -12,17 +12,17 @@ from langchain_core.runnables import Runnable
 
 from mhqa_graph.errors import ModelError
 
-from . import mujica_prompts as P
-from .common import ask_json, get_llm
+from .. import mujica_prompts as P
+from ..common import ask_json, get_llm
+from ..mujica_chat import progress
+from ..mujica_plan import ANSWERED, stated, text_key
+from . import DATE_COMPARISON, NO_ANSWER_FALLBACK, OPTION_ANSWER, SHORT_ANSWER_REASK, apply, check, is_on, shown
 from .compare import NOTE as DATE_NOTE
 from .compare import OPTION_NOTE, Step, as_option, asks_yes_or_no, compare_dates
-from .guards import DATE_COMPARISON, NO_ANSWER_FALLBACK, OPTION_ANSWER, SHORT_ANSWER_REASK, apply, check, is_on, shown
-from .mujica_chat import progress
-from .mujica_plan import ANSWERED, stated, text_key
 from .refusals import is_no_answer, is_sentence
 
 if TYPE_CHECKING:
-    from .mujica import MujicaContext, State
+    from ..mujica import MujicaContext, State
 
 
 def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: list[str], firings: list[dict]) -> str:

@@ -1,4 +1,4 @@
-"""What Omne's send-back guards check (graphs/guards.py): whether a fact of the run holds the answer
+"""What Omne's send-back guards check (graphs/guards/): whether a fact of the run holds the answer
 (`send_back_ungrounded`), and whether the answer is one hop short of what the question asks
 (`send_back_one_hop`), with the facts to send back."""
 
@@ -13,10 +13,10 @@ from mhqa_graph.parsing import words
 from mhqa_graph.tools import open_relations
 from mhqa_graph.types import NodeInfo
 
-from .common import get_store, topic_entities
+from ..common import get_store, topic_entities
 
 if TYPE_CHECKING:
-    from .omne import OmneContext, OmneState
+    from ..omne import OmneContext, OmneState
 
 
 def looked_into(state: OmneState) -> list[str]:
