@@ -28,7 +28,15 @@ from mhqa_graph.errors import InvalidInput, InvalidQuestion, MhqaError, ModelErr
 from mhqa_graph.messages import REPAIR, tagged
 from mhqa_graph.models.timeout import TimeLimited
 from mhqa_graph.parsing import close_json, extract_json, strip_think
-from mhqa_graph.replies import DECODING_MODES, ReplyFormat, can_constrain, decoding_kwargs, structured
+from mhqa_graph.replies import (
+    ANSWER_CHARS,
+    DECODING_MODES,
+    ReplyFormat,
+    can_constrain,
+    decoding_kwargs,
+    structured,
+    text,
+)
 from mhqa_graph.store import KnowledgeStore, open_store
 from mhqa_graph.text import (
     encodable_all,
@@ -38,6 +46,7 @@ from mhqa_graph.text import (
 from .guards import check_settings as check_guards
 
 RELATION_QUESTION = "What is the {relation} of {entity}?"  # a sub-question written as (entity, relation): ask_as
+RELATION_CHARS = 60  # of a relation: a few words ("place of birth"), not a chain of them
 MAX_QUESTION_CHARS = 4000
 MAX_ANSWER_CHARS = 500
 MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
@@ -216,6 +225,13 @@ def validate_context(ctx: AgentContext, roles: tuple[str, ...]) -> None:
 def extend(left: list, right: list | None) -> list:
     """The reducer of a state's append-only logs (decisions, notes, guard firings): appends; None resets."""
     return [] if right is None else left + right
+
+
+def relation_schema(entities: list[str] | None, refs: list[str]) -> dict[str, Any]:
+    """The JSON schema of a sub-question written as one relation of one entity (`ask_as="relation"`): the entity one
+    of the question's topic `entities` or an earlier answer (`refs`), free text when no entities are given."""
+    entity = {"type": "string", "enum": [*dict.fromkeys(entities), *refs]} if entities else text(ANSWER_CHARS)
+    return {"entity": entity, "relation": text(RELATION_CHARS)}
 
 
 def worked_plans(ctx: AgentContext, question: str) -> tuple[list[tuple[str, list[str]]], str | None]:

@@ -6,7 +6,7 @@ import re
 
 from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, json_reply, obj, text
 
-from .common import RELATION_QUESTION
+from .common import RELATION_QUESTION, relation_schema
 
 # the planner's worked examples: (question, sub-questions as (question, depends_on)), and the names they use
 EXAMPLES = (
@@ -183,9 +183,6 @@ NO_CONTEXTS = "(no contexts found)"
 
 
 # -- reply formats (mhqa_graph.replies): what a constrained backend lets each role write ----------
-RELATION_CHARS = 60  # of a relation: a few words ("place of birth"), not a chain of them
-
-
 def _ids(cap: int) -> dict:
     return {"type": "string", "enum": [f"q{i}" for i in range(1, cap + 1)]}
 
@@ -198,9 +195,7 @@ def planner_format(final: bool, may_answer: bool, think: bool, cap: int, entitie
     (#q1..#q`cap`)."""
     answer = obj({"answer": text(ANSWER_CHARS)})
     if ask_as == "relation":
-        refs = [f"#q{i}" for i in range(1, cap + 1)]
-        entity = {"type": "string", "enum": [*dict.fromkeys(entities), *refs]} if entities else text(ANSWER_CHARS)
-        item = obj({"id": _ids(cap), "entity": entity, "relation": text(RELATION_CHARS)})
+        item = obj({"id": _ids(cap), **relation_schema(entities, [f"#q{i}" for i in range(1, cap + 1)])})
     else:
         item = obj({"id": _ids(cap), "question": text(), "depends_on": {"type": "array", "items": _ids(cap),
                                                                          "maxItems": cap}})

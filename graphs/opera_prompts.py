@@ -5,13 +5,13 @@ import json
 
 from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, line_reply, obj, text
 
+from .common import relation_schema
+
 # the Plan agent's reply, declared once, in either form (`ask_as`): its schema (the cap and the entities given per
 # call) and the format line its prompt shows
 PLAN = Shape((("subgoals", {"type": "array", "items": text(), "minItems": 1},
                '["first sub-goal", "second sub-goal using [Answer1]"]'),))
-RELATION_CHARS = 60  # of a relation: a few words ("place of birth"), not a chain of them
-RELATION_PLAN = Shape((("subgoals", {"type": "array", "items": obj({"entity": text(ANSWER_CHARS),
-                                                                    "relation": text(RELATION_CHARS)}), "minItems": 1},
+RELATION_PLAN = Shape((("subgoals", {"type": "array", "items": obj(relation_schema(None, [])), "minItems": 1},
                         '[{"entity": "...", "relation": "..."}, {"entity": "[Answer1]", "relation": "..."}]'),))
 
 PLAN_SYSTEM = """You are the Plan agent of a question answering system that searches a knowledge source.
@@ -128,9 +128,7 @@ def plan_format(max_subgoals: int, entities: list[str] | None = None, ask_as: st
     the question's topic entities when given, or an earlier answer [AnswerN]) and a relation."""
     if ask_as != "relation":
         return PLAN.reply("plan", subgoals={"type": "array", "items": text(), "minItems": 1, "maxItems": max_subgoals})
-    refs = [f"[Answer{n}]" for n in range(1, max_subgoals)]
-    entity = {"type": "string", "enum": [*dict.fromkeys(entities), *refs]} if entities else text(ANSWER_CHARS)
-    item = obj({"entity": entity, "relation": text(RELATION_CHARS)})
+    item = obj(relation_schema(entities, [f"[Answer{n}]" for n in range(1, max_subgoals)]))
     return RELATION_PLAN.reply("plan", subgoals={"type": "array", "items": item, "minItems": 1,
                                                  "maxItems": max_subgoals})
 
