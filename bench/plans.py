@@ -1,5 +1,6 @@
-"""The Plan agent alone, with a real model: how many sub-goals OPERA plans for each question of a dev slice, with and
-without worked plans (`plan_examples`), against the gold number of hops. One model call a question, so a slice of
+"""The Plan agent alone, with a real model: how many sub-goals OPERA plans for each question of a dev slice, as it
+plans by default, with worked plans (`plan_examples`) and with sub-goals written as relations (`ask_as=relation`),
+against the gold number of hops. One model call a question, so a slice of
 60 takes minutes where a whole OPERA run takes an hour.
 
     python bench/plans.py --env pq2h --start 140 --limit 60                  # ask what the records lack, then report
@@ -7,7 +8,8 @@ without worked plans (`plan_examples`), against the gold number of hops. One mod
 
 Records (id, cluster, hops, sub-goals) go to bench/results/<llm>/<env>/opera-plan[:settings].jsonl.gz; the report
 gives, per variant, the share of plans shorter than the gold chain (one sub-goal for a two-hop question) and the
-difference against the first variant with its 95% interval over clusters (PathQuestion's paraphrases)."""
+difference against the first variant with its 95% interval over clusters (PathQuestion's paraphrases); a variant
+without records on an environment is left out of its table."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import records as R  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-VARIANTS = ("opera-plan", "opera-plan:plan_examples=plans")
+VARIANTS = ("opera-plan", "opera-plan:plan_examples=plans", "opera-plan:ask_as=relation")
 
 
 def settings_of(variant: str) -> dict:
@@ -64,13 +66,14 @@ def report(args: argparse.Namespace, env: str) -> str:
     spec = DEV_ENVIRONMENTS[env]
     wanted = [q.id for q in load_questions(spec.dataset, args.data / spec.file, args.limit, args.start)]
     runs = {v: {r["id"]: r for r in R.load(R.path_of(args.llm, env, v, args.results))} for v in args.variants}
+    runs = {v: recs for v, recs in runs.items() if recs} or runs  # a variant not run on this environment: left out
     # a plan that halted (its model call failed) has no length: left out
     ids = [i for i in wanted if all(i in recs and not recs[i].get("error") for recs in runs.values())]
     lines = [f"{env}, questions {args.start}-{args.start + args.limit - 1} ({len(ids)} planned by every variant, "
-             f"{len({runs[args.variants[0]][i]['cluster'] for i in ids})} clusters)\n",
+             f"{len({next(iter(runs.values()))[i]['cluster'] for i in ids})} clusters)\n",
              "| variant | shorter than the gold chain | one sub-goal | mean sub-goals | Δ shorter [95% CI] |",
              "|---|---|---|---|---|"]
-    base = args.variants[0]
+    base = next(iter(runs))
 
     def short(r: dict) -> float:
         return float(bool(r["hops"]) and len(r["subgoals"]) < r["hops"])
