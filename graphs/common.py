@@ -25,7 +25,7 @@ from tenacity import wait_exponential_jitter
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion, MhqaError, ModelError, UnknownCorpus, UnknownGraph
-from mhqa_graph.messages import REPAIR, tagged
+from mhqa_graph.messages import REPAIR, SEND_BACK, tagged
 from mhqa_graph.models.timeout import TimeLimited
 from mhqa_graph.parsing import close_json, extract_json, strip_think
 from mhqa_graph.replies import (
@@ -412,6 +412,11 @@ def ask_message(llm: Runnable, messages: list[BaseMessage], stop: list[str] | No
     return reply if content == reply.content else reply.model_copy(update={"content": content})
 
 
+class SentBack(ValueError):
+    """A well-formed reply that cannot be used as it is (a plan that can run nothing): `ask_repaired` sends it back
+    with why, tagged `send_back`, not as a format repair."""
+
+
 @dataclass
 class Parsed:
     """A structured reply: `value` on success, else `error` (and every raw reply in `raw`)."""
@@ -426,7 +431,8 @@ def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str
                  again: str = "Reply again with valid JSON only, in the format asked for.",
                  parsed: Parsed | None = None) -> Parsed:
     """Ask, and `read` the reply (its value, or ValueError/TypeError/KeyError saying what is wrong). On failure,
-    show the model its reply, the problem and `again`, `retries` times at most. Fills and returns `parsed`
+    show the model its reply, the problem and `again`, `retries` times at most (a `SentBack` tagged as such).
+    Fills and returns `parsed`
     (pass one to keep the raw replies of a call that then raised ModelError)."""
     parsed = Parsed() if parsed is None else parsed
     history = list(messages)
@@ -438,7 +444,8 @@ def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str
             return parsed
         except (ValueError, TypeError, KeyError) as exc:
             parsed.error = f"MalformedOutput: {exc}"
-            history += [AIMessage(text), tagged(REPAIR, f"{REPAIR_PREFIX} ({exc}). {again}")]
+            kind = SEND_BACK if isinstance(exc, SentBack) else REPAIR
+            history += [AIMessage(text), tagged(kind, f"{REPAIR_PREFIX} ({exc}). {again}")]
     return parsed
 
 

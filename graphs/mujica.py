@@ -59,6 +59,7 @@ from .common import (
     AgentContext,
     QAInput,
     QAOutput,
+    SentBack,
     ask_json,
     check_question,
     clean_answer,
@@ -247,7 +248,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         if items and not ready(merge_dag(dag, new), results) and len(replans) < ctx.replan_retries:
             why = "; ".join(n.removeprefix("InvalidPlan: ") for n in repair_notes) or "its sub-questions wait"
             replans.append(why)
-            raise ValueError(P.NOTHING_TO_RUN.format(why=why))
+            raise SentBack(P.NOTHING_TO_RUN.format(why=why))
         return kind, (new, read_notes + repair_notes)
 
     fmt = P.planner_format(final, may_answer, ctx.think, ctx.max_subquestions, entities or None, ctx.ask_as)

@@ -837,7 +837,7 @@ def test_a_round_that_only_repeats_is_sent_back_with_why_before_the_planner_must
     assert out["notes"] == ["Replan: round 2 planned nothing that can run (q2 asks again what q1 answered; dropped); "
                             "sent back"]
     repair = plan.calls[2][-1]
-    assert kind_of(repair) == "repair" and "nothing in it can run: q2 asks again what q1 answered" in repair.text
+    assert kind_of(repair) == "send_back" and "nothing in it can run: q2 asks again what q1 answered" in repair.text
     replies = iter([asked, again, again])  # sent back once, then the old way: the final answer is asked for
     plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies, {"answer": "Paris"})))
     out = mujica.graph.invoke({"question": "What is the capital of France?"},
