@@ -432,8 +432,7 @@ def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str
                  parsed: Parsed | None = None) -> Parsed:
     """Ask, and `read` the reply (its value, or ValueError/TypeError/KeyError saying what is wrong). On failure,
     show the model its reply, the problem and `again`, `retries` times at most (a `SentBack` tagged as such).
-    Fills and returns `parsed`
-    (pass one to keep the raw replies of a call that then raised ModelError)."""
+    Fills and returns `parsed` (pass one to keep the raw replies of a call that then raised ModelError)."""
     parsed = Parsed() if parsed is None else parsed
     history = list(messages)
     for _ in range(retries + 1):
