@@ -173,7 +173,7 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
     taken, kept, seen, rename = set(known), [], set(), {}
     answered = {text_key(q["question"]): q["id"] for q in dag if status(q, results) == ANSWERED}
     unknown = {text_key(q["question"]): q["id"] for q in dag if status(q, results) == UNKNOWN}
-    examples = {text_key(x) for x in P.EXAMPLE_SUBQUESTIONS}
+    examples = {text_key(x) for x in P.EXAMPLE_SUBQUESTIONS[getattr(ctx, "ask_as", "question")]}
     budget = cap - asks(dag)
     found = set().union(*(stems(str(r.get("answer") or "")) for r in results.values()))
     topic = stems(about) | found

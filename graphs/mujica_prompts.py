@@ -33,9 +33,10 @@ RELATION_EXAMPLES = (
     ("What is the nationality of Ada Lovelace's husband's mother?",
      (("Ada Lovelace", "spouse"), ("#q1", "mother"), ("#q2", "nationality"))),
 )
-EXAMPLE_SUBQUESTIONS = (*(text for _, plan in EXAMPLES for text, _ in plan),  # in either form
-                        *(RELATION_QUESTION.format(entity=e, relation=r)
-                          for _, plan in RELATION_EXAMPLES for e, r in plan))
+# the examples' sub-questions as a worker is asked them, in each form (what `plan_example_copy` compares with)
+EXAMPLE_SUBQUESTIONS = {"question": tuple(text for _, plan in EXAMPLES for text, _ in plan),
+                        "relation": tuple(RELATION_QUESTION.format(entity=e, relation=r)
+                                          for _, plan in RELATION_EXAMPLES for e, r in plan)}
 
 
 def _relation_example(question: str, plan: tuple) -> str:

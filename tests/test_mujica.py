@@ -342,10 +342,10 @@ def test_a_copy_of_the_prompts_example_is_dropped_unless_the_question_asks_it():
     kept, notes = repair_plan(copied, dag, 12, 2, results, about="where was mary de bohun 's kid born ?")
     assert [q["id"] for q in kept] == ["q2"] and notes == []
     P = mujica.P
-    assert all(text in P.PLANNER_SYSTEM and text in P.EXAMPLE_SUBQUESTIONS
+    assert all(text in P.PLANNER_SYSTEM and text in P.EXAMPLE_SUBQUESTIONS["question"]
                for _, plan in P.EXAMPLES for text, _ in plan)
     assert all(f'"entity": "{e}", "relation": "{r}"' in P.RELATION_PLANNER_SYSTEM
-               and P.RELATION_QUESTION.format(entity=e, relation=r) in P.EXAMPLE_SUBQUESTIONS
+               and P.RELATION_QUESTION.format(entity=e, relation=r) in P.EXAMPLE_SUBQUESTIONS["relation"]
                for _, plan in P.RELATION_EXAMPLES for e, r in plan)
 
 

@@ -14,8 +14,11 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
 def _texts() -> list[str]:
-    """The agents' own prompts: the tokenizer learns merges for the words the tests use."""
-    texts = [v for m in (omne_prompts, opera_prompts) for k, v in vars(m).items() if k.isupper() and isinstance(v, str)]
+    """The agents' own prompts: the tokenizer learns merges for the words the tests use. Prompts of settings that are
+    off by default (the `ask_as="relation"` form) are left out, so that the tiny models the tests train stay the
+    same when such a prompt is added."""
+    texts = [v for m in (omne_prompts, opera_prompts) for k, v in vars(m).items()
+             if k.isupper() and isinstance(v, str) and not k.startswith("RELATION_")]
     return texts + ['<think>', '</think>', '<tool_call>', '</tool_call>', '<answer>', '</answer>',
                     '{"name": "node_info", "arguments": {"entity": "Paris", "graph_type": "kg"}}']
 
