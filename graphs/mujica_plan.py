@@ -1,6 +1,6 @@
 """Mujica's DAG: the planner's replies read, the plan validated (ids, dependencies, cycles, caps, repeats;
 always on) and filtered by the plan guards (`plan_off_topic`, `plan_made_up_entity`, `plan_example_copy`,
-`unecho`; graphs/guards/), and the sub-questions that are ready to run."""
+`unecho`; their rules in graphs/guards/mujica_plan.py), and the sub-questions that are ready to run."""
 
 from __future__ import annotations
 
@@ -10,11 +10,10 @@ from typing import Any, NotRequired
 
 from typing_extensions import TypedDict
 
-from mhqa_graph.tools import stems
-
 from . import mujica_prompts as P
 from .common import RELATION_QUESTION, clean_answer
-from .guards import PLAN_EXAMPLE_COPY, PLAN_MADE_UP_ENTITY, PLAN_OFF_TOPIC, UNECHO, Rule, apply, first_that_fires
+from .guards import UNECHO, apply, first_that_fires
+from .guards import mujica_plan as plan_guards
 from .guards.refusals import is_no_answer
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
@@ -23,11 +22,6 @@ REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earli
 ECHO = re.compile(r"^q[\w.-]*:\s+|\s*\((?:after [^)]*|blocked: [^)]*|not answered yet)\)|\s+->(?:\s.*)?$")
 
 ANSWERED, UNKNOWN, FAILED = "answered", "unknown", "failed"
-
-DROPPED = {PLAN_OFF_TOPIC: "is off the question's topic",  # the note of each plan guard's drop
-           PLAN_MADE_UP_ENTITY: "names no topic entity and no answer so far",
-           PLAN_EXAMPLE_COPY: "copies the prompt's example"}
-
 
 class SubQuestion(TypedDict):
     id: str
@@ -175,25 +169,15 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
     unknown = {text_key(q["question"]): q["id"] for q in dag if status(q, results) == UNKNOWN}
     examples = {text_key(x) for x in P.EXAMPLE_SUBQUESTIONS[getattr(ctx, "ask_as", "question")]}
     budget = cap - asks(dag)
-    found = set().union(*(stems(str(r.get("answer") or "")) for r in results.values()))
-    topic = stems(about) | found
-    anchors = set().union(*(stems(e) for e in entities)) | found if entities else set()
+    checked = plan_guards.topic(about, entities, [str(r.get("answer") or "") for r in results.values()], examples)
     off: set[str] = set()
     for item in items:
         sid, text = item["id"], item["question"]
         cites = {m.group(1) or m.group(2) for m in REF.finditer(text)} | set(item["depends_on"])
-        named = f"{sid or 'a sub-question'}: {text}"
-        rules = [Rule(PLAN_OFF_TOPIC, lambda t=text, c=cites: not stems(REF.sub(" ", t)) & topic and not c - off,
-                      named, "dropped")] if about else []
-        if anchors:
-            rules.append(Rule(PLAN_MADE_UP_ENTITY, lambda t=text, c=cites: not c and not stems(t) & anchors, named,
-                              "dropped"))
-        if about:
-            rules.append(Rule(PLAN_EXAMPLE_COPY, lambda t=text: text_key(t) in examples
-                              and not stems(REF.sub(" ", t)) & stems(about) or _names_an_example(t, about),
-                              named, "dropped"))
-        if acted := first_that_fires(ctx, rules, log):
-            notes.append(f"InvalidPlan: {sid or 'a sub-question'} {DROPPED[acted]}; dropped {text!r}")
+        chain = plan_guards.rules(checked, f"{sid or 'a sub-question'}: {text}", text, REF.sub(" ", text),
+                                  text_key(text), cites, off)
+        if acted := first_that_fires(ctx, chain, log):
+            notes.append(plan_guards.note(acted, sid, text))
             off.add(sid)
             continue
         old = known.get(sid)
@@ -259,12 +243,6 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
         q["depends_on"] = deps
     notes += _break_cycles(kept)
     return kept, list(dict.fromkeys(notes))
-
-
-def _names_an_example(text: str, about: str) -> bool:
-    """Whether `text` names an entity of the prompt's examples that `about` does not name."""
-    return any(re.search(rf"\b{re.escape(name)}\b", text, re.IGNORECASE)
-               and not re.search(rf"\b{re.escape(name)}\b", about, re.IGNORECASE) for name in P.EXAMPLE_NAMES)
 
 
 def text_key(text: str) -> str:

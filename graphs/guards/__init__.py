@@ -1,8 +1,9 @@
 """Guards: rules that exist for a small model's sake, kept apart from the papers' mechanisms.
 
 This package is the layer: the registry, the switches and the verbs here; the bodies of the larger rules beside
-them (`refusals`: answers that are not answers; `compare`: comparisons settled in code; `mujica_conclusion`: the
-checks on Mujica's conclusion; `omne_send_back`: what Omne's send-backs check).
+them (`refusals`: answers that are not answers; `compare`: comparisons settled in code; `mujica_plan`: the rules
+that drop a sub-question of Mujica's plan; `mujica_conclusion`: the checks on Mujica's conclusion;
+`omne_send_back`: what Omne's send-backs check).
 
 Each guard has a name, the stage it acts at and the agents that have it. Two settings pick them:
 `guards` ("auto": the agent's default set, `defaults(agent)`; "none"; a comma-separated list of names;
