@@ -234,6 +234,15 @@ def relation_schema(entities: list[str] | None, refs: list[str]) -> dict[str, An
     return {"entity": entity, "relation": text(RELATION_CHARS)}
 
 
+def as_relation(item: Any) -> dict[str, str]:
+    """{"entity", "relation"} of a sub-question written as one relation of one entity (`ask_as="relation"`), spacing
+    normalised, or {} for any other item."""
+    if not isinstance(item, dict) or not all(isinstance(item.get(k), str) and item[k].strip()
+                                             for k in ("entity", "relation")):
+        return {}
+    return {k: " ".join(item[k].split()) for k in ("entity", "relation")}
+
+
 def worked_plans(ctx: AgentContext, question: str) -> tuple[list[tuple[str, list[str]]], str | None]:
     """([(question, sub-goals)], warning): the `plan_example_k` worked plans of the `plan_examples` corpus nearest
     `question` (sub-goals cite earlier answers as [AnswerN]; `mhqa_graph.ingest.plans`), none without the setting;

@@ -11,7 +11,7 @@ from typing import Any, NotRequired
 from typing_extensions import TypedDict
 
 from . import mujica_prompts as P
-from .common import RELATION_QUESTION, clean_answer
+from .common import RELATION_QUESTION, as_relation, clean_answer
 from .guards import UNECHO, apply, first_that_fires
 from .guards import mujica_plan as plan_guards
 from .guards.refusals import is_no_answer
@@ -106,14 +106,6 @@ def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True, c
     if not plan and not pending:
         raise ValueError("no usable sub-questions and no answer")
     return "plan", (plan, notes)
-
-
-def as_relation(item: Any) -> dict[str, str]:
-    """{"entity", "relation"} of a sub-question written as one relation of one entity (`ask_as="relation"`), or {}."""
-    if not isinstance(item, dict) or not all(isinstance(item.get(k), str) and item[k].strip()
-                                             for k in ("entity", "relation")):
-        return {}
-    return {k: " ".join(item[k].split()) for k in ("entity", "relation")}
 
 
 def unecho(text: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 
 from mhqa_graph.parsing import close_json, extract_json, strip_think
 
-from .common import RELATION_QUESTION
+from .common import RELATION_QUESTION, as_relation
 
 # -- placeholders ----------------------------------------------------------------------
 _BRACKETED = re.compile(r"\[([^\[\]]{1,60})\]|\{([^{}]{1,60})\}|<([^<>]{1,60})>")
@@ -84,9 +84,8 @@ def check_plan(value: Any) -> list[str]:
         raise ValueError('"subgoals" must be a list of strings')
     subgoals = []
     for item in value:
-        if isinstance(item, dict) and all(isinstance(item.get(k), str) and item[k].strip()
-                                          for k in ("entity", "relation")):
-            item = RELATION_QUESTION.format(entity=item["entity"].strip(), relation=item["relation"].strip())
+        if asked := as_relation(item):
+            item = RELATION_QUESTION.format(**asked)
         elif isinstance(item, dict):
             item = next((item[k] for k in _ITEM_KEYS if isinstance(item.get(k), str)), None)
         if isinstance(item, str) and item.strip():
