@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, field, fields
 from difflib import get_close_matches
 from typing import (
@@ -42,6 +42,7 @@ from mhqa_graph.text import (
     encodable_all,
     topic_entities,  # noqa: F401  (the designs' import of it: core since traces read it)
 )
+from mhqa_graph.types import fact_ends
 
 from .guards import check_settings as check_guards
 
@@ -99,6 +100,9 @@ class AgentContext:
         "question", help="How the planner writes a sub-question (OPERA, Mujica): a question in its own words, or one "
         "relation of one entity (a topic entity of the question, when given, or an earlier answer), which the reply "
         "format holds it to; it is asked as 'What is the <relation> of <entity>?'.")
+    answer_from_facts: bool = setting(False, help="On a graph, an answer read from the facts shown (OPERA's "
+                                      "analysis, Mujica's worker) is one of their entities or values, written as "
+                                      "they write it, or none: the reply format holds it to them.")
     think: bool = setting(True, help="Ask the model to reason before each action.")
     parse_retries: int = setting(1, help="Repair attempts after a malformed structured reply.")
     model_retries: int = setting(2, help="Retries of a model call that timed out or met a connection error "
@@ -241,6 +245,21 @@ def as_relation(item: Any) -> dict[str, str]:
                                              for k in ("entity", "relation")):
         return {}
     return {k: " ".join(item[k].split()) for k in ("entity", "relation")}
+
+
+MAX_FACT_ANSWERS = 400  # values an answer read from facts may take; with more, it stays free text
+
+
+def fact_answer_schema(ctx: AgentContext, texts: Iterable[str], also: tuple[str, ...]) -> dict[str, Any] | None:
+    """With `answer_from_facts`, the JSON schema of an answer read from graph facts: one of the subjects and objects
+    of the fact lines in `texts` (`Fact.as_text`) or one of `also` (the role's "none": "", "unknown"; yes, no).
+    None (free text) without the setting, or when `texts` hold no fact line or more than MAX_FACT_ANSWERS ends."""
+    if not ctx.answer_from_facts:
+        return None
+    ends = list(dict.fromkeys(end for t in texts for end in fact_ends(t)))
+    if not ends or len(ends) > MAX_FACT_ANSWERS:
+        return None
+    return {"type": "string", "enum": [*ends, *(a for a in also if a not in ends)]}
 
 
 def worked_plans(ctx: AgentContext, question: str) -> tuple[list[tuple[str, list[str]]], str | None]:

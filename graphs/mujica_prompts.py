@@ -205,10 +205,15 @@ def planner_format(final: bool, may_answer: bool, think: bool, cap: int, entitie
     return json_reply("planner", schema, think=think)
 
 
-def worker_format(contexts: int, think: bool) -> ReplyFormat:
-    """The worker's reply: the numbers of the contexts it used (1..`contexts`) and its answer."""
+def worker_format(contexts: int, think: bool, answer: dict | None = None) -> ReplyFormat:
+    """The worker's reply: the numbers of the contexts it used (1..`contexts`) and its answer (of the schema
+    `answer` when given: `answer_from_facts`)."""
     numbers = {"type": "integer", "enum": list(range(1, contexts + 1))} if contexts else {"type": "integer"}
-    return WORKER.reply("worker", think=think, relevant={"type": "array", "items": numbers, "maxItems": contexts})
+    return WORKER.reply("worker", think=think, relevant={"type": "array", "items": numbers, "maxItems": contexts},
+                        **({"answer": answer} if answer else {}))
+
+
+FACT_NONE = ("unknown", "yes", "no")  # what a worker's answer read from facts may be besides them
 
 
 SHORT_FORMAT = json_reply("short answer", obj({"answer": text(ANSWER_CHARS)}))

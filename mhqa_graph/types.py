@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -45,6 +46,19 @@ class Fact:
         if self.direction == "out":
             return f"({node}) -[{self.relation}]-> ({self.other})"
         return f"({self.other}) -[{self.relation}]-> ({node})"
+
+
+_FACT_LINE = re.compile(r"^\((.+)\) -\[(.+?)\]-> \((.+)\)$")  # a line of Fact.as_text
+
+
+def fact_ends(text: str) -> list[str]:
+    """The subjects and objects of the fact lines in `text` (`Fact.as_text`, one per line, a leading "- " allowed),
+    in order of first appearance; other lines are skipped."""
+    ends: dict[str, None] = {}
+    for line in text.splitlines():
+        if match := _FACT_LINE.match(line.strip().removeprefix("- ")):
+            ends.update({match.group(1): None, match.group(3): None})
+    return list(ends)
 
 
 @dataclass(frozen=True)

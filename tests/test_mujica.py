@@ -694,6 +694,19 @@ def test_graph_source_worker_answers_from_facts(store):
     assert mujica.graph.invoke({"question": "Q?"}, context=both)["results"]["q1"]["source"] == "graph"
 
 
+def test_with_answer_from_facts_a_graph_worker_answers_with_an_end_of_a_shown_fact(store):
+    def asked(**kw) -> FakeChatModel:
+        work = answering_worker(accepts_grammar=True)
+        plan = planner([{"subquestions": [subq("q1", "Who directed Inception?")]}, {"answer": "x"}])
+        mujica.graph.invoke({"question": "Who directed Inception?"}, context=ctx(store, plan, work, **kw))
+        return work
+
+    grammar = asked(corpus=None, graph="kg", kg_entities=2, answer_from_facts=True).grammars[0]
+    assert "Christopher Nolan" in grammar and "unknown" in grammar
+    assert "Christopher Nolan" not in asked(corpus=None, graph="kg", kg_entities=2).grammars[0]
+    assert "Christopher Nolan" not in asked(answer_from_facts=True).grammars[0]  # passages: free text
+
+
 def test_corpus_worker_records_retrieved_ids_and_scores(store):
     plan = planner([{"subquestions": [subq("q1", "Who directed Inception?")]}, {"answer": "Christopher Nolan"}])
     out = mujica.graph.invoke({"question": "Who directed Inception?"}, context=ctx(store, plan, answering_worker()))

@@ -104,3 +104,11 @@ def test_json_that_closes_the_last_think_block_is_the_reply():
             '{"relevant": [1], "answer": "Nero Claudius Drusus"}\n</think>')
     assert extract_json(text, dict) == {"relevant": [1], "answer": "Nero Claudius Drusus"}
     assert extract_json('<think>x {"answer": "draft"} y {"answer": "last"}</think>  ', dict) == {"answer": "last"}
+
+
+def test_fact_ends_reads_back_the_fact_lines_agents_are_shown():
+    from mhqa_graph.types import Fact, NodeInfo, fact_ends
+    info = NodeInfo("kg", "Paris", [Fact("capital of", "France", "out"), Fact("born in", "Marie (a) Curie", "in")])
+    assert fact_ends(info.as_text()) == ["Paris", "France", "Marie (a) Curie"]
+    assert fact_ends("\n".join(f.as_text("Paris") for f in info.facts)) == ["Paris", "France", "Marie (a) Curie"]
+    assert fact_ends("Paris is the capital of France.\n(no fact)") == []
