@@ -10,7 +10,8 @@
   `rag` shows the facts of the entities the question names, so an entity it answers with is one or two facts
   from them, where a multi-hop answer is usually the bridge, not the end of the chain ("which nationality is
   X's husband?" answered with the husband): finding the end is the walk's work. An empty answer, a refusal, an
-  answer no evidence holds, or a graph entity the question does not name escalates.
+  answer no evidence holds, or a graph entity the question does not name escalates; with `title_check`, so does
+  an answer that is the title of a retrieved passage the question does not name.
 - **escalate** runs the design that suits the store: Omne over a graph, OPERA over a corpus (`escalate_to`).
   Its calls are capped by what `budget` leaves after the first stage. With `hand_over`, Omne starts from what
   the first stage found: the facts of the entities rag matched that the question names are its first tool
@@ -64,6 +65,10 @@ class AutoContext(AgentContext):
                               "names (the best match when it names none): their facts are looked up for it before "
                               "its first turn, in place of the entity_matcher and node_info turns it would spend. "
                               "Off by default: with qwen2.5-coder-1.5b it cost F1 on PQ-2H (docs/benchmarks.md).")
+    title_check: bool = setting(False, help="On a corpus, an answer that is the title of a retrieved passage the "
+                                "question does not name escalates too: an entity the evidence has a passage about "
+                                "is more often the bridge of a chain than its end (on a graph every entity answer "
+                                "the question does not name escalates).")
     budget: int = setting(12, help="Most model calls a question may take, all stages together (repairs "
                           "included); 0 = no cap. Below what the first stage and the design need, it is refused.")
 
@@ -183,8 +188,8 @@ _graphs: dict[str, CompiledStateGraph] = {}
 
 
 # -- the cheap answer and its judge ------------------------------------------------------------
-def supported(question: str, answer: str, first: dict) -> tuple[bool, str]:
-    """(whether the first answer is supported by its own evidence, why)."""
+def supported(question: str, answer: str, first: dict, title_check: bool = False) -> tuple[bool, str]:
+    """(whether the first answer is supported by its own evidence, why); `title_check`: see AutoContext."""
     if not answer:
         return False, "no answer"
     if is_no_answer(answer):
@@ -195,6 +200,9 @@ def supported(question: str, answer: str, first: dict) -> tuple[bool, str]:
     if str(first.get("source", "")).startswith("graph:") and said not in ("yes", "no") \
             and f" {said} " not in f" {words(question)} ":
         return False, "a graph answer the question does not name"  # the end of a chain: the walk's to find
+    if title_check and f" {said} " not in f" {words(question)} " and any(
+            words(r.get("title") or "") == said for r in first.get("retrieved") or []):
+        return False, "a passage's title the question does not name"  # the bridge: its passage goes on
     return True, "found in its evidence"
 
 
@@ -230,7 +238,7 @@ def first(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoContext
     output, calls, error = run_stage("rag", ctx, _inputs(state), config, cap,
                                      output_keys=["answer", "error", "source", "retrieved", "context", "raw"])
     answer = output.get("answer") or ""
-    ok, why = supported(state["question"], answer, output) if not error else (False, error)
+    ok, why = supported(state["question"], answer, output, ctx.title_check) if not error else (False, error)
     decision = {"stage": "rag", "action": "stop" if ok else "escalate", "reason": why, "answer": answer}
     stage = {"stage": "rag", **{k: v for k, v in output.items() if k != "context"},
              "error": error or output.get("error")}

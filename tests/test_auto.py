@@ -88,6 +88,19 @@ def test_on_a_graph_only_an_answer_the_question_names_stops(store, question, ans
         assert out["decisions"][0]["reason"] == "a graph answer the question does not name"
 
 
+@pytest.mark.parametrize("question, answer, title_check, action", [
+    (QUESTION, "Christopher Nolan", False, "stop"),  # in its evidence
+    (QUESTION, "Christopher Nolan", True, "escalate"),  # and the title of a passage: the bridge
+    (QUESTION, "London", True, "stop"),  # in a passage, no passage's title
+    ("Who directed Inception, Christopher Nolan or Hans Zimmer?", "Christopher Nolan", True, "stop")])  # named
+def test_with_title_check_an_answer_that_titles_a_passage_the_question_does_not_name_escalates(
+        store, question, answer, title_check, action):
+    out = run(store, roles(answer), question=question, title_check=title_check)
+    assert out["decisions"][0]["action"] == action
+    if action == "escalate":
+        assert out["decisions"][0]["reason"] == "a passage's title the question does not name"
+
+
 def test_the_design_is_chosen_by_the_store():
     assert A.design_for(make_context("auto", llm="fake", corpus="wiki")) == "opera"
     assert A.design_for(make_context("auto", llm="fake", graph="kg")) == "omne"
