@@ -10,8 +10,8 @@
   `rag` shows the facts of the entities the question names, so an entity it answers with is one or two facts
   from them, where a multi-hop answer is usually the bridge, not the end of the chain ("which nationality is
   X's husband?" answered with the husband): finding the end is the walk's work. An empty answer, a refusal, an
-  answer no evidence holds, or a graph entity the question does not name escalates; with `title_check`, so does
-  an answer that is the title of a retrieved passage the question does not name.
+  answer no evidence holds, or a graph entity the question does not name escalates; with `form_check`, so does an
+  answer not of the form the question asks for (neither of its two options, or not yes/no to a yes-no question).
 - **escalate** runs the design that suits the store: Omne over a graph, OPERA over a corpus (`escalate_to`).
   Its calls are capped by what `budget` leaves after the first stage. With `hand_over`, Omne starts from what
   the first stage found: the facts of the entities rag matched that the question names are its first tool
@@ -43,6 +43,7 @@ from mhqa_graph.eval.scoring import normalize_answer
 from mhqa_graph.parsing import words
 
 from .common import AgentContext, QAInput, QAOutput, check_question, context_as, extend, setting
+from .guards.compare import asks_yes_or_no, options
 from .guards.refusals import grounded, is_no_answer
 
 DESIGNS = ("opera", "mujica", "omne")  # what auto may escalate to
@@ -65,10 +66,8 @@ class AutoContext(AgentContext):
                               "names (the best match when it names none): their facts are looked up for it before "
                               "its first turn, in place of the entity_matcher and node_info turns it would spend. "
                               "Off by default: with qwen2.5-coder-1.5b it cost F1 on PQ-2H (docs/benchmarks.md).")
-    title_check: bool = setting(False, help="On a corpus, an answer that is the title of a retrieved passage the "
-                                "question does not name escalates too: an entity the evidence has a passage about "
-                                "is more often the bridge of a chain than its end (on a graph every entity answer "
-                                "the question does not name escalates).")
+    form_check: bool = setting(False, help="An answer not of the form the question asks for escalates: neither of "
+                               "the two options an 'X or Y?' question names, or not yes or no to a yes-no question.")
     budget: int = setting(12, help="Most model calls a question may take, all stages together (repairs "
                           "included); 0 = no cap. Below what the first stage and the design need, it is refused.")
 
@@ -188,8 +187,8 @@ _graphs: dict[str, CompiledStateGraph] = {}
 
 
 # -- the cheap answer and its judge ------------------------------------------------------------
-def supported(question: str, answer: str, first: dict, title_check: bool = False) -> tuple[bool, str]:
-    """(whether the first answer is supported by its own evidence, why); `title_check`: see AutoContext."""
+def supported(question: str, answer: str, first: dict, form_check: bool = False) -> tuple[bool, str]:
+    """(whether the first answer is supported by its own evidence, why); `form_check`: see AutoContext."""
     if not answer:
         return False, "no answer"
     if is_no_answer(answer):
@@ -200,10 +199,17 @@ def supported(question: str, answer: str, first: dict, title_check: bool = False
     if str(first.get("source", "")).startswith("graph:") and said not in ("yes", "no") \
             and f" {said} " not in f" {words(question)} ":
         return False, "a graph answer the question does not name"  # the end of a chain: the walk's to find
-    if title_check and f" {said} " not in f" {words(question)} " and any(
-            words(r.get("title") or "") == said for r in first.get("retrieved") or []):
-        return False, "a passage's title the question does not name"  # the bridge: its passage goes on
+    if form_check and not of_the_asked_form(question, said):
+        return False, "not of the form the question asks"
     return True, "found in its evidence"
+
+
+def of_the_asked_form(question: str, said: str) -> bool:
+    """Whether an answer (`words`-normalised) has the form the question asks for: one of the two options an
+    "X or Y?" question names (the one, or within it), yes or no to a yes-no question; any answer to other questions."""
+    if pair := options(question):
+        return any(said and (said == words(o) or f" {said} " in f" {words(o)} ") for o in pair)
+    return said in ("yes", "no") if asks_yes_or_no(question) else True
 
 
 def starting_entities(question: str, first: dict) -> list[dict[str, str]]:
@@ -238,7 +244,7 @@ def first(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoContext
     output, calls, error = run_stage("rag", ctx, _inputs(state), config, cap,
                                      output_keys=["answer", "error", "source", "retrieved", "context", "raw"])
     answer = output.get("answer") or ""
-    ok, why = supported(state["question"], answer, output, ctx.title_check) if not error else (False, error)
+    ok, why = supported(state["question"], answer, output, ctx.form_check) if not error else (False, error)
     decision = {"stage": "rag", "action": "stop" if ok else "escalate", "reason": why, "answer": answer}
     stage = {"stage": "rag", **{k: v for k, v in output.items() if k != "context"},
              "error": error or output.get("error")}

@@ -88,17 +88,18 @@ def test_on_a_graph_only_an_answer_the_question_names_stops(store, question, ans
         assert out["decisions"][0]["reason"] == "a graph answer the question does not name"
 
 
-@pytest.mark.parametrize("question, answer, title_check, action", [
-    (QUESTION, "Christopher Nolan", False, "stop"),  # in its evidence
-    (QUESTION, "Christopher Nolan", True, "escalate"),  # and the title of a passage: the bridge
-    (QUESTION, "London", True, "stop"),  # in a passage, no passage's title
-    ("Who directed Inception, Christopher Nolan or Hans Zimmer?", "Christopher Nolan", True, "stop")])  # named
-def test_with_title_check_an_answer_that_titles_a_passage_the_question_does_not_name_escalates(
-        store, question, answer, title_check, action):
-    out = run(store, roles(answer), question=question, title_check=title_check)
+@pytest.mark.parametrize("question, answer, form_check, action", [
+    ("Who directed Inception, Christopher Nolan or London?", "Inception", False, "stop"),  # in its evidence
+    ("Who directed Inception, Christopher Nolan or London?", "Inception", True, "escalate"),  # neither option
+    ("Who directed Inception, Christopher Nolan or London?", "Nolan", True, "stop"),  # within one
+    ("Was Inception directed by Christopher Nolan?", "Christopher Nolan", True, "escalate"),  # not yes or no
+    ("Was Inception directed by Christopher Nolan?", "yes", True, "stop"),
+    (QUESTION, "London", True, "stop")])  # any form
+def test_with_form_check_an_answer_not_of_the_asked_form_escalates(store, question, answer, form_check, action):
+    out = run(store, roles(answer), question=question, form_check=form_check)
     assert out["decisions"][0]["action"] == action
     if action == "escalate":
-        assert out["decisions"][0]["reason"] == "a passage's title the question does not name"
+        assert out["decisions"][0]["reason"] == "not of the form the question asks"
 
 
 def test_the_design_is_chosen_by_the_store():
