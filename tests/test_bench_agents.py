@@ -427,3 +427,7 @@ def test_a_mechanism_is_compared_with_the_run_without_it_on_the_questions_both_a
     assert "| `mujica` → `mujica:plan_examples=plans` | pq2h | 3 (3) | 33.3 → 66.7 | +33.3 [+0.0, +100.0] |" in table
     assert "| 6.00 → 3.00 | 3.0 → 3.0 | 0 of 3 → 1 of 3 |" in table and "pq3h" not in table
     assert bench.mechanisms_table(summary_args, ["pq3h"], [("mujica", "mujica:plan_examples=plans")]) is None
+    summary_args.mechanism, summary_args.only_mechanisms = [["mujica", "mujica:plan_examples=plans"]], True
+    alone = bench.summary(summary_args, ["pq2h", "pq3h"], ["rag", "mujica"])  # a slice where only the pair ran
+    assert alone.startswith("### Mechanisms: each against the run without it") and table in alone
+    assert "Which agent where" not in alone
