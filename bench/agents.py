@@ -769,9 +769,10 @@ def mechanisms_table(args: argparse.Namespace, envs: list[str], pairs: list[tupl
 
 def summary(args: argparse.Namespace, envs: list[str], agents: list[str]) -> str:
     """The tables that docs/benchmarks.md opens with, from the run folders of `args.out`; runs no model. With
-    `--only-mechanisms`, the mechanisms table alone (a slice on which only the pairs ran)."""
+    `--only-mechanisms`, the mechanisms table alone, without its heading (a slice on which only the pairs ran)."""
     if getattr(args, "only_mechanisms", False):
-        return mechanisms_text(args, envs) or "no records of these pairs in this range"
+        pairs = [tuple(pair) for pair in args.mechanism or []]
+        return (mechanisms_table(args, envs, pairs) if pairs else None) or "no records of these pairs in this range"
     by_env = summary_envs(args, envs, agents)
     agents = [a for a in agents if a == "rag" or a in DESIGNS or any(f["cells"][a]["k"] for f in by_env.values())]
     text = [f"## Across environments: `{args.llm}`, questions {args.start}..{args.start + args.limit - 1}\n",
