@@ -208,7 +208,7 @@ def of_the_asked_form(question: str, said: str) -> bool:
     """Whether an answer (`words`-normalised) has the form the question asks for: one of the two options an
     "X or Y?" question names (the one, or within it), yes or no to a yes-no question; any answer to other questions."""
     if pair := options(question):
-        return any(said and (said == words(o) or f" {said} " in f" {words(o)} ") for o in pair)
+        return bool(said) and any(f" {said} " in f" {words(o)} " for o in pair)
     return said in ("yes", "no") if asks_yes_or_no(question) else True
 
 

@@ -77,7 +77,6 @@ from .guards.compare import OPTION_NOTE, Step, as_option, compare_dates, compari
 from .opera_analysis import check_analysis, parse_final, parse_rewrite
 from .opera_plan import check_plan, check_runaway_plan, cut_runaway, dependencies, fill_placeholders, runaway_reply
 
-FACT_NONE = ("", "yes", "no")  # what an analysis answer read from facts may be besides them (answer_from_facts)
 RECURSION_LIMIT = 1000  # graph steps; a chain of n sub-goals takes 2 + n * (3 * max_rewrites + 3) + 1
 
 
@@ -331,7 +330,7 @@ def analyze(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Litera
                                                     subgoal=task["subgoal"], passages=passages, format=fmt))]
     firings: list[dict] = []
     try:
-        answer = None if ctx.corpus else fact_answer_schema(ctx, [p["text"] for p in task["pool"]], FACT_NONE)
+        answer = None if ctx.corpus else fact_answer_schema(ctx, [p["text"] for p in task["pool"]], P.FACT_NONE)
         parsed = ask_json(get_llm(ctx, "analysis", reply=P.analysis_format(ctx.think, answer)), messages,
                           lambda v: check_analysis(v, texts, ctx, firings), ctx.parse_retries, want=dict)
     except ModelError as exc:

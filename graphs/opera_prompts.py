@@ -137,6 +137,9 @@ def plan_system(ask_as: str) -> str:
     return RELATION_PLAN_SYSTEM if ask_as == "relation" else PLAN_SYSTEM
 
 
+FACT_NONE = ("", "yes", "no")  # what an analysis answer read from facts may be besides them (answer_from_facts)
+
+
 def analysis_format(think: bool, answer: dict | None = None) -> ReplyFormat:
     """The analysis reply; `answer`, when given, is the schema of its answer (`answer_from_facts`)."""
     return ANALYSIS.reply("analysis", () if think else NO_REASONING, **({"answer": answer} if answer else {}))
