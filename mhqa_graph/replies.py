@@ -20,6 +20,7 @@ reply either way: a constrained reply is a well-formed one, not a right one.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
 from dataclasses import dataclass, field
@@ -89,13 +90,20 @@ JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]
 
 @functools.lru_cache(maxsize=256)
 def _schema_rules(schema: str) -> tuple[str, ...]:
-    """The GBNF rules of a JSON schema given as JSON text (llama.cpp's own converter, run once per schema: the
-    agents ask for the same formats on every call), with its root renamed `json-root`."""
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
+    """The GBNF rules of a JSON schema given as JSON text, with its root renamed `json-root`, run once per schema
+    (the agents ask for the same formats on every call): llama.cpp's own converter where llama-cpp-python is
+    installed, else xgrammar's (the `train` extra alone: the policy's processor is xgrammar's, which reads its own
+    rules). The agents' schemas are not recursive, so nothing else refers to the root."""
+    if importlib.util.find_spec("llama_cpp") is not None:
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    text = json_schema_to_gbnf(schema)
-    rules = [re.sub(r"^root ::=", "json-root ::=", line) for line in text.splitlines() if line.strip()]
-    rules = [JSON_CHAR if r.startswith("char ::=") else r for r in rules]
+        rules = [JSON_CHAR if r.startswith("char ::=") else r
+                 for r in json_schema_to_gbnf(schema).splitlines() if r.strip()]
+    else:
+        import xgrammar as xgr
+
+        rules = [r for r in str(xgr.Grammar.from_json_schema(schema, any_whitespace=False)).splitlines() if r.strip()]
+    rules = [re.sub(r"^root ::=", "json-root ::=", r) for r in rules]
     clash = [r for r in rules if re.match(r"(reply-[\w-]*|json-root) ::=", r) and not r.startswith("json-root ::=")]
     if clash or sum(r.startswith("json-root ::=") for r in rules) != 1:
         raise ValueError(f"the schema's grammar rules clash with the reply's own: {clash[:2]}")
@@ -125,9 +133,12 @@ class Shape:
         takes that schema for this reply (a list whose items or length depend on the call)."""
         return obj({name: given.get(name, schema) for name, schema, _ in self.fields if name not in omit})
 
-    def line(self, omit: tuple[str, ...] = ()) -> str:
-        """The reply as the prompt shows it: `{"answer": "short answer", "sufficient": true or false}`."""
-        return "{" + ", ".join(f'"{name}": {shown}' for name, _, shown in self.fields if name not in omit) + "}"
+    def line(self, omit: tuple[str, ...] = (), shown: dict[str, str] | None = None) -> str:
+        """The reply as the prompt shows it: `{"answer": "short answer", "sufficient": true or false}`; a field named
+        in `shown` is shown that way in this prompt."""
+        shown = shown or {}
+        return "{" + ", ".join(f'"{name}": {shown.get(name, how)}' for name, _, how in self.fields
+                               if name not in omit) + "}"
 
     def reply(self, name: str, omit: tuple[str, ...] = (), think: bool = False, **given: dict[str, Any]) -> ReplyFormat:
         return json_reply(name, self.schema(omit, **given), think=think)

@@ -167,14 +167,22 @@ def main() -> None:
         return data, store
 
     data, store = on_main_process(hotpot, share=True)
-    results = {"device": str(policy_device()), "dtype": str(policy_dtype("auto")),
-               "model": args.model,
-               "mygo": measured(lambda: mygo(args.out / "mygo", data, store, args.allow_cpu), _steps),
-               "mapgrpo": measured(lambda: mapgrpo(args.out / "mapgrpo", data, store, args.allow_cpu), _steps),
-               "omne": measured(lambda: omne(args.out / "omne", args.allow_cpu), _steps)}
+    results: dict[str, Any] = {"device": str(policy_device()), "dtype": str(policy_dtype("auto")), "model": args.model}
+    steps = {"mygo": lambda: mygo(args.out / "mygo", data, store, args.allow_cpu),
+             "mapgrpo": lambda: mapgrpo(args.out / "mapgrpo", data, store, args.allow_cpu),
+             "omne": lambda: omne(args.out / "omne", args.allow_cpu)}
+    for name, step in steps.items():  # each printed when it ends: a method that fails keeps the others' figures
+        try:
+            results[name] = measured(step, _steps)
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported, and the exit status says it failed
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"[-600:]}
+        if is_main_process():
+            print(f"gpu_check {name}: {json.dumps(results[name], default=str)}", flush=True)
     if is_main_process():
+        (args.out / "results.json").write_text(json.dumps(results, indent=2, default=str))
         print(json.dumps(results, indent=2, default=str))
-
+    if any("error" in results[name] for name in steps):
+        raise SystemExit(1)
 
 if __name__ == "__main__":
     main()

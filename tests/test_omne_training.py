@@ -30,7 +30,7 @@ from mhqa_graph.training.omne import (  # noqa: E402
 from mhqa_graph.training.rewards import OmneRewardConfig, format_reward, omne_reward  # noqa: E402
 from mhqa_graph.training.tiny import CHATML  # noqa: E402
 
-from mhqa_graph.errors import InvalidInput, MhqaError  # noqa: E402
+from mhqa_graph.errors import InvalidInput, MhqaError, TrainingError  # noqa: E402
 from mhqa_graph.export import export  # noqa: E402
 from mhqa_graph.store import open_store  # noqa: E402
 
@@ -554,3 +554,17 @@ def test_tokens_the_grammar_forces_get_no_gradient():
     forced = [recorder.forced_at(i) for i in range(len(new))]
     assert forced[0] and not all(forced), (text, forced)  # "<" can only open the tag; the letters are chosen
     assert len(recorder.forced) >= len(new) - 1
+
+
+def test_the_environment_needs_no_chat_pack_its_model_is_the_policy(config, monkeypatch):
+    """A GPU machine with the train extra alone (no chat pack) builds the environment: each episode puts the policy
+    in the context's place; a call that reached the placeholder would fail, not answer."""
+    from mhqa_graph.models import factory
+    from mhqa_graph.training.omne import PolicyPerEpisode
+
+    monkeypatch.setattr(factory, "best_installed_chat_pack", lambda: None)
+    with open_store(config.rollout.store) as store:
+        env = OmneEnvironment(config.rollout, store)
+    assert isinstance(env.context.llm, PolicyPerEpisode)
+    with pytest.raises(TrainingError, match="set per episode"):
+        env.context.llm.invoke("who?")

@@ -265,6 +265,35 @@ def test_every_role_format_compiles_in_xgrammar():
 
 
 @needs_xgrammar
+def test_without_llama_cpp_the_schemas_convert_through_xgrammar(monkeypatch):
+    """The `train` extra alone (a GPU machine with no llama-cpp-python): a reply's JSON schema turns into grammar
+    rules through xgrammar, every format compiles for the policy, and a tiny model under each role's grammar writes
+    what the parser reads."""
+    from mhqa_graph.training.tiny import tiny_tokenizer
+
+    from mhqa_graph import replies
+    from mhqa_graph.models.grammar import GrammarCache
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name.split(".")[0] == "llama_cpp" else found(name, *args))
+    replies._schema_rules.cache_clear()
+    try:
+        cache = GrammarCache(tiny_tokenizer())
+        for fmt in every_format():
+            text = fmt.gbnf()
+            assert fmt.turn in ("answer", "line") or "json-root ::= ((" in text  # xgrammar's rules, not llama.cpp's
+            cache.processor(text)
+        model = tiny_chat(max_new_tokens=1500)
+        for role in ("opera analysis", "mujica worker", "omne tool-agent"):
+            fmt, parse = FORMATS[role]
+            reply = model.invoke([HumanMessage(check_question("Who directed Inception?"))], grammar=fmt.gbnf())
+            assert reply.response_metadata["decoding"] == "grammar" and parse(reply.text), (role, reply.text)
+    finally:
+        replies._schema_rules.cache_clear()
+
+
+@needs_xgrammar
 @pytest.mark.parametrize("role", list(FORMATS))
 def test_a_transformers_model_under_the_grammar_writes_what_the_parser_reads(role):
     """A random tiny model writes nothing the agents can read; under each role's grammar (decoding "grammar"

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from mhqa_graph.graphs import build_graph, make_context
@@ -148,6 +149,19 @@ class OmneConfig:
 
 
 # -- episodes ------------------------------------------------------------------------------
+class PolicyPerEpisode(BaseChatModel):
+    """The environment's model until an episode puts the policy in its place (`OmneEnvironment.episode`): the
+    context needs no chat pack or model spec of its own, and a call that reaches this model is an error."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "policy-per-episode"
+
+    def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
+                  run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
+        raise TrainingError("the Omne environment's model is the policy, set per episode; none was set")
+
+
 class EpisodeModel(TransformersChatModel):
     """The policy as the Omne graph's chat model for one episode. The graph's successive prompts extend
     one conversation; each is turned into tokens as the previous sequence (prompt, replies as sampled)
@@ -343,7 +357,8 @@ class OmneEnvironment:
         items = load_questions(config.dataset, config.path, config.limit, config.start)
         self.questions = {q.prompt: q for q in (Question(i.question, list(i.answers), list(i.topic_entities))
                                                 for i in items)}
-        self.context = make_context("omne", store=store, graph=env["graph"], **{"guards": "none", **config.context})
+        self.context = make_context("omne", store=store, graph=env["graph"],
+                                    **{"guards": "none", "llm": PolicyPerEpisode(), **config.context})
         self.graph = build_graph("omne")
         self.config = config
 
