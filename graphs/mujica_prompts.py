@@ -4,9 +4,25 @@ WORKER_SYSTEM (passages) and GRAPH_WORKER_SYSTEM (graph facts) are sent as they 
 import json
 import re
 
-from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, json_reply, obj, text
+from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, json_reply, text
 
 from .common import RELATION_QUESTION, relation_schema
+
+# the planner's two replies, declared once: ask sub-questions (PLAN, each a SUBQUESTION, or with `ask_as="relation"`
+# a RELATION_SUBQUESTION) or conclude (CONCLUSION). Ids, dependencies and entities are given per call
+# (`planner_format`); the worked examples below show a plan, and the prompts show the conclusion's line.
+SUBQUESTION = Shape((("id", {"type": "string"}, '"q1"'), ("question", text(), '"<sub-question>"'),
+                     ("depends_on", {"type": "array", "items": {"type": "string"}}, "[<ids>]")))
+RELATION_SUBQUESTION = Shape((("id", {"type": "string"}, '"q1"'), *((name, schema, f'"<{name}>"')
+                              for name, schema in relation_schema(None, []).items())))
+PLAN = Shape((("subquestions", {"type": "array"}, "[<sub-questions>]"),))
+CONCLUSION = Shape((("answer", text(ANSWER_CHARS), '"<short answer>"'),))
+
+
+def _braced(line: str) -> str:
+    """A JSON line as literal text inside a str.format template."""
+    return line.replace("{", "{{").replace("}", "}}")
+
 
 # the planner's worked examples: (question, sub-questions as (question, depends_on)), and the names they use
 EXAMPLES = (
@@ -51,7 +67,7 @@ from their answers.
 Each turn you see the workers' answers and the sub-questions asked so far. Then either:
 """
 _CONCLUDE = """2. or conclude, when the workers' answers are enough:
-{"answer": "<short answer: an entity, a date, a number, yes or no>"}
+""" + CONCLUSION.line(shown={"answer": '"<short answer: an entity, a date, a number, yes or no>"'}) + """
 
 Examples of a first turn:
 """
@@ -108,7 +124,7 @@ def worked_examples(plans: list[tuple[str, list[str]]]) -> str:
 
 # why a plan was sent back (`replan_retries`), inside the repair message: "That reply could not be used (...)"
 NOTHING_TO_RUN = ("nothing in it can run: {why}. Ask a sub-question that was not asked before, in other words or "
-                  'about another entity, or conclude with {{"answer": "<short answer>"}}')
+                  "about another entity, or conclude with " + _braced(CONCLUSION.line()))
 
 THINK_FIRST = "First reason briefly inside <think>...</think>, then give the JSON."
 NO_THINK = "Reply with the JSON only."
@@ -137,7 +153,7 @@ NO_MORE = "No more sub-questions can be asked."  # eval/health.py counts forced 
 FINAL_USER = """Sub-questions so far:
 {progress}
 
-""" + NO_MORE + """ Give your best final answer now, as {{"answer": "<short answer>"}}. {think}"""
+""" + NO_MORE + " Give your best final answer now, as " + _braced(CONCLUSION.line()) + ". {think}"
 
 # asked afresh (without the planner's conversation) when it concludes with a sentence
 SHORT_USER = """Question: {question}
@@ -146,7 +162,7 @@ Sub-questions so far:
 {progress}
 
 Give only what the question asks for: the name, date or number as a worker's answer writes it, or yes or no \
-to a yes-no question, as {{"answer": "<short answer>"}}."""
+to a yes-no question, as """ + _braced(CONCLUSION.line()) + "."
 NO_NEW_ANSWERS = "(no new worker answers)"
 TOPIC = "\nTopic entities: {entities}"
 NO_PROGRESS = "(none yet)"
@@ -194,13 +210,12 @@ def planner_format(final: bool, may_answer: bool, think: bool, cap: int, entitie
     may conclude; only the answer when it must. With `ask_as="relation"` a sub-question is an entity and a
     relation, the entity one of `entities` (the question's topic entities, when given) or an earlier answer
     (#q1..#q`cap`)."""
-    answer = obj({"answer": text(ANSWER_CHARS)})
+    ids, answer = _ids(cap), CONCLUSION.schema()
     if ask_as == "relation":
-        item = obj({"id": _ids(cap), **relation_schema(entities, [f"#q{i}" for i in range(1, cap + 1)])})
+        item = RELATION_SUBQUESTION.schema(id=ids, **relation_schema(entities, [f"#q{i}" for i in range(1, cap + 1)]))
     else:
-        item = obj({"id": _ids(cap), "question": text(), "depends_on": {"type": "array", "items": _ids(cap),
-                                                                         "maxItems": cap}})
-    plan = obj({"subquestions": {"type": "array", "items": item, "maxItems": cap}})
+        item = SUBQUESTION.schema(id=ids, depends_on={"type": "array", "items": ids, "maxItems": cap})
+    plan = PLAN.schema(subquestions={"type": "array", "items": item, "maxItems": cap})
     schema = answer if final else {"anyOf": [plan, answer]} if may_answer else plan
     return json_reply("planner", schema, think=think)
 
@@ -216,4 +231,4 @@ def worker_format(contexts: int, think: bool, answer: dict | None = None) -> Rep
 FACT_NONE = ("unknown", "yes", "no")  # what a worker's answer read from facts may be besides them
 
 
-SHORT_FORMAT = json_reply("short answer", obj({"answer": text(ANSWER_CHARS)}))
+SHORT_FORMAT = CONCLUSION.reply("short answer")
