@@ -222,6 +222,40 @@ def test_an_interrupted_untrained_run_resumes_and_trained_runs_are_compared_with
     assert common.dev_run(rollout, DevConfig(), ModelConfig(name="tiny"), None, out, "iter1", None) == {}
 
 
+def test_dev_runs_are_published_as_records_to_commit_and_tabled_by_training_runs(slices, tmp_path, capsys):
+    """With dev.records, each dev run leaves its compact records, the log and the policy's seed in a folder to
+    commit; training/runs.py tables them against the run before and the untrained one, paired by question."""
+    from mhqa_graph.eval.records import load
+    from mhqa_graph.training import runs
+
+    rollout, base = slices
+    dev = dataclasses.replace(base, records=str(tmp_path / "docs" / "runs" / "r"))
+    out = tmp_path / "runs" / "mygo"
+    out.mkdir(parents=True)
+    (out / common.LOG).write_text(json.dumps({"event": "dev", "after": "iter2"}) + "\n"
+                                  + json.dumps({"event": "dev", "after": "iter1"}) + "\n")
+    untrained(rollout, dev, out, counting(DEV, right=False))
+    for name, right in (("iter1", True), ("iter2", False)):
+        common.dev_run(rollout, dev, ModelConfig(name="tiny", seed=7), None, out, name,
+                       lambda folder, right=right: (counting(DEV, right)[0], None))
+    published = Path(dev.records)
+    assert sorted(p.name for p in published.iterdir()) == ["iter1.jsonl.gz", "iter2.jsonl.gz", "log.jsonl",
+                                                          "model.json", "untrained.jsonl.gz"]
+    rows = load(published / "iter1.jsonl.gz")
+    assert len(rows) == 4 and all(r["f1"] == 1.0 and "trace" not in r and r["cluster"] for r in rows)
+    assert json.loads((published / "model.json").read_text())["seed"] == 7
+
+    assert list(runs.dev_runs(published)) == ["untrained", "iter2", "iter1"]  # untrained first, then as logged
+    runs.main([str(published), "--pair", "untrained", "iter1"])
+    printed = capsys.readouterr().out
+    assert "| iter1 | 4 (4) | 100.0 | 100.0 |" in printed and "| iter2 | 4 (4) | 0.0 |" in printed
+    assert "`untrained` → `iter1`: ΔF1 +100.0 [+100.0, +100.0] (4 q, 4 clusters; 4 better, 0 worse)" in printed
+    with pytest.raises(InvalidInput, match="no dev run iter9"):
+        runs.main([str(published), "--pair", "iter9", "iter1"])
+    with pytest.raises(InvalidInput, match="holds no dev records"):
+        runs.dev_runs(tmp_path)
+
+
 # -- dev slices -----------------------------------------------------------------------------------------
 def test_dev_slices_must_be_large_enough_and_disjoint_from_training(slices):
     rollout, dev = slices

@@ -97,6 +97,9 @@ class DevConfig:
     cache: str | None = None  # the untrained policy's dev runs, one folder per key; None: <output_dir>/../untrained
     guards_off: bool = False  # also run the trained policy with guards "none" (GUARDS_OFF), against the untrained
     # policy with its guards on: does training teach what the guards patch?
+    records: str = ""  # a folder to commit (docs/runs/<run>): each dev run's compact per-question records as
+    # <name>.jsonl.gz (mhqa_graph.eval.records), the trainer's log.jsonl and the policy's settings and seed
+    # (model.json); `python training/runs.py <folder>` tables them
 
 
 UNTRAINED = "untrained"  # the dev run of the policy before training
@@ -241,6 +244,7 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
                                      (cached / "key.json").write_text(json.dumps(key, indent=2), encoding="utf-8")))
             llm, roles = llms(cached)
             records = rollouts(run, llm, cached, roles, concurrency=config.rollout_concurrency)
+        on_main_process(lambda: publish(dev, name, cached, output_dir, config))
         return dev_metrics(records) | {"dev_run": str(cached), "dev_reused": reused}
     folder = Path(output_dir) / "dev" / name
     if name == GUARDS_OFF:
@@ -250,8 +254,27 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
                                                question_ids(run), None, alike))
     llm, roles = llms(folder)
     records = rollouts(run, llm, folder, roles, concurrency=config.rollout_concurrency)
+    on_main_process(lambda: publish(dev, name, folder, output_dir, config))
     carried = {"dev_carried": sum(bool(r.get("carried")) for r in records)} if name == GUARDS_OFF else {}
     return dev_metrics(records, read_records(cached / "sample0" / RESULTS) or None) | carried
+
+
+def publish(dev: DevConfig, name: str, folder: Path, output_dir: str | Path, config: ModelConfig) -> None:
+    """With `dev.records`, the dev run `name` (its records in `folder`) as files to commit there: its compact
+    per-question records, the log so far and the policy's settings, seed included."""
+    if not dev.records:
+        return
+    from mhqa_graph.eval.records import SUFFIX, save
+
+    out = Path(dev.records)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"{name}{SUFFIX}"
+    target.unlink(missing_ok=True)  # this run's records only, not a merge with an earlier run's
+    save(folder / "sample0", target)
+    if (log := Path(output_dir) / LOG).is_file():
+        shutil.copyfile(log, out / LOG)
+    (out / "model.json").write_text(json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n",
+                                    encoding="utf-8")
 
 
 def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: Any, output_dir: str | Path, name: str,
