@@ -256,6 +256,23 @@ def test_dev_runs_are_published_as_records_to_commit_and_tabled_by_training_runs
         runs.dev_runs(tmp_path)
 
 
+def test_a_finished_run_publishes_its_adapter_and_whole_log(tmp_path):
+    """A LoRA policy's adapter goes beside the records (small enough to commit); full weights do not."""
+    records, out = tmp_path / "docs" / "runs" / "r", tmp_path / "out"
+    out.mkdir()
+    (out / common.LOG).write_text('{"event": "saved"}\n')
+    lora, _ = common.load_model(ModelConfig(name="tiny", lora=True, lora_r=4))
+    common.publish_final(DevConfig(records=str(records)), lora, out)
+    assert (records / "adapter" / "adapter_config.json").is_file()
+    assert (records / "adapter" / "adapter_model.safetensors").stat().st_size < 2**20
+    assert (records / common.LOG).read_text() == '{"event": "saved"}\n'
+
+    full, _ = common.load_model(ModelConfig(name="tiny", lora=False))
+    common.publish_final(DevConfig(records=str(tmp_path / "full")), full, out)
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == [common.LOG]
+    common.publish_final(DevConfig(), lora, out)  # no records folder: nothing written
+
+
 # -- dev slices -----------------------------------------------------------------------------------------
 def test_dev_slices_must_be_large_enough_and_disjoint_from_training(slices):
     rollout, dev = slices

@@ -515,6 +515,23 @@ def save_policy(model: Any, tokenizer: Any, path: str | Path) -> str:
     return str(path)
 
 
+def publish_final(dev: DevConfig, model: Any, output_dir: str | Path) -> None:
+    """With `dev.records`, what a finished run adds there for others to evaluate or continue: its LoRA adapter
+    (`adapter/`, small; full weights are not copied) and the log to its end."""
+    if not dev.records:
+        return
+    out = Path(dev.records)
+
+    def publish() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        if getattr(model, "peft_config", None):
+            model.save_pretrained(out / "adapter")
+        if (log := Path(output_dir) / LOG).is_file():
+            shutil.copyfile(log, out / LOG)
+
+    on_main_process(publish)
+
+
 CHECKPOINT, STATE = "checkpoint", "state.json"
 
 

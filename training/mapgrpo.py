@@ -91,6 +91,7 @@ from .common import (
     load_model,
     plot_curve,
     policy_chat_model,
+    publish_final,
     rollouts,
     save_policy,
     serves_with_llamacpp,
@@ -653,5 +654,6 @@ class MAPGRPOTrainer:
             dev[GUARDS_OFF] = self.dev(GUARDS_OFF, alike=self.config.roles[-1] if self.config.roles else None)
         final = save_policy(self.model, self.tokenizer, out / "final")
         write_log(out / LOG, {"event": "saved", "final": final})
+        publish_final(self.config.dev, self.model, out)
         return summary | {"dev": dev if self.config.dev.path else {}, "final": final,
                           "curve": plot_curve(out, "MAPGRPO")}

@@ -49,6 +49,7 @@ from .common import (
     plot_curve,
     policy_chat_model,
     policy_dev,
+    publish_final,
     rollouts,
     save_checkpoint,
     save_policy,
@@ -240,5 +241,6 @@ class MyGOTrainer:
         guards_off = self.dev(GUARDS_OFF, alike=last) if cfg.dev.guards_off else {}
         if guards_off:
             write_log(self.out / LOG, {"event": "dev", "after": GUARDS_OFF, **guards_off})
+        publish_final(cfg.dev, self.model, self.out)
         return {"iterations": history, "tau": self.tau, "dev_untrained": untrained, "final": final,
                 "curve": plot_curve(self.out, "MyGO")} | ({"dev_guards_none": guards_off} if guards_off else {})

@@ -62,6 +62,7 @@ from .common import (
     plot_curve,
     policy_chat_model,
     policy_dev,
+    publish_final,
     rollout_store,
     rollouts,
     save_checkpoint,
@@ -673,5 +674,6 @@ class OmneTrainer:
         if not self.config.dev.path:
             summary["dev"] = {}
         summary["final"] = save_policy(self.model, self.tokenizer, self.out / "final")
+        publish_final(self.config.dev, self.model, self.out)
         summary["curve"] = plot_curve(self.out, "Omne")
         return summary
