@@ -95,10 +95,7 @@ def _schema_rules(schema: str) -> tuple[str, ...]:
     installed, else xgrammar's (the `train` extra alone: the policy's processor is xgrammar's, which reads its own
     rules). The agents' schemas are not recursive, so nothing else refers to the root."""
     if importlib.util.find_spec("llama_cpp") is not None:
-        from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-        rules = [JSON_CHAR if r.startswith("char ::=") else r
-                 for r in json_schema_to_gbnf(schema).splitlines() if r.strip()]
+        rules = [JSON_CHAR if r.startswith("char ::=") else r for r in _llama_gbnf(schema).splitlines() if r.strip()]
     else:
         import xgrammar as xgr
 
@@ -108,6 +105,22 @@ def _schema_rules(schema: str) -> tuple[str, ...]:
     if clash or sum(r.startswith("json-root ::=") for r in rules) != 1:
         raise ValueError(f"the schema's grammar rules clash with the reply's own: {clash[:2]}")
     return tuple(rules)
+
+
+def _llama_gbnf(schema: str) -> str:
+    """llama-cpp-python's `json_schema_to_gbnf`, with a backslash in a literal escaped: its converter leaves it as it
+    is, so a value holding a quote (a title written `"Never Be the Same`, JSON `\\"`) ended the literal early and
+    llama.cpp rejected the whole grammar (the call then went unconstrained)."""
+    from llama_cpp.llama_grammar import SchemaConverter
+
+    class Converter(SchemaConverter):
+        def _format_literal(self, literal: str) -> str:
+            escaped = literal.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+            return f'"{escaped}"'
+
+    converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+    converter.visit(converter.resolve_refs(json.loads(schema), "stdin"), "")
+    return converter.format_grammar()
 
 
 # -- schemas ---------------------------------------------------------------------------------

@@ -225,8 +225,9 @@ def test_an_interrupted_untrained_run_resumes_and_trained_runs_are_compared_with
 def test_dev_runs_are_published_as_records_to_commit_and_tabled_by_training_runs(slices, tmp_path, capsys):
     """With dev.records, each dev run leaves its compact records, the log and the policy's seed in a folder to
     commit; training/runs.py tables them against the run before and the untrained one, paired by question."""
-    from mhqa_graph.eval.records import load
     from mhqa_graph.training import runs
+
+    from mhqa_graph.eval.records import load
 
     rollout, base = slices
     dev = dataclasses.replace(base, records=str(tmp_path / "docs" / "runs" / "r"))

@@ -559,8 +559,9 @@ def test_tokens_the_grammar_forces_get_no_gradient():
 def test_the_environment_needs_no_chat_pack_its_model_is_the_policy(config, monkeypatch):
     """A GPU machine with the train extra alone (no chat pack) builds the environment: each episode puts the policy
     in the context's place; a call that reached the placeholder would fail, not answer."""
-    from mhqa_graph.models import factory
     from mhqa_graph.training.omne import PolicyPerEpisode
+
+    from mhqa_graph.models import factory
 
     monkeypatch.setattr(factory, "best_installed_chat_pack", lambda: None)
     with open_store(config.rollout.store) as store:

@@ -265,6 +265,31 @@ def test_every_role_format_compiles_in_xgrammar():
 
 
 @needs_xgrammar
+@pytest.mark.parametrize("converter", ["llama_cpp", "xgrammar"])
+def test_values_with_a_quote_or_a_backslash_keep_the_grammar_whole(converter, monkeypatch):
+    """A fact written `"Never Be the Same` (2Wiki's title, with its stray quote) is an answer the grammar allows,
+    and only as JSON writes it: llama-cpp-python's own converter left the backslash of `\\"` unescaped, llama.cpp
+    rejected the whole grammar and the call went unconstrained."""
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from mhqa_graph import replies
+
+    if converter == "llama_cpp":
+        pytest.importorskip("llama_cpp")
+    else:
+        found = importlib.util.find_spec
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *args: None if name.split(".")[0] == "llama_cpp" else found(name, *args))
+    replies._schema_rules.cache_clear()
+    try:
+        grammar = O.analysis_format(False, {"type": "string", "enum": ['"Never Be the Same', "back\\slash", ""]}).gbnf()
+    finally:
+        replies._schema_rules.cache_clear()
+    for answer, allowed in (('"Never Be the Same', True), ("back\\slash", True), ("Never Be the Same", False)):
+        assert accepts(grammar, json.dumps({"answer": answer, "sufficient": True})) == allowed, answer
+
+
+@needs_xgrammar
 def test_without_llama_cpp_the_schemas_convert_through_xgrammar(monkeypatch):
     """The `train` extra alone (a GPU machine with no llama-cpp-python): a reply's JSON schema turns into grammar
     rules through xgrammar, every format compiles for the policy, and a tiny model under each role's grammar writes
