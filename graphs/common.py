@@ -100,9 +100,6 @@ class AgentContext:
         "question", help="How the planner writes a sub-question (OPERA, Mujica): a question in its own words, or one "
         "relation of one entity (a topic entity of the question, when given, or an earlier answer), which the reply "
         "format holds it to; it is asked as 'What is the <relation> of <entity>?'.")
-    answer_from_facts: bool = setting(False, help="On a graph, an answer read from the facts shown (OPERA's "
-                                      "analysis, Mujica's worker) is one of their entities or values, written as "
-                                      "they write it, or none: the reply format holds it to them.")
     think: bool = setting(True, help="Ask the model to reason before each action.")
     parse_retries: int = setting(1, help="Repair attempts after a malformed structured reply.")
     model_retries: int = setting(2, help="Retries of a model call that timed out or met a connection error "
@@ -250,11 +247,17 @@ def as_relation(item: Any) -> dict[str, str]:
 MAX_FACT_ANSWERS = 400  # values an answer read from facts may take; with more, it stays free text
 
 
+# the `answer_from_facts` setting of OPERA (on by default) and Mujica (off: its worker then answers "unknown" where
+# PathQuestion writes a name in lower case and the model a capital; docs/benchmarks.md)
+ANSWER_FROM_FACTS = ("On a graph, an answer read from the facts shown (OPERA's analysis, Mujica's worker) is one of "
+                     "their entities or values, written as they write it, or none: the reply format holds it to them.")
+
+
 def fact_answer_schema(ctx: AgentContext, texts: Iterable[str], also: tuple[str, ...]) -> dict[str, Any] | None:
     """With `answer_from_facts`, the JSON schema of an answer read from graph facts: one of the subjects and objects
     of the fact lines in `texts` (`Fact.as_text`) or one of `also` (the role's "none": "", "unknown"; yes, no).
     None (free text) without the setting, or when `texts` hold no fact line or more than MAX_FACT_ANSWERS ends."""
-    if not ctx.answer_from_facts:
+    if not getattr(ctx, "answer_from_facts", False):
         return None
     ends = list(dict.fromkeys(end for t in texts for end in fact_ends(t)))
     if not ends or len(ends) > MAX_FACT_ANSWERS:

@@ -56,6 +56,7 @@ from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text
 
 from . import mujica_prompts as P
 from .common import (
+    ANSWER_FROM_FACTS,
     AgentContext,
     QAInput,
     QAOutput,
@@ -111,6 +112,7 @@ class MujicaContext(AgentContext):
                                                          "auto = the corpus if set, else the graph.")
     kg_entities: int = setting(3, help="Entities matched per sub-question on the graph source.")
     max_facts: int = setting(30, help="Facts shown per sub-question on the graph source.")
+    answer_from_facts: bool = setting(False, help=ANSWER_FROM_FACTS)
     min_worker_rounds: int = setting(1, help="Waves of workers before the planner may conclude (a round cap still "
                                      "ends the run).")
     replan_retries: int = setting(0, help="Times a round whose sub-questions can none run (each asked before, or "

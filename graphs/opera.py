@@ -46,6 +46,7 @@ from mhqa_graph.types import PassageHit
 
 from . import opera_prompts as P
 from .common import (
+    ANSWER_FROM_FACTS,
     AgentContext,
     QAInput,
     QAOutput,
@@ -88,6 +89,7 @@ class OperaContext(AgentContext):
 
     topk_schedule: tuple[int, ...] = setting((), help="Top-k of retrieval attempt 1, 2, ... of a sub-goal; "
                                              "empty = top_k, 2*top_k, 3*top_k, ...")
+    answer_from_facts: bool = setting(True, help=ANSWER_FROM_FACTS)
 
 
 def merge_steps(left: list[dict], right: list[dict] | None) -> list[dict]:

@@ -448,18 +448,18 @@ def test_knowledge_graph_adapter(store):
     assert "(Christopher Nolan) -[born in]-> (London)" in roles["analysis"].calls[1][-1].text
 
 
-def test_with_answer_from_facts_the_analysis_answer_is_held_to_the_shown_facts_on_a_graph_only(store):
+def test_the_analysis_answer_is_held_to_the_shown_facts_on_a_graph_by_default(store):
     def grammar_models():
         return {role: FakeChatModel(accepts_grammar=True, responses=list(replies)) for role, replies in
                 [("plan", [TWO_HOPS]), ("analysis", [said("Christopher Nolan"), said("London")]),
                  ("rewrite", ['{"query": "x"}']), ("answer", ["London"])]}
 
     closed = grammar_models()
-    assert run(store, closed, corpus=None, graph="kg", answer_from_facts=True)["answer"] == "London"
+    assert run(store, closed, corpus=None, graph="kg")["answer"] == "London"  # answer_from_facts: on by default
     first, second = closed["analysis"].grammars
     assert "Christopher Nolan" in first and "Inception" in first
     assert "London" in second
-    for kw in ({"corpus": None, "graph": "kg"}, {"answer_from_facts": True}):  # the setting off; a corpus
+    for kw in ({"corpus": None, "graph": "kg", "answer_from_facts": False}, {}):  # the setting off; a corpus
         free = grammar_models()
         run(store, free, **kw)
         assert not any("Christopher Nolan" in g for g in free["analysis"].grammars)
