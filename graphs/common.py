@@ -253,15 +253,21 @@ ANSWER_FROM_FACTS = ("On a graph, an answer read from the facts shown (OPERA's a
                      "their entities or values, written as they write it, or none: the reply format holds it to them.")
 
 
-def fact_answer_schema(ctx: AgentContext, texts: Iterable[str], also: tuple[str, ...]) -> dict[str, Any] | None:
+def fact_answer_schema(ctx: AgentContext, texts: Iterable[str], also: tuple[str, ...],
+                       capitalised: bool = False) -> dict[str, Any] | None:
     """With `answer_from_facts`, the JSON schema of an answer read from graph facts: one of the subjects and objects
     of the fact lines in `texts` (`Fact.as_text`) or one of `also` (the role's "none": "", "unknown"; yes, no).
-    None (free text) without the setting, or when `texts` hold no fact line or more than MAX_FACT_ANSWERS ends."""
+    `capitalised`: an end written in lower case ("shah shuja") may also be written with its words capitalised
+    ("Shah Shuja"), as a model starts a name. None (free text) without the setting, or when `texts` hold no fact
+    line or more than MAX_FACT_ANSWERS ends."""
     if not getattr(ctx, "answer_from_facts", False):
         return None
     ends = list(dict.fromkeys(end for t in texts for end in fact_ends(t)))
     if not ends or len(ends) > MAX_FACT_ANSWERS:
         return None
+    if capitalised:
+        ends = list(dict.fromkeys(v for e in ends for v in (e, *(
+            [" ".join(w[:1].upper() + w[1:] for w in e.split(" "))] if e == e.lower() != e.upper() else []))))
     return {"type": "string", "enum": [*ends, *(a for a in also if a not in ends)]}
 
 

@@ -391,7 +391,7 @@ def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
         question=sub["query"], contexts=listing, format=P.WORKER.line(),
         think=P.THINK_FIRST if ctx.think else P.NO_THINK))]
     answer = fact_answer_schema(ctx, [c.text for c in contexts if c.text in listing],  # the listing is capped
-                                P.FACT_NONE) if record["source"] == "graph" else None
+                                P.FACT_NONE, capitalised=True) if record["source"] == "graph" else None
     try:
         llm = get_llm(ctx, "worker", reply=P.worker_format(len(contexts), ctx.think, answer))
         parsed = ask_json(llm, messages, lambda v: read_worker(v, len(contexts)), retries=ctx.parse_retries, want=dict)

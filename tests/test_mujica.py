@@ -707,6 +707,20 @@ def test_with_answer_from_facts_a_graph_worker_answers_with_an_end_of_a_shown_fa
     assert "Christopher Nolan" not in asked(answer_from_facts=True).grammars[0]  # passages: free text
 
 
+def test_a_graph_worker_may_capitalise_a_name_the_facts_write_in_lower_case():
+    """PathQuestion's graph writes "shah shuja"; the model starts a name with a capital, which a grammar of the facts'
+    spelling alone forbade (its way out was "unknown"). Names the graph capitalises get no variant."""
+    from mhqa_graph.graphs.common import fact_answer_schema
+
+    facts = ["(shah jahan) -[children]-> (shah shuja)", "(Inception) -[director]-> (Christopher Nolan)",
+             "(ernesto de la cruz) -[born]-> (1920)"]
+    on = mujica.MujicaContext(answer_from_facts=True)
+    assert fact_answer_schema(on, facts, mujica.P.FACT_NONE, capitalised=True)["enum"] == [
+        "shah jahan", "Shah Jahan", "shah shuja", "Shah Shuja", "Inception", "Christopher Nolan",
+        "ernesto de la cruz", "Ernesto De La Cruz", "1920", "unknown", "yes", "no"]
+    assert "Shah Shuja" not in fact_answer_schema(on, facts, mujica.P.FACT_NONE)["enum"]
+
+
 def test_corpus_worker_records_retrieved_ids_and_scores(store):
     plan = planner([{"subquestions": [subq("q1", "Who directed Inception?")]}, {"answer": "Christopher Nolan"}])
     out = mujica.graph.invoke({"question": "Who directed Inception?"}, context=ctx(store, plan, answering_worker()))
