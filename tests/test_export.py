@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from mhqa_graph.graphs import build_graph
-from mhqa_graph.graphs.opera import OperaContext
+from mhqa_graph.graphs.opera_state import OperaContext
 from test_traces import QUESTION, analysis, opera_roles, run_mujica, run_omne, run_opera, store  # noqa: F401
 
 from mhqa_graph import traces

@@ -15,7 +15,7 @@ from mhqa_graph.graphs import build_graph
 from mhqa_graph.graphs.baselines import BaselineContext
 from mhqa_graph.graphs.mujica import MujicaContext
 from mhqa_graph.graphs.omne import OmneContext
-from mhqa_graph.graphs.opera import OperaContext
+from mhqa_graph.graphs.opera_state import OperaContext
 
 from mhqa_graph import Passage, open_store
 from mhqa_graph.errors import InvalidQuestion
