@@ -42,34 +42,28 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, NotRequired
+from typing import Any
 
 from langchain_core.messages import HumanMessage, SystemMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 from langgraph.types import Send
-from typing_extensions import TypedDict
 
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
 from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text
 
 from . import mujica_prompts as P
 from .common import (
-    ANSWER_FROM_FACTS,
-    AgentContext,
     QAInput,
-    QAOutput,
     SentBack,
     ask_json,
     check_question,
     clean_answer,
     context_as,
-    extend,
     fact_answer_schema,
     get_llm,
     get_store,
-    setting,
     topic_entities,
     worked_plans,
 )
@@ -98,74 +92,7 @@ from .mujica_plan import (
     ready,
     repair_plan,
 )
-
-RECURSION_LIMIT = 1000  # graph steps: start, then per round a planner step and its worker waves (two steps each)
-EARLIER_FIELDS = ("attempt", "question", "query", "retrieved", "answer", "status", "error")  # kept of a re-asked result
-
-
-@dataclass
-class MujicaContext(AgentContext):
-    agent: ClassVar[str] = "mujica"
-    max_subquestions: int = setting(12, help="Sub-questions asked per run, re-asks included; more are dropped "
-                                    "with a note.")
-    source: Literal["auto", "corpus", "graph"] = setting("auto", help="Where workers retrieve: corpus or graph; "
-                                                         "auto = the corpus if set, else the graph.")
-    kg_entities: int = setting(3, help="Entities matched per sub-question on the graph source.")
-    max_facts: int = setting(30, help="Facts shown per sub-question on the graph source.")
-    answer_from_facts: bool = setting(False, help=ANSWER_FROM_FACTS)
-    min_worker_rounds: int = setting(1, help="Waves of workers before the planner may conclude (a round cap still "
-                                     "ends the run).")
-    replan_retries: int = setting(0, help="Times a round whose sub-questions can none run (each asked before, or "
-                                  "dropped) is sent back with why, before the planner must give its final answer.")
-    straight_dispatch: bool = setting(True, help="When every answer of a wave is usable, send the sub-questions the "
-                                      "planner already wrote that are now ready to the workers without a planner "
-                                      "call (off: the planner sees every wave, as in the paper).")
-    planner_budget: int = setting(8000, help="Characters of the planner's conversation; older worker contexts are "
-                                  "summarised to fit.")
-
-
-def merge_results(left: dict[str, dict], right: dict[str, dict] | None) -> dict[str, dict]:
-    """Worker results keyed by sub-question id, in plan order whatever order workers finished in; the
-    result of a re-ask keeps its predecessors in `earlier`. None resets (a new question on the same thread)."""
-    if right is None:
-        return {}
-    merged = dict(left)
-    for sid, record in right.items():
-        old = merged.get(sid)
-        if old is not None and record.get("attempt", 1) > old.get("attempt", 1):
-            summary = {k: old.get(k) for k in EARLIER_FIELDS}
-            record = {**record, "earlier": [*old.get("earlier", []), summary]}
-        merged[sid] = record
-    return dict(sorted(merged.items(), key=lambda kv: (kv[1]["order"], kv[0])))
-
-
-class State(TypedDict):
-    question: str
-    topic_entities: NotRequired[list[str]]
-    answer: str
-    error: str | None
-    dag: Annotated[list[SubQuestion], merge_dag]
-    results: Annotated[dict[str, dict], merge_results]  # id -> query, retrieved, selected, evidence, answer, status
-    notes: Annotated[list[str], extend]  # typed notes: "InvalidPlan: ...", "MalformedOutput: ...", "RoundCap: ..."
-    guards: Annotated[list[dict], extend]  # every guard firing (graphs/guards/)
-    planner_log: Annotated[list[dict], extend]  # one entry per planner call: its prompt, raw replies, action
-    rounds: int  # planner calls
-    waves: int  # worker waves
-    force_final: bool  # the next planner call must answer
-    done: bool
-
-
-class WorkerTask(TypedDict):
-    sub: dict  # id, order, attempt, wave, question, query (the question with cited answers filled in)
-
-
-class MujicaOutput(QAOutput):
-    dag: list[SubQuestion]
-    results: dict[str, dict]
-    notes: list[str]
-    guards: list[dict]
-    rounds: int
-    waves: int
+from .mujica_state import RECURSION_LIMIT, MujicaContext, MujicaOutput, State, WorkerTask
 
 
 # -- nodes ---------------------------------------------------------------------------------
