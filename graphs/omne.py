@@ -45,18 +45,12 @@ reply), `ModelError`.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import (
-    Annotated,
-    Any,
-    ClassVar,
-    NotRequired,  # pydantic needs these on 3.11 (Studio schemas)
+    Any,  # pydantic needs these on 3.11 (Studio schemas)
 )
 
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import (
     AIMessage,
-    AnyMessage,
     BaseMessage,
     HumanMessage,
     RemoveMessage,
@@ -64,10 +58,9 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langgraph.graph import END, START, StateGraph
-from langgraph.graph.message import REMOVE_ALL_MESSAGES, add_messages
+from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
-from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
 from mhqa_graph.messages import FORCED_FINAL, HANDED_OVER, KIND, NUDGE, SEND_BACK, marked, tagged
@@ -77,9 +70,6 @@ from mhqa_graph.tools import entity_matcher_tool, node_info_tool, render_node
 
 from . import omne_prompts as P
 from .common import (
-    AgentContext,
-    QAInput,
-    QAOutput,
     ask,
     ask_message,
     chat_model,
@@ -88,74 +78,15 @@ from .common import (
     context_as,
     get_llm,
     get_store,
-    setting,
     supports_tool_calling,
     topic_entities,
 )
 from .guards import SEND_BACK_ONE_HOP, SEND_BACK_UNGROUNDED, Rule, first_that_fires
 from .guards.omne_send_back import grounded, one_hop_short, start_node
 from .omne_protocol import ai_message, call_key, call_order, call_text, check_args, parse_reply
+from .omne_state import ROLE, OmneContext, OmneInput, OmneOutput, OmneState, ToolCallRecord
 
-ROLE = "tool-agent"
 PREVIEW_CHARS = 200
-
-
-@dataclass
-class OmneContext(AgentContext):
-    agent: ClassVar[str] = "omne"
-    max_calls_per_round: int = setting(5, help="Tool calls run per model turn; further calls get an error result.")
-    tool_mode: str = setting("auto", help="native: the model's own tool calling (bind_tools); text: the "
-                             "<tool_call> protocol; auto: native when the model supports it.")
-    result_chars: int = setting(1500, help="Characters of one tool result shown to the model (the facts most "
-                                "relevant to the question first).")
-    context_chars: int = setting(16000, help="Characters of the whole prompt; the oldest tool results are cut "
-                                 "first to stay within it.")
-
-    def check(self) -> None:
-        model = self.role_llms.get(ROLE, self.llm)
-        if self.tool_mode == "native" and isinstance(model, BaseChatModel) and not supports_tool_calling(model):
-            raise InvalidInput(f"tool_mode=native: {type(model).__name__} has no native tool calling (bind_tools); "
-                               "use tool_mode=text or auto")
-
-
-class ToolCallRecord(TypedDict):
-    name: str
-    args: dict[str, Any]
-    result_preview: str
-    repeated: bool  # same name and normalised args as an earlier call: not run again
-
-
-class OmneInput(QAInput):
-    # entities whose facts the walk starts from (an earlier stage's retrieval): names, or {"entity", "graph"}
-    start_from: NotRequired[list[str | dict[str, str]]]
-
-
-class OmneOutput(QAOutput):
-    rounds: int
-    tool_calls: list[ToolCallRecord]
-    repeated_calls: int
-    invented_results: int
-    dropped_answers: int
-    guards: list[dict]
-    messages: NotRequired[list[AnyMessage]]
-
-
-class OmneState(TypedDict):
-    question: str
-    topic_entities: NotRequired[list[str]]
-    start_from: NotRequired[list[str | dict[str, str]]]
-    graphs: list[str]  # the graph_type values of this run
-    native: bool  # the model's own tool calling, not the text protocol
-    messages: Annotated[list[AnyMessage], add_messages]  # the conversation, without the system prompt
-    rounds: int  # agent model turns so far (the forced final-answer call is not one)
-    nudges: int  # replies with neither a tool call nor an answer, and answers sent back
-    tool_calls: list[ToolCallRecord]
-    repeated_calls: int
-    invented_results: int  # <tool_response> blocks the model wrote itself (dropped)
-    dropped_answers: int  # answers written beside tool calls (dropped: the calls run)
-    guards: list[dict]  # every guard firing (graphs/guards/)
-    answer: str
-    error: str | None
 
 
 def _tool_specs(graphs: list[str]) -> list[dict]:

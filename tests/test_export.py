@@ -334,7 +334,7 @@ def test_omne_answers_sent_back_weigh_nothing(store, tmp_path):  # noqa: F811
 def test_a_call_written_in_the_models_place_weighs_nothing(store, tmp_path):  # noqa: F811
     """Omne handed its start (`start_from`, auto's hand-over): the node_info turn the system wrote is context in the
     exported chat, the model's own replies are the targets."""
-    from mhqa_graph.graphs.omne import OmneContext
+    from mhqa_graph.graphs.omne_state import OmneContext
     from test_traces import OMNE_SCRIPT
 
     model = FakeChatModel(responses=OMNE_SCRIPT[2:], cycle=False)

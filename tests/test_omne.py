@@ -7,8 +7,9 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, Tool
 from langgraph.checkpoint.sqlite import SqliteSaver
 from mhqa_graph.graphs import omne_prompts as P
 from mhqa_graph.graphs.common import AgentContext
-from mhqa_graph.graphs.omne import OmneContext, build, graph
+from mhqa_graph.graphs.omne import build, graph
 from mhqa_graph.graphs.omne_protocol import parse_reply
+from mhqa_graph.graphs.omne_state import OmneContext
 
 from mhqa_graph.errors import InvalidQuestion
 from mhqa_graph.store import open_store
