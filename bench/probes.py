@@ -25,7 +25,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs.common import get_store
+from mhqa_graph.graphs.calls import get_store
 
 from mhqa_graph import Passage, open_store
 from mhqa_graph.store.embedded import POOL_SIZE, EmbeddedStore

@@ -34,7 +34,8 @@ from langchain_core.tools import BaseTool, StructuredTool
 
 from mhqa_graph.errors import InvalidInput
 
-from .common import check_sources, validate_context
+from .calls import check_sources
+from .settings import validate_context
 
 # agent name -> (module in this package, builder function)
 AGENTS: dict[str, tuple[str, str]] = {

@@ -42,9 +42,9 @@ from mhqa_graph.errors import InvalidInput, MhqaError
 from mhqa_graph.eval.scoring import normalize_answer
 from mhqa_graph.parsing import words
 
-from .common import AgentContext, QAInput, QAOutput, check_question, context_as, extend, setting
 from .guards.compare import asks_yes_or_no, options
 from .guards.refusals import grounded, is_no_answer
+from .settings import AgentContext, QAInput, QAOutput, check_question, context_as, extend, setting
 
 DESIGNS = ("opera", "mujica", "omne")  # what auto may escalate to
 MIN_CALLS = {"rag": 1, "opera": 3, "mujica": 3, "omne": 2}  # the fewest model calls a stage can answer in

@@ -23,23 +23,12 @@ from typing_extensions import TypedDict
 from mhqa_graph.errors import MhqaError, ModelError
 from mhqa_graph.parsing import final_answer
 from mhqa_graph.replies import answer_reply
+from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import cap_text, format_passages, node_info_tool
 
 from . import baselines_prompts as P
-from .common import (
-    AgentContext,
-    Parsed,
-    QAInput,
-    QAOutput,
-    ask_repaired,
-    check_question,
-    clean_answer,
-    context_as,
-    get_llm,
-    get_store,
-    setting,
-    topic_entities,
-)
+from .calls import Parsed, ask_repaired, clean_answer, get_llm, get_store
+from .settings import AgentContext, QAInput, QAOutput, check_question, context_as, setting
 
 ROLE = "answer"
 

@@ -51,25 +51,15 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send
 
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
+from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text
 
 from . import mujica_prompts as P
-from .common import (
-    QAInput,
-    SentBack,
-    ask_json,
-    check_question,
-    clean_answer,
-    context_as,
-    fact_answer_schema,
-    get_llm,
-    get_store,
-    topic_entities,
-    worked_plans,
-)
+from .calls import SentBack, ask_json, clean_answer, get_llm, get_store
 from .guards import UNKNOWN_CONTEXTS, WORKER_REFUSAL, check
 from .guards.mujica_conclusion import conclude
 from .guards.refusals import is_no_answer
+from .mechanisms import fact_answer_schema, worked_plans
 from .mujica_chat import (
     EVIDENCE_CHARS,
     EVIDENCE_CONTEXTS,
@@ -93,6 +83,7 @@ from .mujica_plan import (
     repair_plan,
 )
 from .mujica_state import RECURSION_LIMIT, MujicaContext, MujicaOutput, State, WorkerTask
+from .settings import QAInput, check_question, context_as
 
 
 # -- nodes ---------------------------------------------------------------------------------

@@ -11,10 +11,11 @@ from typing import Any, NotRequired
 from typing_extensions import TypedDict
 
 from . import mujica_prompts as P
-from .common import RELATION_QUESTION, as_relation, clean_answer
+from .calls import clean_answer
 from .guards import UNECHO, apply, first_that_fires
 from .guards import mujica_plan as plan_guards
 from .guards.refusals import is_no_answer
+from .mechanisms import RELATION_QUESTION, as_relation
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
 

@@ -9,8 +9,9 @@ from typing import Annotated, ClassVar, Literal, NotRequired
 
 from typing_extensions import TypedDict
 
-from .common import ANSWER_FROM_FACTS, AgentContext, QAOutput, extend, setting
+from .mechanisms import ANSWER_FROM_FACTS
 from .mujica_plan import SubQuestion, merge_dag
+from .settings import AgentContext, QAOutput, extend, setting
 
 RECURSION_LIMIT = 1000  # graph steps: start, then per round a planner step and its worker waves (two steps each)
 EARLIER_FIELDS = ("attempt", "question", "query", "retrieved", "answer", "status", "error")  # kept of a re-asked result

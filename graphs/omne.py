@@ -66,25 +66,16 @@ from mhqa_graph.errors import InvalidInput, MhqaError, ModelError
 from mhqa_graph.messages import FORCED_FINAL, HANDED_OVER, KIND, NUDGE, SEND_BACK, marked, tagged
 from mhqa_graph.parsing import final_answer
 from mhqa_graph.replies import answer_reply
+from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import entity_matcher_tool, node_info_tool, render_node
 
 from . import omne_prompts as P
-from .common import (
-    ask,
-    ask_message,
-    chat_model,
-    check_question,
-    clean_answer,
-    context_as,
-    get_llm,
-    get_store,
-    supports_tool_calling,
-    topic_entities,
-)
+from .calls import ask, ask_message, chat_model, clean_answer, get_llm, get_store, supports_tool_calling
 from .guards import SEND_BACK_ONE_HOP, SEND_BACK_UNGROUNDED, Rule, first_that_fires
 from .guards.omne_send_back import grounded, one_hop_short, start_node
 from .omne_protocol import ai_message, call_key, call_order, call_text, check_args, parse_reply
 from .omne_state import ROLE, OmneContext, OmneInput, OmneOutput, OmneState, ToolCallRecord
+from .settings import check_question, context_as
 
 PREVIEW_CHARS = 200
 

@@ -13,7 +13,8 @@ from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput
 
-from .common import AgentContext, QAInput, QAOutput, setting, supports_tool_calling
+from .calls import supports_tool_calling
+from .settings import AgentContext, QAInput, QAOutput, setting
 
 ROLE = "tool-agent"
 

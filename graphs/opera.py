@@ -39,22 +39,12 @@ from langgraph.types import Command, Overwrite, Send
 
 from mhqa_graph.errors import EntityNotFound, ModelError, StoreError
 from mhqa_graph.store.base import MAX_K
+from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import MAX_FACTS, format_passages
 from mhqa_graph.types import PassageHit
 
 from . import opera_prompts as P
-from .common import (
-    QAInput,
-    ask,
-    ask_json,
-    check_question,
-    context_as,
-    fact_answer_schema,
-    get_llm,
-    get_store,
-    topic_entities,
-    worked_plans,
-)
+from .calls import ask, ask_json, get_llm, get_store
 from .guards import (
     DATE_COMPARISON,
     OPTION_ANSWER,
@@ -68,9 +58,11 @@ from .guards import (
 )
 from .guards.compare import NOTE as DATE_NOTE
 from .guards.compare import OPTION_NOTE, Step, as_option, compare_dates, comparison
+from .mechanisms import fact_answer_schema, worked_plans
 from .opera_analysis import check_analysis, parse_final, parse_rewrite
 from .opera_plan import check_plan, check_runaway_plan, cut_runaway, dependencies, fill_placeholders, runaway_reply
 from .opera_state import RECURSION_LIMIT, OperaContext, OperaOutput, State, SubgoalTask, new_step
+from .settings import QAInput, check_question, context_as
 
 
 def topk_for(ctx: OperaContext, attempt: int) -> int:

@@ -8,7 +8,7 @@ from typing import Any
 
 from mhqa_graph.parsing import extract_json, final_answer, strip_think
 
-from .common import clean_answer
+from .calls import clean_answer
 from .guards import ANALYSIS_GROUNDED, ANALYSIS_REFUSAL, Rule, first_that_fires
 from .guards.refusals import grounded, is_no_answer
 

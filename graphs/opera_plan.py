@@ -9,7 +9,7 @@ from typing import Any
 
 from mhqa_graph.parsing import close_json, extract_json, strip_think
 
-from .common import RELATION_QUESTION, as_relation
+from .mechanisms import RELATION_QUESTION, as_relation
 
 # -- placeholders ----------------------------------------------------------------------
 _BRACKETED = re.compile(r"\[([^\[\]]{1,60})\]|\{([^{}]{1,60})\}|<([^<>]{1,60})>")

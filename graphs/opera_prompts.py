@@ -5,7 +5,7 @@ import json
 
 from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, line_reply, obj, text
 
-from .common import relation_schema
+from .mechanisms import relation_schema
 
 # the Plan agent's reply, declared once, in either form (`ask_as`): its schema (the cap and the entities given per
 # call) and the format line its prompt shows

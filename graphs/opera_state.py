@@ -8,7 +8,8 @@ from typing import Annotated, Any, ClassVar
 
 from typing_extensions import TypedDict
 
-from .common import ANSWER_FROM_FACTS, AgentContext, QAOutput, extend, setting
+from .mechanisms import ANSWER_FROM_FACTS
+from .settings import AgentContext, QAOutput, extend, setting
 
 RECURSION_LIMIT = 1000  # graph steps; a chain of n sub-goals takes 2 + n * (3 * max_rewrites + 3) + 1
 

@@ -292,7 +292,7 @@ def ask_cmd(
 ) -> None:
     """Answer QUESTION with an agent over the store. Exits 1 when the run failed (no answer)."""
     from .graphs import build_graph, check_sources, make_context, parse_settings
-    from .graphs.common import check_question
+    from .graphs.settings import check_question
     from .traces import TraceRecorder
 
     compiled = build_graph(agent)

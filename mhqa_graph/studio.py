@@ -59,7 +59,7 @@ def check_run(agent: str, run_input: Any, context: dict[str, Any]) -> None:
     """Raise our typed error if a run of `agent` on `run_input` with `context` (all of it: the assistant's,
     the configurable's and the request's settings) would fail on its question or settings."""
     from .graphs import check_sources, make_context
-    from .graphs.common import check_question
+    from .graphs.settings import check_question
 
     if isinstance(run_input, dict):  # None: resuming a thread
         check_question(run_input.get("question"))

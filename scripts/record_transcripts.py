@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs.common import chat_model
+from mhqa_graph.graphs.calls import chat_model
 from mhqa_graph.graphs.guards import selected
 
 from mhqa_graph.eval.diagnostics import chain_json

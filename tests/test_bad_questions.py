@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mhqa_graph.graphs import ROLES, build_graph, make_context
-from mhqa_graph.graphs.common import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS
+from mhqa_graph.graphs.settings import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS
 
 from mhqa_graph.errors import InvalidQuestion
 from mhqa_graph.store import open_store
@@ -115,7 +115,7 @@ questions = st.one_of(
 @settings(max_examples=60, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(question=questions)
 def test_any_string_is_invalid_or_answered(agent, question, store):
-    from mhqa_graph.graphs.common import check_question
+    from mhqa_graph.graphs.settings import check_question
 
     try:
         check_question(question)

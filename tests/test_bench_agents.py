@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from mhqa_graph.graphs.common import REPAIR_PREFIX
+from mhqa_graph.graphs.calls import REPAIR_PREFIX
 
 from mhqa_graph.eval.report import RESULTS, read_records
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import warnings
 
 from langchain_core.messages import HumanMessage
-from mhqa_graph.graphs.common import AgentContext, ask, get_llm
+from mhqa_graph.graphs.calls import ask, get_llm
+from mhqa_graph.graphs.settings import AgentContext
 
 from mhqa_graph.testing.fakes import FakeChatModel
 

@@ -75,7 +75,7 @@ def record(prediction: str, agent: str, calls: list[dict] = (), tools: list[dict
 
 
 def test_behaviour_rates_of_omne_records():
-    from mhqa_graph.graphs.common import REPAIR_PREFIX
+    from mhqa_graph.graphs.calls import REPAIR_PREFIX
     from mhqa_graph.graphs.omne_prompts import NUDGE, ONE_HOP_SHORT
 
     records = [
@@ -96,7 +96,7 @@ def test_behaviour_rates_of_omne_records():
 
 
 def test_behaviour_rates_of_mujica_records():
-    from mhqa_graph.graphs.common import REPAIR_PREFIX
+    from mhqa_graph.graphs.calls import REPAIR_PREFIX
 
     records = [record("Tulsa", "mujica", [call("planner"), call("worker"), call("worker"), call("planner")]),
                record("1817", "mujica", [call("planner"), call("worker"), call("worker", REPAIR_PREFIX + " JSON")]),

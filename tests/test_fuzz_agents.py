@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs.common import MAX_ANSWER_CHARS
+from mhqa_graph.graphs.settings import MAX_ANSWER_CHARS
 
 from mhqa_graph.parsing import extract_json
 from mhqa_graph.store import open_store

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from mhqa_graph.graphs import AGENTS, as_tool, build_graph, make_context
-from mhqa_graph.graphs.common import AgentContext
+from mhqa_graph.graphs.settings import AgentContext
 
 from mhqa_graph import Passage, open_store
 from mhqa_graph.errors import InvalidInput

@@ -15,7 +15,8 @@ from typing import Any, cast
 import httpx
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
-from mhqa_graph.graphs.common import AgentContext, ask, ask_json, get_llm, is_transient
+from mhqa_graph.graphs.calls import ask, ask_json, get_llm, is_transient
+from mhqa_graph.graphs.settings import AgentContext
 from neo4j.exceptions import AuthError
 
 from mhqa_graph.errors import ModelError, StoreUnavailable

@@ -711,7 +711,7 @@ def test_with_answer_from_facts_a_graph_worker_answers_with_an_end_of_a_shown_fa
 def test_a_graph_worker_may_capitalise_a_name_the_facts_write_in_lower_case():
     """PathQuestion's graph writes "shah shuja"; the model starts a name with a capital, which a grammar of the facts'
     spelling alone forbade (its way out was "unknown"). Names the graph capitalises get no variant."""
-    from mhqa_graph.graphs.common import fact_answer_schema
+    from mhqa_graph.graphs.mechanisms import fact_answer_schema
 
     facts = ["(shah jahan) -[children]-> (shah shuja)", "(Inception) -[director]-> (Christopher Nolan)",
              "(ernesto de la cruz) -[born]-> (1920)"]

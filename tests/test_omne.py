@@ -6,10 +6,10 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
 from mhqa_graph.graphs import omne_prompts as P
-from mhqa_graph.graphs.common import AgentContext
 from mhqa_graph.graphs.omne import build, graph
 from mhqa_graph.graphs.omne_protocol import parse_reply
 from mhqa_graph.graphs.omne_state import OmneContext
+from mhqa_graph.graphs.settings import AgentContext
 
 from mhqa_graph.errors import InvalidQuestion
 from mhqa_graph.store import open_store

@@ -13,12 +13,12 @@ import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
 from mhqa_graph.graphs import opera_prompts
-from mhqa_graph.graphs.common import AgentContext
 from mhqa_graph.graphs.guards.refusals import grounded, is_no_answer
 from mhqa_graph.graphs.opera import build, topk_for
 from mhqa_graph.graphs.opera_analysis import check_analysis, parse_rewrite
 from mhqa_graph.graphs.opera_plan import check_plan, cut_runaway, dependencies, fill_placeholders
 from mhqa_graph.graphs.opera_state import RECURSION_LIMIT, OperaContext, merge_steps
+from mhqa_graph.graphs.settings import AgentContext
 
 from mhqa_graph import Passage, open_store
 from mhqa_graph.errors import InvalidQuestion

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from mhqa_graph.graphs import build_graph, make_context, parse_settings
-from mhqa_graph.graphs.common import check_sources
+from mhqa_graph.graphs.calls import check_sources
 
 from mhqa_graph.errors import IngestError, InvalidInput, UnknownCorpus
 from mhqa_graph.ingest.plans import plan_passage, read_plans_file, subgoals_of

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs.common import REPAIR_PREFIX, clean_answer
+from mhqa_graph.graphs.calls import REPAIR_PREFIX, clean_answer
 from mhqa_graph.graphs.guards.compare import NOTE as DATE_NOTE
 from mhqa_graph.graphs.guards.compare import comparison
 from mhqa_graph.graphs.omne_prompts import is_send_back

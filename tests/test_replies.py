@@ -15,11 +15,12 @@ from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs import mujica_prompts as M
 from mhqa_graph.graphs import omne_prompts as W
 from mhqa_graph.graphs import opera_prompts as O
-from mhqa_graph.graphs.common import check_question, get_llm
+from mhqa_graph.graphs.calls import get_llm
 from mhqa_graph.graphs.mujica import read_plan, read_worker
 from mhqa_graph.graphs.omne_protocol import parse_reply
 from mhqa_graph.graphs.opera_analysis import check_analysis, parse_final, parse_rewrite
 from mhqa_graph.graphs.opera_plan import check_plan
+from mhqa_graph.graphs.settings import check_question
 
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.models.packs import pack_installed
@@ -192,7 +193,8 @@ class SchemaStub(BaseHTTPRequestHandler):
 @pytest.mark.skipif(importlib.util.find_spec("langchain_openai") is None, reason="needs the openai extra")
 @pytest.mark.parametrize("refuse", [False, True])
 def test_openai_servers_get_the_json_schema_and_a_refusal_falls_back(refuse):
-    from mhqa_graph.graphs.common import AgentContext, ask, get_llm
+    from mhqa_graph.graphs.calls import ask, get_llm
+    from mhqa_graph.graphs.settings import AgentContext
 
     SchemaStub.refuse, SchemaStub.requests = refuse, []
     server = ThreadingHTTPServer(("127.0.0.1", 0), SchemaStub)

@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from langchain_core.messages import HumanMessage, SystemMessage
 from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs.common import AgentContext, ask, get_llm
+from mhqa_graph.graphs.calls import ask, get_llm
+from mhqa_graph.graphs.settings import AgentContext
 
 from mhqa_graph.errors import ModelError
 from mhqa_graph.models.chat import TransformersChatModel, fit_prompt

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 from mhqa_graph.graphs import AGENTS, build_graph
-from mhqa_graph.graphs.common import AgentContext
+from mhqa_graph.graphs.settings import AgentContext
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "langgraph.json"

@@ -60,7 +60,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatResult
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs import opera_prompts as P
-from mhqa_graph.graphs.common import REPAIR_PREFIX
+from mhqa_graph.graphs.calls import REPAIR_PREFIX
 from mhqa_graph.graphs.opera import retrieve_contexts
 from mhqa_graph.graphs.opera_analysis import parse_rewrite
 from trl import GRPOConfig, GRPOTrainer

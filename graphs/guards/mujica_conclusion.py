@@ -13,7 +13,7 @@ from langchain_core.runnables import Runnable
 from mhqa_graph.errors import ModelError
 
 from .. import mujica_prompts as P
-from ..common import ask_json, get_llm
+from ..calls import ask_json, get_llm
 from ..mujica_chat import progress
 from ..mujica_plan import ANSWERED, stated, text_key
 from . import DATE_COMPARISON, NO_ANSWER_FALLBACK, OPTION_ANSWER, SHORT_ANSWER_REASK, apply, check, is_on, shown

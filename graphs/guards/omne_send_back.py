@@ -10,10 +10,11 @@ from langchain_core.messages import ToolMessage
 
 from mhqa_graph.errors import EntityNotFound, MhqaError
 from mhqa_graph.parsing import words
+from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import open_relations
 from mhqa_graph.types import NodeInfo
 
-from ..common import get_store, topic_entities
+from ..calls import get_store
 
 if TYPE_CHECKING:
     from ..omne import OmneContext, OmneState

