@@ -16,8 +16,10 @@ import json
 import time
 from pathlib import Path
 
-from mhqa_graph.training.common import ModelConfig, RolloutConfig, policy_chat_model, rollouts
+from mhqa_graph.training.configs import ModelConfig, RolloutConfig
 from mhqa_graph.training.mygo import MyGOConfig, MyGOTrainer
+from mhqa_graph.training.policy import policy_chat_model
+from mhqa_graph.training.rollouts import rollouts
 
 from mhqa_graph.plots import pyplot, save_png
 

@@ -463,7 +463,7 @@ def templates_cmd(
     sft rows (Omne's `sft_data`); prints how many questions yield one and why the others do not."""
     import yaml
 
-    from .training.common import RolloutConfig, from_dict
+    from .training.configs import RolloutConfig, from_dict
     from .training.omne_templates import SKIPS, export_templates
 
     values = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("rollout", {}) if config else {}
@@ -544,7 +544,7 @@ def check_train_config(method: str, config: Path) -> None:
     name, config_cls, _ = TRAINERS[method]
     try:
         cls = getattr(importlib.import_module(f"mhqa_graph.training.{name}"), config_cls)
-        from .training.common import load_config
+        from .training.configs import load_config
     except ImportError:
         return  # train() says which extra is missing
     load_config(cls, config)  # unknown keys and unreadable YAML

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the tiny datasets and scripted models of the trainer tests
 
 import torch  # noqa: E402
-from mhqa_graph.training.common import DevConfig, ModelConfig, RolloutConfig, load_config  # noqa: E402
+from mhqa_graph.training.configs import DevConfig, ModelConfig, RolloutConfig, load_config  # noqa: E402
 from mhqa_graph.training.devices import is_main_process, on_main_process, policy_device, policy_dtype  # noqa: E402
 from test_eval import scripted, write_dataset  # noqa: E402
 from test_mygo import YES  # noqa: E402

@@ -17,8 +17,11 @@ from mhqa_graph.eval.health import behaviour, format_repairs
 from mhqa_graph.eval.paired import paired_comparison, paired_interval, sign_test
 from mhqa_graph.testing.fakes import FakeChatModel
 
-common = pytest.importorskip("mhqa_graph.training.common")  # the train extra
-DevConfig, ModelConfig, RolloutConfig = common.DevConfig, common.ModelConfig, common.RolloutConfig
+configs = pytest.importorskip("mhqa_graph.training.configs")  # the train extra
+dev_module = pytest.importorskip("mhqa_graph.training.dev")
+logs = pytest.importorskip("mhqa_graph.training.logs")
+policy = pytest.importorskip("mhqa_graph.training.policy")
+DevConfig, ModelConfig, RolloutConfig = configs.DevConfig, configs.ModelConfig, configs.RolloutConfig
 
 
 # -- the paired bootstrap and the sign test -------------------------------------------------------------
@@ -112,11 +115,11 @@ def test_behaviour_rates_of_mujica_records():
 def test_dev_metrics_carry_the_rates_and_the_comparison():
     untrained = [record("x", "mujica", [call("planner")]) | {"id": str(i), "f1": 0.0, "em": 0.0} for i in range(5)]
     trained = [r | {"f1": 1.0 if i < 3 else 0.0} for i, r in enumerate(untrained)]
-    metrics = common.dev_metrics(trained, untrained)
+    metrics = dev_module.dev_metrics(trained, untrained)
     assert metrics["dev_f1"] == 0.6 and metrics["dev_questions"] == 5 and metrics["dev_worker_rate"] == 0.0
     assert metrics["dev_df1"] == pytest.approx(60.0) and (metrics["dev_better"], metrics["dev_worse"]) == (3, 0)
     assert metrics["dev_sign_p"] == sign_test(3, 0) and metrics["dev_paired"] == 5
-    assert "dev_df1" not in common.dev_metrics(trained)
+    assert "dev_df1" not in dev_module.dev_metrics(trained)
 
 
 # -- the untrained run's cache --------------------------------------------------------------------------
@@ -152,7 +155,7 @@ def untrained(rollout, dev, out, model: tuple[FakeChatModel, list[str]] | None, 
         assert model is not None, "the cached untrained run was redone"
         return model[0], None
 
-    return common.dev_run(rollout, dev, config or ModelConfig(name="tiny"), None, out, common.UNTRAINED, llms)
+    return dev_module.dev_run(rollout, dev, config or ModelConfig(name="tiny"), None, out, dev_module.UNTRAINED, llms)
 
 
 def test_the_untrained_run_is_reused_until_its_key_changes(slices, tmp_path):
@@ -212,14 +215,14 @@ def test_an_interrupted_untrained_run_resumes_and_trained_runs_are_compared_with
     assert not resumed["dev_reused"] and len(again[1]) == 2 and resumed["dev_questions"] == 4
     assert "dev_df1" not in resumed
 
-    trained = common.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, "iter1",
+    trained = dev_module.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, "iter1",
                              lambda folder: (counting(DEV)[0], None))
     assert (out / "dev" / "iter1" / "sample0" / "results.jsonl").is_file()
     assert trained["dev_f1"] == 1.0 and trained["dev_df1"] == pytest.approx(100.0)
     assert (trained["dev_better"], trained["dev_worse"], trained["dev_paired"]) == (4, 0, 4)
     assert trained["dev_df1_low"] == trained["dev_df1_high"] == pytest.approx(100.0)
     assert trained["dev_sign_p"] == sign_test(4, 0)
-    assert common.dev_run(rollout, DevConfig(), ModelConfig(name="tiny"), None, out, "iter1", None) == {}
+    assert dev_module.dev_run(rollout, DevConfig(), ModelConfig(name="tiny"), None, out, "iter1", None) == {}
 
 
 def test_dev_runs_are_published_as_records_to_commit_and_tabled_by_training_runs(slices, tmp_path, capsys):
@@ -233,11 +236,11 @@ def test_dev_runs_are_published_as_records_to_commit_and_tabled_by_training_runs
     dev = dataclasses.replace(base, records=str(tmp_path / "docs" / "runs" / "r"))
     out = tmp_path / "runs" / "mygo"
     out.mkdir(parents=True)
-    (out / common.LOG).write_text(json.dumps({"event": "dev", "after": "iter2"}) + "\n"
+    (out / logs.LOG).write_text(json.dumps({"event": "dev", "after": "iter2"}) + "\n"
                                   + json.dumps({"event": "dev", "after": "iter1"}) + "\n")
     untrained(rollout, dev, out, counting(DEV, right=False))
     for name, right in (("iter1", True), ("iter2", False)):
-        common.dev_run(rollout, dev, ModelConfig(name="tiny", seed=7), None, out, name,
+        dev_module.dev_run(rollout, dev, ModelConfig(name="tiny", seed=7), None, out, name,
                        lambda folder, right=right: (counting(DEV, right)[0], None))
     published = Path(dev.records)
     assert sorted(p.name for p in published.iterdir()) == ["iter1.jsonl.gz", "iter2.jsonl.gz", "log.jsonl",
@@ -261,33 +264,34 @@ def test_a_finished_run_publishes_its_adapter_and_whole_log(tmp_path):
     """A LoRA policy's adapter goes beside the records (small enough to commit); full weights do not."""
     records, out = tmp_path / "docs" / "runs" / "r", tmp_path / "out"
     out.mkdir()
-    (out / common.LOG).write_text('{"event": "saved"}\n')
-    lora, _ = common.load_model(ModelConfig(name="tiny", lora=True, lora_r=4))
-    common.publish_final(DevConfig(records=str(records)), lora, out)
+    (out / logs.LOG).write_text('{"event": "saved"}\n')
+    lora, _ = policy.load_model(ModelConfig(name="tiny", lora=True, lora_r=4))
+    dev_module.publish_final(DevConfig(records=str(records)), lora, out)
     assert (records / "adapter" / "adapter_config.json").is_file()
     assert (records / "adapter" / "adapter_model.safetensors").stat().st_size < 2**20
-    assert (records / common.LOG).read_text() == '{"event": "saved"}\n'
+    assert (records / logs.LOG).read_text() == '{"event": "saved"}\n'
 
-    full, _ = common.load_model(ModelConfig(name="tiny", lora=False))
-    common.publish_final(DevConfig(records=str(tmp_path / "full")), full, out)
-    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == [common.LOG]
-    common.publish_final(DevConfig(), lora, out)  # no records folder: nothing written
+    full, _ = policy.load_model(ModelConfig(name="tiny", lora=False))
+    dev_module.publish_final(DevConfig(records=str(tmp_path / "full")), full, out)
+    assert sorted(p.name for p in (tmp_path / "full").iterdir()) == [logs.LOG]
+    dev_module.publish_final(DevConfig(), lora, out)  # no records folder: nothing written
 
 
 # -- dev slices -----------------------------------------------------------------------------------------
 def test_dev_slices_must_be_large_enough_and_disjoint_from_training(slices):
     rollout, dev = slices
-    common.check_disjoint(rollout, dev)
+    dev_module.check_disjoint(rollout, dev)
     with pytest.raises(DevSliceError, match="holds 4 question"):
-        common.check_disjoint(rollout, dataclasses.replace(dev, min_questions=100))
+        dev_module.check_disjoint(rollout, dataclasses.replace(dev, min_questions=100))
     with pytest.raises(DevSliceError, match="holds 2 question"):
-        common.check_disjoint(rollout, dataclasses.replace(dev, start=2, limit=None))  # the file has 4
+        dev_module.check_disjoint(rollout, dataclasses.replace(dev, start=2, limit=None))  # the file has 4
     assert DevConfig().min_questions == 100 and issubclass(DevSliceError, InvalidInput)
     same_file = dataclasses.replace(rollout, path=dev.path, start=3, limit=1)  # d3: inside the dev slice
     with pytest.raises(DevSliceError, match="share 1 question"):
-        common.check_disjoint(same_file, dev)
-    common.check_disjoint(dataclasses.replace(same_file, start=3), dataclasses.replace(dev, limit=3, min_questions=3))
-    common.check_disjoint(rollout, DevConfig())  # no dev slice: nothing to check
+        dev_module.check_disjoint(same_file, dev)
+    dev_module.check_disjoint(dataclasses.replace(same_file, start=3),
+                              dataclasses.replace(dev, limit=3, min_questions=3))
+    dev_module.check_disjoint(rollout, DevConfig())  # no dev slice: nothing to check
 
 
 def test_the_guards_off_run_asks_the_trained_policy_without_guards(slices, tmp_path):
@@ -295,10 +299,10 @@ def test_the_guards_off_run_asks_the_trained_policy_without_guards(slices, tmp_p
     rollout, dev = slices
     untrained(rollout, dev, tmp_path / "runs" / "a", counting(DEV, right=False))
     model = counting(DEV)
-    metrics = common.dev_run(rollout, dev, ModelConfig(name="tiny"), None, tmp_path / "runs" / "a", common.GUARDS_OFF,
-                             lambda folder: (model[0], None))
+    metrics = dev_module.dev_run(rollout, dev, ModelConfig(name="tiny"), None, tmp_path / "runs" / "a",
+                                 dev_module.GUARDS_OFF, lambda folder: (model[0], None))
     assert metrics["dev_f1"] == 1.0 and metrics["dev_df1"] == pytest.approx(100.0) and metrics["dev_guarded"] == 0
-    run = json.loads((tmp_path / "runs" / "a" / "dev" / common.GUARDS_OFF / "sample0" / "run.json").read_text())
+    run = json.loads((tmp_path / "runs" / "a" / "dev" / dev_module.GUARDS_OFF / "sample0" / "run.json").read_text())
     assert run["settings"]["guards"] == "none"
 
 
@@ -308,7 +312,8 @@ def test_the_guards_off_run_asks_again_only_what_a_guard_touched(slices, tmp_pat
     rollout, dev = slices
     out = tmp_path / "runs" / "a"
     untrained(rollout, dev, out, counting(DEV, right=False))
-    common.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, "iter2", lambda folder: (counting(DEV)[0], None))
+    dev_module.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, "iter2",
+                       lambda folder: (counting(DEV)[0], None))
     results = out / "dev" / "iter2" / "sample0" / "results.jsonl"
     records = [json.loads(line) for line in results.read_text().splitlines()]
     records[0]["health"]["guards"] = {"send_back_ungrounded": 1}
@@ -316,15 +321,15 @@ def test_the_guards_off_run_asks_again_only_what_a_guard_touched(slices, tmp_pat
     results.write_text("".join(json.dumps(r) + "\n" for r in records))
 
     def guards_off(model):
-        return common.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, common.GUARDS_OFF,
+        return dev_module.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, dev_module.GUARDS_OFF,
                               lambda folder: (model[0], None), alike="iter2")
 
     model = counting(DEV)
     metrics = guards_off(model)
     assert sorted(model[1]) == sorted(r["question"] for r in records[:2])
     assert metrics["dev_carried"] == 2 and metrics["dev_questions"] == 4 and metrics["dev_f1"] == 1.0
-    off = out / "dev" / common.GUARDS_OFF / "sample0"
-    assert {r["id"]: r.get("carried") for r in common.read_records(off / "results.jsonl")} == {
+    off = out / "dev" / dev_module.GUARDS_OFF / "sample0"
+    assert {r["id"]: r.get("carried") for r in dev_module.read_records(off / "results.jsonl")} == {
         records[0]["id"]: None, records[1]["id"]: None, records[2]["id"]: "iter2", records[3]["id"]: "iter2"}
     assert json.loads((off / "run.json").read_text())["settings"]["guards"] == "none"
     again = counting(DEV)

@@ -20,11 +20,13 @@ import pytest
 pytest.importorskip("trl")
 import torch  # noqa: E402
 from langchain_core.messages import HumanMessage, SystemMessage  # noqa: E402
-from mhqa_graph.training import common, devices  # noqa: E402
-from mhqa_graph.training.common import ModelConfig, RolloutConfig, load_model, policy_source, rollouts  # noqa: E402
+from mhqa_graph.training import devices, policy  # noqa: E402
+from mhqa_graph.training.configs import ModelConfig, RolloutConfig  # noqa: E402
 from mhqa_graph.training.devices import policy_dtype, precision_args  # noqa: E402
 from mhqa_graph.training.mapgrpo import MAPGRPOConfig, RoleChatModel, RoleRewards, grpo_args  # noqa: E402
 from mhqa_graph.training.omne import GRPO_DEFAULTS, EpisodeModel, OmneConfig, OmneEnvironment, OmneTrainer  # noqa: E402
+from mhqa_graph.training.policy import load_model, policy_source  # noqa: E402
+from mhqa_graph.training.rollouts import rollouts  # noqa: E402
 from mhqa_graph.training.tiny import tiny_tokenizer  # noqa: E402
 from test_mapgrpo import env  # noqa: E402,F401  (a fixture)
 from test_omne_training import wiki_row  # noqa: E402
@@ -150,7 +152,7 @@ def test_on_the_cpu_the_trainers_train_in_float32_on_the_cpu_as_before(monkeypat
 
 
 def test_the_policy_is_loaded_on_its_device_in_its_dtype(monkeypatch):
-    monkeypatch.setattr(common, "policy_device", lambda: torch.device("meta"))  # stands for cuda:N
+    monkeypatch.setattr(policy, "policy_device", lambda: torch.device("meta"))  # stands for cuda:N
     model, _ = load_model(ModelConfig(name="tiny", lora=False))
     assert {p.device.type for p in model.parameters()} == {"meta"} and model.dtype == torch.float32
     model, _ = load_model(ModelConfig(name="tiny", lora=True, lora_r=2, dtype="bfloat16"))
@@ -272,7 +274,9 @@ WORKER = textwrap.dedent("""
     from pathlib import Path
     from mhqa_graph.errors import TrainingError
     from mhqa_graph.testing.fakes import FakeChatModel
-    from mhqa_graph.training.common import RolloutConfig, rollouts, write_log
+    from mhqa_graph.training.configs import RolloutConfig
+    from mhqa_graph.training.rollouts import rollouts
+    from mhqa_graph.training.logs import write_log
     from mhqa_graph.training.devices import on_main_process
 
     data, store, out, rank = sys.argv[1:5]

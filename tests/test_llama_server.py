@@ -17,7 +17,7 @@ import time
 
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
-from mhqa_graph.training.common import check_policy_faults
+from mhqa_graph.training.rollouts import check_policy_faults  # noqa: E402
 
 from mhqa_graph.errors import ModelError, ModelNotInstalled, TrainingError
 from mhqa_graph.models import server as srv

@@ -10,9 +10,10 @@ pytest.importorskip("peft")
 gguf = pytest.importorskip("gguf")
 torch = pytest.importorskip("torch")
 
-from mhqa_graph.training import common  # noqa: E402
-from mhqa_graph.training.common import ModelConfig, load_model, policy_chat_model, serves_with_llamacpp  # noqa: E402
+from mhqa_graph.training import policy  # noqa: E402
+from mhqa_graph.training.configs import ModelConfig  # noqa: E402
 from mhqa_graph.training.lora_gguf import permute_heads, write_lora_gguf  # noqa: E402
+from mhqa_graph.training.policy import load_model, policy_chat_model, serves_with_llamacpp  # noqa: E402
 
 from mhqa_graph.errors import InvalidInput, ModelError  # noqa: E402
 from mhqa_graph.models.chat import TransformersChatModel  # noqa: E402
@@ -75,7 +76,7 @@ def test_a_pack_policy_gets_its_adapter_written_and_llamacpp(tiny, tmp_path, mon
         return "llamacpp model"
 
     monkeypatch.setattr("mhqa_graph.models.factory.load_chat_model", load_chat_model)
-    monkeypatch.setattr(common.importlib.util, "find_spec", lambda name, *a: object())  # as if installed
+    monkeypatch.setattr(policy.importlib.util, "find_spec", lambda name, *a: object())  # as if installed
     config = ModelConfig(name="qwen2.5-coder-0.5b")
     assert policy_chat_model(model, tokenizer, config, tmp_path, 0.7, 99) == "llamacpp model"
     assert seen["spec"] == f"llamacpp:qwen2.5-coder-0.5b?lora={tmp_path / 'adapter.gguf'}"

@@ -14,8 +14,9 @@ import pytest
 pytest.importorskip("trl")
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from mhqa_graph.training import common, mapgrpo  # noqa: E402
-from mhqa_graph.training.common import DevConfig, RolloutConfig, load_config, rollouts  # noqa: E402
+from mhqa_graph.training import dev as dev_module  # noqa: E402
+from mhqa_graph.training import mapgrpo, policy  # noqa: E402
+from mhqa_graph.training.configs import DevConfig, RolloutConfig, load_config  # noqa: E402
 from mhqa_graph.training.mapgrpo import (  # noqa: E402
     ExpertGRPOTrainer,
     MAPGRPOConfig,
@@ -29,6 +30,7 @@ from mhqa_graph.training.mapgrpo import (  # noqa: E402
     stage_rows,
 )
 from mhqa_graph.training.rewards import AnalysisRewardConfig, PlanRewardConfig, RewriteRewardConfig  # noqa: E402
+from mhqa_graph.training.rollouts import rollouts  # noqa: E402
 from mhqa_graph.training.tiny import tiny_model_and_tokenizer  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from test_eval import ROWS, write_dataset  # noqa: E402
@@ -369,7 +371,8 @@ def test_progressive_lora_training_end_to_end(env, expert_dir, tmp_path, monkeyp
         return rollouts(cfg, llm, out_dir, role_llms, **kwargs)
 
     monkeypatch.setattr(mapgrpo, "rollouts", watched)
-    monkeypatch.setattr(common, "rollouts", lambda cfg, llm, out, role_llms=None, **_: dev_runs.append(role_llms) or [])
+    monkeypatch.setattr(dev_module, "rollouts",
+                        lambda cfg, llm, out, role_llms=None, **_: dev_runs.append(role_llms) or [])
     dev_runs = []
     summary = trainer.train()
     seen.append(snapshot())
@@ -447,7 +450,7 @@ def test_role_models_served_by_llamacpp_write_one_adapter_per_role(env, tmp_path
         for name, param in trainer.model.named_parameters():
             if "lora_B" in name:
                 param.normal_(0, 0.1)
-    for module in (common, mapgrpo):
+    for module in (policy, dev_module, mapgrpo):
         monkeypatch.setattr(module, "serves_with_llamacpp", lambda model, cfg: True)
     monkeypatch.setattr("mhqa_graph.models.factory.load_chat_model", lambda spec, **kwargs: spec)
     base, roles = trainer.role_models(0.0, tmp_path / "dev")

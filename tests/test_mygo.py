@@ -12,8 +12,10 @@ pytest.importorskip("trl")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 from mhqa_graph.training import TRAINERS  # noqa: E402
-from mhqa_graph.training.common import DevConfig, check_disjoint, load_config, teacher_folder  # noqa: E402
+from mhqa_graph.training.configs import DevConfig, load_config  # noqa: E402
+from mhqa_graph.training.dev import check_disjoint  # noqa: E402
 from mhqa_graph.training.mygo import MyGOConfig, MyGOTrainer, kept, sft_rows, worker_rounds  # noqa: E402
+from mhqa_graph.training.policy import teacher_folder  # noqa: E402
 from test_eval import scripted, write_dataset  # noqa: E402
 
 from mhqa_graph.errors import InvalidInput  # noqa: E402

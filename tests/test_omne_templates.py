@@ -16,8 +16,8 @@ from collections import Counter
 import pytest
 from mhqa_graph.graphs import build_graph
 from mhqa_graph.graphs.omne_protocol import canonical_reply, parse_reply
-from mhqa_graph.training.common import RolloutConfig
-from mhqa_graph.training.omne_templates import (
+from mhqa_graph.training.configs import RolloutConfig  # noqa: E402
+from mhqa_graph.training.omne_templates import (  # noqa: E402
     MADE,
     SKIPS,
     NoTemplate,
@@ -26,7 +26,7 @@ from mhqa_graph.training.omne_templates import (
     template_context,
     template_trajectory,
 )
-from mhqa_graph.training.rewards import OmneRewardConfig, format_reward
+from mhqa_graph.training.rewards import OmneRewardConfig, format_reward  # noqa: E402
 
 from mhqa_graph.eval.environments import open_environment
 from mhqa_graph.eval.scoring import score
@@ -171,7 +171,7 @@ def test_questions_the_tools_cannot_follow_are_counted(pq):
 
 def test_the_trainer_takes_templates_as_its_sft_data(pq, tmp_path):
     pytest.importorskip("trl")
-    from mhqa_graph.training.common import DevConfig, ModelConfig
+    from mhqa_graph.training.configs import DevConfig, ModelConfig
     from mhqa_graph.training.omne import LOG, OmneConfig, OmneTrainer
 
     from mhqa_graph.errors import InvalidInput

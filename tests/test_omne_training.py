@@ -18,7 +18,7 @@ pytest.importorskip("trl")
 import torch  # noqa: E402
 from mhqa_graph.graphs.omne_prompts import FORCE_ANSWER  # noqa: E402
 from mhqa_graph.graphs.omne_protocol import parse_reply  # noqa: E402
-from mhqa_graph.training.common import DevConfig, ModelConfig, load_config  # noqa: E402
+from mhqa_graph.training.configs import DevConfig, ModelConfig, load_config  # noqa: E402
 from mhqa_graph.training.omne import (  # noqa: E402
     LOG,
     EpisodeModel,

@@ -20,15 +20,10 @@ import pytest
 pytest.importorskip("peft")
 torch = pytest.importorskip("torch")
 
-from mhqa_graph.training.common import (  # noqa: E402
-    ModelConfig,
-    RolloutConfig,
-    load_config,
-    load_model,
-    policy_chat_model,
-    rollouts,
-)
+from mhqa_graph.training.configs import ModelConfig, RolloutConfig, load_config  # noqa: E402
 from mhqa_graph.training.mygo import MyGOConfig  # noqa: E402
+from mhqa_graph.training.policy import load_model, policy_chat_model  # noqa: E402
+from mhqa_graph.training.rollouts import rollouts  # noqa: E402
 from mhqa_graph.training.serving import POLICY_SERVER, NotServable, load_lora_adapter, served_policy  # noqa: E402
 from test_eval import write_dataset  # noqa: E402
 from test_llama_server import _gone, real  # noqa: E402

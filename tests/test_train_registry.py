@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("trl")
 
 from mhqa_graph.training import TRAINERS, train  # noqa: E402
-from mhqa_graph.training.common import load_config  # noqa: E402
+from mhqa_graph.training.configs import load_config  # noqa: E402
 
 from mhqa_graph.errors import InvalidInput  # noqa: E402
 

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from mhqa_graph.training import common, devices  # noqa: E402
+from mhqa_graph.training import configs, devices, policy  # noqa: E402
 
 from mhqa_graph.errors import InvalidInput  # noqa: E402
 
@@ -29,14 +29,14 @@ def test_checkpointing_is_on_by_default_on_cuda_only(monkeypatch):
 
 
 def test_full_fine_tuning_keeps_float32_masters_or_refuses_a_half_dtype():
-    lora = common.ModelConfig(name="tiny", lora=True, dtype="auto")
-    assert common.master_dtype(lora, torch.bfloat16) == torch.bfloat16  # the adapter trains in float32 anyway
-    full = common.ModelConfig(name="tiny", lora=False, dtype="auto")
-    assert common.master_dtype(full, torch.bfloat16) == torch.float32
-    assert common.master_dtype(common.ModelConfig(name="tiny", lora=False, dtype="float32"), torch.float32) \
+    lora = configs.ModelConfig(name="tiny", lora=True, dtype="auto")
+    assert policy.master_dtype(lora, torch.bfloat16) == torch.bfloat16  # the adapter trains in float32 anyway
+    full = configs.ModelConfig(name="tiny", lora=False, dtype="auto")
+    assert policy.master_dtype(full, torch.bfloat16) == torch.float32
+    assert policy.master_dtype(configs.ModelConfig(name="tiny", lora=False, dtype="float32"), torch.float32) \
         == torch.float32
     with pytest.raises(InvalidInput, match="model.dtype bfloat16 with lora: false"):
-        common.master_dtype(common.ModelConfig(name="tiny", lora=False, dtype="bfloat16"), torch.bfloat16)
+        policy.master_dtype(configs.ModelConfig(name="tiny", lora=False, dtype="bfloat16"), torch.bfloat16)
 
 
 def test_held_back_questions_take_their_paraphrases_with_them():

@@ -34,7 +34,7 @@ def train(method: str, config_path: str | Path, output_dir: str | None = None,
         module = importlib.import_module(f"{__name__}.{name}")
     except ImportError as exc:
         raise ModelNotInstalled(f"training needs the train extra ({exc}); pip install 'mhqa-graph[train]'") from None
-    from .common import load_config
+    from .configs import load_config
 
     config = load_config(getattr(module, config_cls), config_path)
     if output_dir:

@@ -76,29 +76,12 @@ from mhqa_graph.models.chat import TransformersChatModel
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 
-from .common import (
-    GUARDS_OFF,
-    LOG,
-    STEP_SAVES,
-    DevConfig,
-    ModelConfig,
-    RolloutConfig,
-    check_disjoint,
-    check_policy_faults,
-    dev_run,
-    jsonl_log,
-    llamacpp_policy,
-    load_model,
-    plot_curve,
-    policy_chat_model,
-    publish_final,
-    rollouts,
-    save_policy,
-    serves_with_llamacpp,
-    train_resuming,
-    write_log,
-)
+from .checkpoints import STEP_SAVES, train_resuming
+from .configs import DevConfig, ModelConfig, RolloutConfig
+from .dev import GUARDS_OFF, check_disjoint, dev_run, publish_final
 from .devices import barrier, on_main_process, precision_args
+from .logs import LOG, jsonl_log, plot_curve, write_log
+from .policy import llamacpp_policy, load_model, policy_chat_model, save_policy, serves_with_llamacpp
 from .rewards import (
     AnalysisRewardConfig,
     PlanRewardConfig,
@@ -110,6 +93,7 @@ from .rewards import (
     plan_reward,
     rewrite_reward,
 )
+from .rollouts import check_policy_faults, rollouts
 from .serving import served_policy
 
 

@@ -33,33 +33,14 @@ from typing import Any
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.export import mygo_rows, read_records, reward_of
 
-from .common import (
-    GUARDS_OFF,
-    LOG,
-    STEP_SAVES,
-    UNTRAINED,
-    DevConfig,
-    ModelConfig,
-    RolloutConfig,
-    check_disjoint,
-    json_digest,
-    jsonl_log,
-    load_checkpoint,
-    load_model,
-    plot_curve,
-    policy_chat_model,
-    policy_dev,
-    publish_final,
-    rollouts,
-    save_checkpoint,
-    save_policy,
-    saved_checkpoints,
-    teacher_folder,
-    train_resuming,
-    write_log,
-)
+from .checkpoints import STEP_SAVES, load_checkpoint, save_checkpoint, saved_checkpoints, train_resuming
+from .configs import DevConfig, ModelConfig, RolloutConfig
+from .dev import GUARDS_OFF, UNTRAINED, check_disjoint, json_digest, policy_dev, publish_final
 from .devices import on_main_process, precision_args
+from .logs import LOG, jsonl_log, plot_curve, write_log
+from .policy import load_model, policy_chat_model, save_policy, teacher_folder
 from .rewards import keep, next_tau
+from .rollouts import rollouts
 
 SFT_DEFAULTS: dict[str, Any] = {"learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 1,
                                 "gradient_accumulation_steps": 4, "max_length": 2048, "logging_steps": 1,

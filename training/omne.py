@@ -48,32 +48,14 @@ from mhqa_graph.eval.runner import RunMismatch, load_questions
 from mhqa_graph.export import THINK_WEIGHT, sft_rows, weighted_message
 from mhqa_graph.models.chat import TransformersChatModel, chat_dicts, model_device
 
-from .common import (
-    GUARDS_OFF,
-    LOG,
-    STEP_SAVES,
-    DevConfig,
-    ModelConfig,
-    RolloutConfig,
-    check_disjoint,
-    jsonl_log,
-    load_checkpoint,
-    load_model,
-    plot_curve,
-    policy_chat_model,
-    policy_dev,
-    publish_final,
-    rollout_store,
-    rollouts,
-    save_checkpoint,
-    save_policy,
-    saved_checkpoints,
-    teacher_folder,
-    train_resuming,
-    write_log,
-)
+from .checkpoints import STEP_SAVES, load_checkpoint, save_checkpoint, saved_checkpoints, train_resuming
+from .configs import DevConfig, ModelConfig, RolloutConfig
+from .dev import GUARDS_OFF, check_disjoint, policy_dev, publish_final
 from .devices import on_main_process, precision_args
+from .logs import LOG, jsonl_log, plot_curve, write_log
+from .policy import load_model, policy_chat_model, save_policy, teacher_folder
 from .rewards import OmneRewardConfig, format_reward, omne_reward, repetition_penalty, tool_calls
+from .rollouts import rollout_store, rollouts
 
 STAGES = {1: "grpo", 2: "sft", 3: "grpo"}
 SUMMARY_KEYS = ("stage", "kind", "steps", "stopped")  # of a stage in train()'s summary (and its checkpoint state)

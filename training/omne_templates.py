@@ -44,7 +44,7 @@ from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.tools import _DESCRIPTION
 from mhqa_graph.types import Fact, Triple
 
-from .common import RolloutConfig
+from .configs import RolloutConfig
 
 # why a question yields no trajectory
 SKIPS = {

@@ -13,7 +13,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mhqa_graph.training.common import LOG, UNTRAINED
+from mhqa_graph.training.dev import UNTRAINED
+from mhqa_graph.training.logs import LOG
 
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.eval.paired import cluster_key, paired_comparison

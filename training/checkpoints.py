@@ -1,0 +1,96 @@
+"""Checkpoints: the weights and state of a finished stage, and TRL's step checkpoints, so that a stopped run resumes
+where it stopped (`train_resuming`)."""
+
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .devices import is_main_process, on_main_process
+from .logs import write_log
+
+CHECKPOINT, STATE = "checkpoint", "state.json"
+
+
+def save_checkpoint(model: Any, folder: Path, state: dict[str, Any]) -> None:
+    """The weights (or LoRA adapter) and `state` in `folder/checkpoint`, by the main process: where a rerun
+    resumes."""
+    path = folder / CHECKPOINT
+
+    def save() -> None:
+        model.save_pretrained(path)
+        (path / STATE).write_text(json.dumps(state), encoding="utf-8")
+
+    on_main_process(save)
+
+
+def saved_checkpoints(out: Path, pattern: str) -> list[tuple[dict[str, Any], Path]]:
+    """(state, checkpoint folder) of every checkpoint under `out` whose folder matches `pattern` (a glob)."""
+    return [(json.loads(p.read_text(encoding="utf-8")), p.parent) for p in out.glob(f"{pattern}/{CHECKPOINT}/{STATE}")]
+
+
+def load_checkpoint(model: Any, path: Path) -> None:
+    """Load the weights `save_checkpoint` saved in the checkpoint folder `path` into `model`."""
+    from safetensors.torch import load_file
+
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
+    else:
+        model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+
+
+STEP_SAVES = {"save_strategy": "steps", "save_steps": 1, "save_total_limit": 1}  # TRL arguments: a step
+
+
+def train_resuming(trainer: Any, state: dict[str, Any], log: Path, first: Callable[[], Any] | None = None) -> Any:
+    """`trainer.train()` (its TrainOutput), resumed from the newest step checkpoint (`checkpoint-<step>`, saved
+    by the TRL arguments' `save_steps`) in its output_dir that a run of the same `state` (stage, order,
+    arguments) left there when it was stopped; a step checkpoint of another state is removed with a warning.
+    `first` runs before a stage that starts afresh only. Each step checkpoint gets `state` beside it; they are
+    all removed once the stage has trained to its end."""
+    import warnings
+
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import get_last_checkpoint
+
+    folder = Path(trainer.args.output_dir)
+    last = get_last_checkpoint(str(folder)) if folder.is_dir() else None
+    if last and _step_state(Path(last)) != state:
+        message = f"{folder}: step checkpoints of another run (stage, order or arguments differ) removed"
+        warnings.warn(message, stacklevel=2)
+        write_log(log, {"event": "step_checkpoints_removed", "message": message})
+        _remove_step_checkpoints(folder)
+        last = None
+    if last:
+        write_log(log, {"event": "resumed", "stage": state.get("stage"), "from": Path(last).name})
+
+    class StepState(TrainerCallback):
+        def on_save(self, args: Any, st: Any, control: Any, **kwargs: Any) -> None:
+            saved = Path(args.output_dir) / f"checkpoint-{st.global_step}"
+            if is_main_process() and saved.is_dir():
+                (saved / STATE).write_text(json.dumps(state, default=str), encoding="utf-8")
+
+    trainer.add_callback(StepState())
+    if first is not None and not last:
+        first()
+    result = trainer.train(resume_from_checkpoint=last)
+    on_main_process(lambda: _remove_step_checkpoints(folder))
+    return result
+
+
+def _step_state(checkpoint: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((checkpoint / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _remove_step_checkpoints(folder: Path) -> None:
+    for path in folder.glob("checkpoint-*"):
+        shutil.rmtree(path, ignore_errors=True)

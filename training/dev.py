@@ -1,0 +1,200 @@
+"""The dev slice: greedy runs of the policy on held-out questions, before training (kept in a cache keyed by what
+it depends on) and after each iteration, role or stage, each compared with the untrained run question by question
+(`dev_metrics`), and published as records to commit (`DevConfig.records`)."""
+
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mhqa_graph.errors import DevSliceError
+from mhqa_graph.eval.health import behaviour
+from mhqa_graph.eval.paired import paired_comparison
+from mhqa_graph.eval.report import RESULTS, carry_over, read_records
+
+from .configs import DevConfig, ModelConfig, RolloutConfig
+from .devices import on_main_process
+from .logs import LOG
+from .policy import policy_chat_model, policy_identity, serves_with_llamacpp
+from .rollouts import rollouts
+
+UNTRAINED = "untrained"  # the dev run of the policy before training
+
+
+GUARDS_OFF = "final_guards_none"  # the dev run of the trained policy with guards "none" (`dev.guards_off`)
+
+
+def dev_rollout(rollout: RolloutConfig, dev: DevConfig) -> RolloutConfig:
+    """The rollout settings of the dev evaluation: the dev slice, one greedy sample per question."""
+    return dataclasses.replace(rollout, path=dev.path, start=dev.start, limit=dev.limit, samples=1, temperature=0.0)
+
+
+def check_disjoint(rollout: RolloutConfig, dev: DevConfig) -> None:
+    """DevSliceError (an InvalidInput) when the dev slice holds fewer than `dev.min_questions` questions, or
+    shares a question (by id or by text) with the training slice."""
+    from mhqa_graph.eval.runner import load_questions
+
+    if not dev.path:
+        return
+    held = load_questions(rollout.dataset, dev.path, dev.limit, dev.start)
+    if len(held) < dev.min_questions:
+        raise DevSliceError(f"the dev slice ({dev.path} from #{dev.start}) holds {len(held)} question(s); at least "
+                            f"{dev.min_questions} are needed for a dev F1 whose interval says something "
+                            "(dev.limit, or dev.min_questions for a test)")
+    train = load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)
+
+    def norm(text: str) -> str:
+        return " ".join(text.lower().split())
+
+    ids, texts = {q.id for q in held}, {norm(q.question) for q in held}
+    shared = [q.id for q in train if q.id in ids or norm(q.question) in texts]
+    if shared:
+        raise DevSliceError(f"the training slice ({rollout.path} from #{rollout.start}) and the dev slice ({dev.path} "
+                            f"from #{dev.start}) share {len(shared)} question(s), e.g. {shared[0]!r}")
+
+
+def dev_metrics(records: list[dict[str, Any]], untrained: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Mean dev F1 and EM, LLM calls per question and the behaviour rates (`eval.health.behaviour`: well-formed
+    runs, tool calls, workers consulted, answer length, "unknown" answers), each key prefixed `dev_`. Against
+    the `untrained` policy's records of the same questions (`eval.paired.paired_comparison`): `dev_df1`, the
+    mean ΔF1 in points, its 95% paired-bootstrap interval `dev_df1_low`..`dev_df1_high`, `dev_better`,
+    `dev_worse`, the sign test's `dev_sign_p` and `dev_paired`, the questions compared."""
+    n = max(1, len(records))
+    metrics = {"f1": sum(r.get("f1") or 0.0 for r in records) / n, "em": sum(r.get("em") or 0.0 for r in records) / n,
+               "llm_calls": sum(r.get("llm_calls") or 0 for r in records) / n, "questions": len(records),
+               **behaviour(records), **(paired_comparison(untrained, records) if untrained else {})}
+    return {f"dev_{k}": v for k, v in metrics.items()}
+
+
+def untrained_key(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: Any) -> dict[str, Any]:
+    """What the untrained policy's dev run depends on: the policy (`policy_identity`) and who serves it, the
+    agent, the dev file (path and content hash: a copy or a touch keeps the key) and store, the question slice,
+    the decoding settings and agent settings, and the guards the agent runs."""
+    from mhqa_graph.graphs.guards import selected
+
+    from mhqa_graph.models.packs import file_sha256
+
+    run = dev_rollout(rollout, dev)
+    data = Path(run.path).expanduser().resolve()
+    return {"policy": policy_identity(config),
+            "backend": ("llamacpp" if serves_with_llamacpp(model, config) else "transformers")
+            if config.rollout_llm == "in_process" else config.rollout_llm.partition("?")[0],  # server | openai:...
+            "agent": run.agent, "dataset": run.dataset, "file": str(data),
+            "file_sha256": file_sha256(data) if data.is_file() else None, "store": run.store,
+            "start": run.start, "limit": run.limit, "temperature": run.temperature,
+            "max_new_tokens": run.max_new_tokens, "context": json.loads(json.dumps(run.context, default=str)),
+            "guards": sorted(selected(run.context.get("guards"), run.agent))}
+
+
+def json_digest(value: Any) -> str:
+    """16 hex digits of the SHA-256 of `value` as JSON with sorted keys: a short name for settings or data."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode("utf-8")).hexdigest()[:16]
+
+
+def untrained_folder(key: dict[str, Any], dev: DevConfig, output_dir: str | Path) -> Path:
+    """The untrained policy's dev run for `key` (`untrained_key`): `<cache>/<agent>-<hash of the key>`, the
+    cache being `dev.cache` or `<output_dir>/../untrained`."""
+    cache = Path(dev.cache) if dev.cache else Path(output_dir).parent / UNTRAINED
+    return cache / f"{key['agent']}-{json_digest(key)}"
+
+
+def question_ids(rollout: RolloutConfig) -> list[str]:
+    """The ids of `rollout`'s questions, in order."""
+    from mhqa_graph.eval.runner import load_questions
+
+    return [q.id for q in load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)]
+
+
+def finished_records(rollout: RolloutConfig, folder: Path) -> list[dict[str, Any]] | None:
+    """The records of `rollout`'s questions in the one-sample run `folder`, None unless every question has one."""
+    wanted = question_ids(rollout)
+    records = {r["id"]: r for r in read_records(folder / "sample0" / RESULTS)}
+    return [records[i] | {"sample": 0} for i in wanted] if all(i in records for i in wanted) else None
+
+
+Llms = Callable[[Path], tuple[Any, dict[str, Any] | None]]  # a run folder -> (llm, role_llms) of the policy
+
+
+def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: Any, output_dir: str | Path,
+            name: str, llms: Llms, alike: str | None = None) -> dict[str, Any]:
+    """`dev_metrics` of a greedy run over the dev slice, the policy served by `llms(folder)`; {} without a dev
+    slice. The `untrained` run is kept in `untrained_folder`: a finished one is read back without asking the
+    model, an interrupted one resumes, and another key (policy, slice, settings) gets a folder of its own; its
+    metrics carry `dev_run` (the folder) and `dev_reused`. Every other `name` is a resumable run in
+    `output_dir/dev/<name>`, compared with the untrained run's records when there is one. `GUARDS_OFF` runs
+    with guards "none"; `alike` names the dev run of the same weights with guards on, whose records on which no
+    guard fired it takes over instead of asking again (`report.carry_over`), counted in `dev_carried`."""
+    if not dev.path:
+        return {}
+    run = dev_rollout(rollout, dev)
+    key = untrained_key(rollout, dev, config, model)
+    cached = untrained_folder(key, dev, output_dir)
+    if name == UNTRAINED:
+        records = finished_records(run, cached)
+        reused = records is not None
+        if records is None:
+            on_main_process(lambda: (cached.mkdir(parents=True, exist_ok=True),
+                                     (cached / "key.json").write_text(json.dumps(key, indent=2), encoding="utf-8")))
+            llm, roles = llms(cached)
+            records = rollouts(run, llm, cached, roles, concurrency=config.rollout_concurrency)
+        on_main_process(lambda: publish(dev, name, cached, output_dir, config))
+        return dev_metrics(records) | {"dev_run": str(cached), "dev_reused": reused}
+    folder = Path(output_dir) / "dev" / name
+    if name == GUARDS_OFF:
+        run = dataclasses.replace(run, context={**run.context, "guards": "none"})
+        if alike:
+            on_main_process(lambda: carry_over(Path(output_dir) / "dev" / alike / "sample0", folder / "sample0",
+                                               question_ids(run), None, alike))
+    llm, roles = llms(folder)
+    records = rollouts(run, llm, folder, roles, concurrency=config.rollout_concurrency)
+    on_main_process(lambda: publish(dev, name, folder, output_dir, config))
+    carried = {"dev_carried": sum(bool(r.get("carried")) for r in records)} if name == GUARDS_OFF else {}
+    return dev_metrics(records, read_records(cached / "sample0" / RESULTS) or None) | carried
+
+
+def publish(dev: DevConfig, name: str, folder: Path, output_dir: str | Path, config: ModelConfig) -> None:
+    """With `dev.records`, the dev run `name` (its records in `folder`) as files to commit there: its compact
+    per-question records, the log so far and the policy's settings, seed included."""
+    if not dev.records:
+        return
+    from mhqa_graph.eval.records import SUFFIX, save
+
+    out = Path(dev.records)
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / f"{name}{SUFFIX}"
+    target.unlink(missing_ok=True)  # this run's records only, not a merge with an earlier run's
+    save(folder / "sample0", target)
+    if (log := Path(output_dir) / LOG).is_file():
+        shutil.copyfile(log, out / LOG)
+    (out / "model.json").write_text(json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n",
+                                    encoding="utf-8")
+
+
+def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: Any, output_dir: str | Path, name: str,
+               config: ModelConfig, alike: str | None = None) -> dict[str, Any]:
+    """`dev_run` of an in-memory policy, served greedily as `policy_chat_model` does."""
+    return dev_run(rollout, dev, config, model, output_dir, name, lambda folder: (
+        policy_chat_model(model, tokenizer, config, folder, 0.0, rollout.max_new_tokens), None), alike)
+
+
+def publish_final(dev: DevConfig, model: Any, output_dir: str | Path) -> None:
+    """With `dev.records`, what a finished run adds there for others to evaluate or continue: its LoRA adapter
+    (`adapter/`, small; full weights are not copied) and the log to its end."""
+    if not dev.records:
+        return
+    out = Path(dev.records)
+
+    def publish() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        if getattr(model, "peft_config", None):
+            model.save_pretrained(out / "adapter")
+        if (log := Path(output_dir) / LOG).is_file():
+            shutil.copyfile(log, out / LOG)
+
+    on_main_process(publish)
