@@ -333,6 +333,8 @@ def build(checkpointer: Any = None) -> CompiledStateGraph:
     g.add_node("synthesize", synthesize)
     g.add_edge(START, "plan")
     g.add_edge("plan", "schedule")
+    # the nodes' Commands make the others: schedule -> retrieve (a Send per ready sub-goal) | synthesize;
+    # retrieve -> analyze | schedule; analyze -> rewrite | schedule; rewrite -> retrieve | schedule
     g.add_edge("synthesize", END)
     # a copy of the compiled graph with the limit in its own config (Pregel.with_config returns the same class)
     return g.compile(checkpointer=checkpointer, name="opera").with_config(recursion_limit=RECURSION_LIMIT)
