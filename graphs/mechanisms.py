@@ -63,9 +63,16 @@ def fact_answer_schema(ctx: AgentContext, texts: Iterable[str], also: tuple[str,
     if not ends or len(ends) > MAX_FACT_ANSWERS:
         return None
     if capitalised:
-        ends = list(dict.fromkeys(v for e in ends for v in (e, *(
-            [" ".join(w[:1].upper() + w[1:] for w in e.split(" "))] if e == e.lower() != e.upper() else []))))
+        ends = list(dict.fromkeys(v for e in ends for v in (e, _capitalised(e))))
     return {"type": "string", "enum": [*ends, *(a for a in also if a not in ends)]}
+
+
+def _capitalised(name: str) -> str:
+    """A name written in lower case with each word's first letter capitalised ("shah shuja" -> "Shah Shuja"); any
+    other name as it is."""
+    if name != name.lower() or name == name.upper():
+        return name
+    return " ".join(word[:1].upper() + word[1:] for word in name.split(" "))
 
 
 def worked_plans(ctx: AgentContext, question: str) -> tuple[list[tuple[str, list[str]]], str | None]:
