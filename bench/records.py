@@ -23,4 +23,3 @@ def variants(llm: str, env: str, root: Path = RESULTS_DIR) -> dict[str, Path]:
     """variant -> records file, for the files of one (model, environment)."""
     folder = path_of(llm, env, "x", root).parent
     return {p.name[:-len(SUFFIX)]: p for p in sorted(folder.glob("*" + SUFFIX))}
-

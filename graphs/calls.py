@@ -1,6 +1,5 @@
 """The resources a run opens once per process (chat models, stores) and the model calls every design makes: with
-the reply constrained to its format, retried on transient faults, repaired once when malformed."""
-
+the reply constrained to its format, retried on transient faults, repaired when malformed (`parse_retries`)."""
 
 from __future__ import annotations
 
@@ -9,9 +8,7 @@ import threading
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import (
-    Any,
-)
+from typing import Any
 
 from langchain_core.exceptions import ModelAPIError, ModelConnectionError, ModelRateLimitError, ModelTimeoutError
 from langchain_core.language_models import BaseChatModel
@@ -24,16 +21,9 @@ from mhqa_graph.errors import MhqaError, ModelError, UnknownCorpus, UnknownGraph
 from mhqa_graph.messages import REPAIR, SEND_BACK, tagged
 from mhqa_graph.models.timeout import TimeLimited
 from mhqa_graph.parsing import close_json, extract_json, strip_think
-from mhqa_graph.replies import (
-    ReplyFormat,
-    decoding_kwargs,
-    structured,
-)
+from mhqa_graph.replies import ReplyFormat, decoding_kwargs, structured
 from mhqa_graph.store import KnowledgeStore, open_store
-from mhqa_graph.text import (
-    encodable_all,
-    topic_entities,  # noqa: F401  (the designs' import of it: core since traces read it)
-)
+from mhqa_graph.text import encodable_all
 
 from .settings import MAX_ANSWER_CHARS, AgentContext
 

@@ -2,22 +2,13 @@
 (`plan_examples`), sub-questions written as one relation of one entity (`ask_as="relation"`) and answers read
 from the facts shown (`answer_from_facts`)."""
 
-
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import (
-    Any,
-)
+from typing import Any
 
 from mhqa_graph.errors import MhqaError
-from mhqa_graph.replies import (
-    ANSWER_CHARS,
-    text,
-)
-from mhqa_graph.text import (
-    topic_entities,  # noqa: F401  (the designs' import of it: core since traces read it)
-)
+from mhqa_graph.replies import ANSWER_CHARS, text
 from mhqa_graph.types import fact_ends
 
 from .calls import get_store
@@ -41,13 +32,16 @@ def as_relation(item: Any) -> dict[str, str]:
                                              for k in ("entity", "relation")):
         return {}
     return {k: " ".join(item[k].split()) for k in ("entity", "relation")}
+
+
 MAX_FACT_ANSWERS = 400  # values an answer read from facts may take; with more, it stays free text
 
 
-# the `answer_from_facts` setting of OPERA (on by default) and Mujica (off: its worker then answers "unknown" where
-# PathQuestion writes a name in lower case and the model a capital; docs/benchmarks.md)
+# the `answer_from_facts` setting of OPERA (on by default) and Mujica (off: no gain measured on fresh PathQuestion
+# questions; docs/benchmarks.md)
 ANSWER_FROM_FACTS = ("On a graph, an answer read from the facts shown (OPERA's analysis, Mujica's worker) is one of "
-                     "their entities or values, written as they write it, or none: the reply format holds it to them.")
+                     "their entities or values (Mujica's worker may capitalise a lower-case name), or none: the reply "
+                     "format holds it to them.")
 
 
 def fact_answer_schema(ctx: AgentContext, texts: Iterable[str], also: tuple[str, ...],
@@ -56,7 +50,7 @@ def fact_answer_schema(ctx: AgentContext, texts: Iterable[str], also: tuple[str,
     of the fact lines in `texts` (`Fact.as_text`) or one of `also` (the role's "none": "", "unknown"; yes, no).
     `capitalised`: an end written in lower case ("shah shuja") may also be written with its words capitalised
     ("Shah Shuja"), as a model starts a name. None (free text) without the setting, or when `texts` hold no fact
-    line or more than MAX_FACT_ANSWERS ends."""
+    line or more than MAX_FACT_ANSWERS distinct ends (before the capitalised forms)."""
     if not getattr(ctx, "answer_from_facts", False):
         return None
     ends = list(dict.fromkeys(end for t in texts for end in fact_ends(t)))

@@ -45,9 +45,7 @@ reply), `ModelError`.
 from __future__ import annotations
 
 import json
-from typing import (
-    Any,  # pydantic needs these on 3.11 (Studio schemas)
-)
+from typing import Any
 
 from langchain_core.messages import (
     AIMessage,

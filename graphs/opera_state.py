@@ -88,7 +88,7 @@ class SubgoalTask(TypedDict):
 
 
 def new_step(n: int, subgoal: str, filled: str, depends_on: list[int], written: int, resolved: int,
-              warnings: list[str]) -> dict[str, Any]:
+             warnings: list[str]) -> dict[str, Any]:
     """A sub-goal's record: as planned, with its placeholders filled ("query"; the first attempt searches it,
     with the question beside it when a placeholder stayed), and its outcome."""
     return {"n": n, "subgoal": subgoal, "query": filled, "depends_on": depends_on, "warnings": warnings,

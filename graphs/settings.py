@@ -1,7 +1,6 @@
 """What every agent graph is run with: its input and output schemas, the run context (`AgentContext`, each
 setting with its help) and the checks of a context and a question before any work."""
 
-
 from __future__ import annotations
 
 import unicodedata
@@ -19,10 +18,7 @@ from langchain_core.language_models import BaseChatModel
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion, ModelError
-from mhqa_graph.replies import (
-    DECODING_MODES,
-    can_constrain,
-)
+from mhqa_graph.replies import DECODING_MODES, can_constrain
 from mhqa_graph.store import KnowledgeStore
 
 from .guards import check_settings as check_guards

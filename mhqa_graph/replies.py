@@ -110,13 +110,17 @@ def _schema_rules(schema: str) -> tuple[str, ...]:
 def _llama_gbnf(schema: str) -> str:
     """llama-cpp-python's `json_schema_to_gbnf`, with a backslash in a literal escaped: its converter leaves it as it
     is, so a value holding a quote (a title written `"Never Be the Same`, JSON `\\"`) ended the literal early and
-    llama.cpp rejected the whole grammar (the call then went unconstrained)."""
+    llama.cpp rejected the whole grammar (the call then went unconstrained). A constant's letters stay as they are
+    ("Zürich", not `\\u00fc`, which the escaped backslash would otherwise ask the model to write)."""
     from llama_cpp.llama_grammar import SchemaConverter
 
     class Converter(SchemaConverter):
         def _format_literal(self, literal: str) -> str:
             escaped = literal.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
             return f'"{escaped}"'
+
+        def _generate_constant_rule(self, value: Any) -> str:
+            return self._format_literal(json.dumps(value, ensure_ascii=False))
 
     converter = Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     converter.visit(converter.resolve_refs(json.loads(schema), "stdin"), "")

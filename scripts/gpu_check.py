@@ -25,7 +25,13 @@ sys.path.insert(0, str(ROOT / "tests"))  # the tiny datasets and scripted models
 
 import torch  # noqa: E402
 from mhqa_graph.training.configs import DevConfig, ModelConfig, RolloutConfig, load_config  # noqa: E402
-from mhqa_graph.training.devices import is_main_process, on_main_process, policy_device, policy_dtype  # noqa: E402
+from mhqa_graph.training.devices import (  # noqa: E402
+    is_main_process,
+    on_main_process,
+    policy_device,
+    policy_dtype,
+    world_size,
+)
 from test_eval import scripted, write_dataset  # noqa: E402
 from test_mygo import YES  # noqa: E402
 from test_omne_training import TINY_GRPO, TINY_SFT, YAML, wiki_row  # noqa: E402
@@ -175,7 +181,9 @@ def main() -> None:
         try:
             results[name] = measured(step, _steps)
         except (Exception, SystemExit) as exc:  # noqa: BLE001 - reported, and the exit status says it failed
-            results[name] = {"error": f"{type(exc).__name__}: {exc}"[-600:]}
+            if world_size() > 1:  # the other processes would wait for this one at the next step's barrier
+                raise
+            results[name] = {"error": f"{type(exc).__name__}: {str(exc)[-600:]}"}
         if is_main_process():
             print(f"gpu_check {name}: {json.dumps(results[name], default=str)}", flush=True)
     if is_main_process():

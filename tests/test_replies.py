@@ -269,9 +269,9 @@ def test_every_role_format_compiles_in_xgrammar():
 @needs_xgrammar
 @pytest.mark.parametrize("converter", ["llama_cpp", "xgrammar"])
 def test_values_with_a_quote_or_a_backslash_keep_the_grammar_whole(converter, monkeypatch):
-    """A fact written `"Never Be the Same` (2Wiki's title, with its stray quote) is an answer the grammar allows,
-    and only as JSON writes it: llama-cpp-python's own converter left the backslash of `\\"` unescaped, llama.cpp
-    rejected the whole grammar and the call went unconstrained."""
+    """A fact written `"Never Be the Same` (2Wiki's title, with its stray quote) or "Zürich" is an answer the grammar
+    allows, and only as JSON writes it: llama-cpp-python's own converter left the backslash of `\\"` unescaped,
+    llama.cpp rejected the whole grammar and the call went unconstrained."""
     from xgrammar.testing import _is_grammar_accept_string as accepts
 
     from mhqa_graph import replies
@@ -284,11 +284,14 @@ def test_values_with_a_quote_or_a_backslash_keep_the_grammar_whole(converter, mo
                             lambda name, *args: None if name.split(".")[0] == "llama_cpp" else found(name, *args))
     replies._schema_rules.cache_clear()
     try:
-        grammar = O.analysis_format(False, {"type": "string", "enum": ['"Never Be the Same', "back\\slash", ""]}).gbnf()
+        grammar = O.analysis_format(False, {"type": "string", "enum": ['"Never Be the Same', "back\\slash", "Zürich",
+                                                                     ""]}).gbnf()
     finally:
         replies._schema_rules.cache_clear()
     for answer, allowed in (('"Never Be the Same', True), ("back\\slash", True), ("Never Be the Same", False)):
         assert accepts(grammar, json.dumps({"answer": answer, "sufficient": True})) == allowed, answer
+    written = json.dumps({"answer": "Zürich", "sufficient": True}, ensure_ascii=False)  # as the model writes it
+    assert accepts(grammar, written) and not accepts(grammar, written.replace("ü", "\\u00fc"))
 
 
 @needs_xgrammar

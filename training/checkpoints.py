@@ -1,7 +1,6 @@
 """Checkpoints: the weights and state of a finished stage, and TRL's step checkpoints, so that a stopped run resumes
 where it stopped (`train_resuming`)."""
 
-
 from __future__ import annotations
 
 import json
@@ -46,6 +45,7 @@ def load_checkpoint(model: Any, path: Path) -> None:
 
 
 STEP_SAVES = {"save_strategy": "steps", "save_steps": 1, "save_total_limit": 1}  # TRL arguments: a step
+# checkpoint after every step, the newest kept, so that `train_resuming` resumes a stopped stage at its last step
 
 
 def train_resuming(trainer: Any, state: dict[str, Any], log: Path, first: Callable[[], Any] | None = None) -> Any:

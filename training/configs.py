@@ -1,7 +1,6 @@
 """The trainers' configs: the model to train (`ModelConfig`), the rollouts (`RolloutConfig`) and the dev slice
 (`DevConfig`), each read from YAML with its unknown keys refused (`load_config`)."""
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -70,6 +69,8 @@ class DevConfig:
     guards_off: bool = False  # also run the trained policy with guards "none" (GUARDS_OFF), against the untrained
     # policy with its guards on: does training teach what the guards patch?
     records: str = ""  # a folder to commit (docs/runs/<run>): each dev run's compact per-question records as
+    # <name>.jsonl.gz (mhqa_graph.eval.records), the trainer's log.jsonl and the policy's settings and seed
+    # (model.json); `python training/runs.py <folder>` tables them
 
 
 T = TypeVar("T")

@@ -2,7 +2,6 @@
 it depends on) and after each iteration, role or stage, each compared with the untrained run question by question
 (`dev_metrics`), and published as records to commit (`DevConfig.records`)."""
 
-
 from __future__ import annotations
 
 import dataclasses
@@ -190,11 +189,11 @@ def publish_final(dev: DevConfig, model: Any, output_dir: str | Path) -> None:
         return
     out = Path(dev.records)
 
-    def publish() -> None:
+    def write() -> None:
         out.mkdir(parents=True, exist_ok=True)
         if getattr(model, "peft_config", None):
             model.save_pretrained(out / "adapter")
         if (log := Path(output_dir) / LOG).is_file():
             shutil.copyfile(log, out / LOG)
 
-    on_main_process(publish)
+    on_main_process(write)

@@ -1,6 +1,5 @@
 """Every trainer's JSON-lines log (`log.jsonl` in its output_dir) and the curve drawn from it."""
 
-
 from __future__ import annotations
 
 import json

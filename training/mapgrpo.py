@@ -575,7 +575,7 @@ class MAPGRPOTrainer:
 
     def dev(self, name: str, alike: str | None = None) -> dict[str, Any]:
         """Dev metrics of OPERA with every role as trained so far (greedy), compared with the untrained run
-        (`common.dev_run`, which `alike` is passed to), logged as event `dev`."""
+        (`dev.dev_run`, which `alike` is passed to), logged as event `dev`."""
         cfg = self.config
         metrics = dev_run(cfg.rollout, cfg.dev, cfg.model, self.model, cfg.output_dir, name,
                           lambda folder: self.role_models(0.0, folder), alike)

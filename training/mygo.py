@@ -160,7 +160,7 @@ class MyGOTrainer:
 
     def dev(self, name: str, alike: str | None = None) -> dict[str, Any]:
         """Dev metrics of the current weights (greedy), a resumable run in `dev/<name>` compared with the untrained
-        run (`common.dev_run`, which `alike` is passed to); {} without a dev slice."""
+        run (`dev.dev_run`, which `alike` is passed to); {} without a dev slice."""
         cfg = self.config
         return policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model, alike)
 

@@ -591,7 +591,7 @@ class OmneTrainer:
 
     def dev(self, name: str, alike: str | None = None) -> dict[str, Any]:
         """Dev metrics of the policy (greedy), logged as event `dev`: F1, tool-call and well-formed rates, LLM
-        calls, and ΔF1 against the untrained run (`common.dev_run`, which `alike` is passed to)."""
+        calls, and ΔF1 against the untrained run (`dev.dev_run`, which `alike` is passed to)."""
         cfg = self.config
         metrics = policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model, alike)
         if metrics:

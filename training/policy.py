@@ -1,7 +1,6 @@
 """The policy: loaded from a chat pack, a folder or a Hugging Face Hub id (LoRA or full, on this process's device),
 served to the agent graphs as a chat model (in memory, or through llama.cpp with its adapter), and saved."""
 
-
 from __future__ import annotations
 
 import hashlib

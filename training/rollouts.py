@@ -1,7 +1,6 @@
 """Rollouts: the agent graphs run over a slice of questions with the policy as their model, records written as
 `mhqa eval` writes them; a device fault stops training instead of being scored 0."""
 
-
 from __future__ import annotations
 
 import shutil

@@ -18,25 +18,28 @@ from mhqa_graph.training.logs import LOG
 
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.eval.paired import cluster_key, paired_comparison
-from mhqa_graph.eval.records import SUFFIX, load
+from mhqa_graph.eval.records import SUFFIX, load, natural
 
 
 def dev_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
     """name -> records of the dev runs committed in `folder`: the untrained one first, then in the order the
-    log names them (by name where it names none)."""
+    log names them, then the others by name (iter2 before iter10)."""
     files = {p.name[:-len(SUFFIX)]: p for p in sorted(folder.glob("*" + SUFFIX))}
     if not files:
         raise InvalidInput(f"{folder} holds no dev records (*{SUFFIX}); a run writes them with dev.records")
     logged = []
     if (log := folder / LOG).is_file():
         for line in log.read_text(encoding="utf-8").splitlines():
-            entry = json.loads(line) if line.strip() else {}
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line cut short by a stopped run
+                continue
             name = entry.get("after") if entry.get("event") == "dev" else (
                 f"iter{entry['iteration']}" if "iteration" in entry and "dev_f1" in entry else None)
             if name in files and name not in logged:
                 logged.append(name)
     order = [UNTRAINED] * (UNTRAINED in files) + [n for n in logged if n != UNTRAINED]
-    order += [n for n in files if n not in order]
+    order += sorted((n for n in files if n not in order), key=natural)
     return {name: load(files[name]) for name in order}
 
 

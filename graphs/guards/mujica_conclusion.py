@@ -22,7 +22,7 @@ from .compare import OPTION_NOTE, Step, as_option, asks_yes_or_no, compare_dates
 from .refusals import is_no_answer, is_sentence
 
 if TYPE_CHECKING:
-    from ..mujica import MujicaContext, State
+    from ..mujica_state import MujicaContext, State
 
 
 def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: list[str], firings: list[dict]) -> str:

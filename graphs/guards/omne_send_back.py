@@ -17,7 +17,7 @@ from mhqa_graph.types import NodeInfo
 from ..calls import get_store
 
 if TYPE_CHECKING:
-    from ..omne import OmneContext, OmneState
+    from ..omne_state import OmneContext, OmneState
 
 
 def looked_into(state: OmneState) -> list[str]:

@@ -31,9 +31,8 @@ DIAGNOSTICS = ("failure", "evidence_recall", "first_missed_hop")
 MAX_ERROR_CHARS = 200
 
 
-
 def compact(record: dict) -> dict:
-    """What the benchmark tables read of one eval record (no trace)."""
+    """What the tables read of one eval record (the benchmark's and a learning run's dev slice), without its trace."""
     out = {k: record[k] for k in KEPT if k in record}
     if isinstance(out.get("error"), str):
         out["error"] = out["error"][:MAX_ERROR_CHARS]
@@ -60,7 +59,7 @@ def load(path: Path) -> list[dict]:
 
 def write(path: Path, records: Iterable[dict]) -> None:
     """Write `records` sorted by id, atomically (a temporary file renamed over the old one)."""
-    rows = sorted(records, key=lambda r: _order(str(r["id"])))
+    rows = sorted(records, key=lambda r: natural(str(r["id"])))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as f:
@@ -68,7 +67,7 @@ def write(path: Path, records: Iterable[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _order(qid: str) -> tuple:
+def natural(qid: str) -> tuple:
     """Ids in natural order: "pq2h-140" before "pq2h-1000"."""
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", qid))
 
