@@ -266,28 +266,38 @@ def test_every_role_format_compiles_in_xgrammar():
         cache.processor(fmt.gbnf())  # raises ValueError if xgrammar rejects it
 
 
+@pytest.fixture()
+def fresh_schema_rules():
+    """Schemas converted afresh in the test and forgotten after it: the conversion is cached per process, and a
+    test that hides llama-cpp-python must neither read nor leave rules of the other converter."""
+    from mhqa_graph import replies
+
+    replies._schema_rules.cache_clear()
+    yield
+    replies._schema_rules.cache_clear()
+
+
+def hide_llama_cpp(monkeypatch) -> None:
+    """As on a machine with the `train` extra alone: llama-cpp-python is not installed."""
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name.split(".")[0] == "llama_cpp" else found(name, *args))
+
+
 @needs_xgrammar
 @pytest.mark.parametrize("converter", ["llama_cpp", "xgrammar"])
-def test_values_with_a_quote_or_a_backslash_keep_the_grammar_whole(converter, monkeypatch):
+def test_values_with_a_quote_or_a_backslash_keep_the_grammar_whole(converter, monkeypatch, fresh_schema_rules):
     """A fact written `"Never Be the Same` (2Wiki's title, with its stray quote) or "Zürich" is an answer the grammar
     allows, and only as JSON writes it: llama-cpp-python's own converter left the backslash of `\\"` unescaped,
     llama.cpp rejected the whole grammar and the call went unconstrained."""
     from xgrammar.testing import _is_grammar_accept_string as accepts
 
-    from mhqa_graph import replies
-
     if converter == "llama_cpp":
         pytest.importorskip("llama_cpp")
     else:
-        found = importlib.util.find_spec
-        monkeypatch.setattr(importlib.util, "find_spec",
-                            lambda name, *args: None if name.split(".")[0] == "llama_cpp" else found(name, *args))
-    replies._schema_rules.cache_clear()
-    try:
-        grammar = O.analysis_format(False, {"type": "string", "enum": ['"Never Be the Same', "back\\slash", "Zürich",
-                                                                     ""]}).gbnf()
-    finally:
-        replies._schema_rules.cache_clear()
+        hide_llama_cpp(monkeypatch)
+    grammar = O.analysis_format(False, {"type": "string", "enum": ['"Never Be the Same', "back\\slash", "Zürich",
+                                                                 ""]}).gbnf()
     for answer, allowed in (('"Never Be the Same', True), ("back\\slash", True), ("Never Be the Same", False)):
         assert accepts(grammar, json.dumps({"answer": answer, "sufficient": True})) == allowed, answer
     written = json.dumps({"answer": "Zürich", "sufficient": True}, ensure_ascii=False)  # as the model writes it
@@ -295,32 +305,25 @@ def test_values_with_a_quote_or_a_backslash_keep_the_grammar_whole(converter, mo
 
 
 @needs_xgrammar
-def test_without_llama_cpp_the_schemas_convert_through_xgrammar(monkeypatch):
+def test_without_llama_cpp_the_schemas_convert_through_xgrammar(monkeypatch, fresh_schema_rules):
     """The `train` extra alone (a GPU machine with no llama-cpp-python): a reply's JSON schema turns into grammar
     rules through xgrammar, every format compiles for the policy, and a tiny model under each role's grammar writes
     what the parser reads."""
     from mhqa_graph.training.tiny import tiny_tokenizer
 
-    from mhqa_graph import replies
     from mhqa_graph.models.grammar import GrammarCache
 
-    found = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *args: None if name.split(".")[0] == "llama_cpp" else found(name, *args))
-    replies._schema_rules.cache_clear()
-    try:
-        cache = GrammarCache(tiny_tokenizer())
-        for fmt in every_format():
-            text = fmt.gbnf()
-            assert fmt.turn in ("answer", "line") or "json-root ::= ((" in text  # xgrammar's rules, not llama.cpp's
-            cache.processor(text)
-        model = tiny_chat(max_new_tokens=1500)
-        for role in ("opera analysis", "mujica worker", "omne tool-agent"):
-            fmt, parse = FORMATS[role]
-            reply = model.invoke([HumanMessage(check_question("Who directed Inception?"))], grammar=fmt.gbnf())
-            assert reply.response_metadata["decoding"] == "grammar" and parse(reply.text), (role, reply.text)
-    finally:
-        replies._schema_rules.cache_clear()
+    hide_llama_cpp(monkeypatch)
+    cache = GrammarCache(tiny_tokenizer())
+    for fmt in every_format():
+        text = fmt.gbnf()
+        assert fmt.turn in ("answer", "line") or "json-root ::= ((" in text  # xgrammar's rules, not llama.cpp's
+        cache.processor(text)
+    model = tiny_chat(max_new_tokens=1500)
+    for role in ("opera analysis", "mujica worker", "omne tool-agent"):
+        fmt, parse = FORMATS[role]
+        reply = model.invoke([HumanMessage(check_question("Who directed Inception?"))], grammar=fmt.gbnf())
+        assert reply.response_metadata["decoding"] == "grammar" and parse(reply.text), (role, reply.text)
 
 
 @needs_xgrammar

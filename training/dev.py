@@ -169,8 +169,7 @@ def publish(dev: DevConfig, name: str, folder: Path, output_dir: str | Path, con
     target = out / f"{name}{SUFFIX}"
     target.unlink(missing_ok=True)  # this run's records only, not a merge with an earlier run's
     save(folder / "sample0", target)
-    if (log := Path(output_dir) / LOG).is_file():
-        shutil.copyfile(log, out / LOG)
+    _copy_log(output_dir, out)
     (out / "model.json").write_text(json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n",
                                     encoding="utf-8")
 
@@ -193,7 +192,12 @@ def publish_final(dev: DevConfig, model: Any, output_dir: str | Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         if getattr(model, "peft_config", None):
             model.save_pretrained(out / "adapter")
-        if (log := Path(output_dir) / LOG).is_file():
-            shutil.copyfile(log, out / LOG)
+        _copy_log(output_dir, out)
 
     on_main_process(write)
+
+
+def _copy_log(output_dir: str | Path, out: Path) -> None:
+    """The trainer's log.jsonl, as it stands, beside the published records."""
+    if (log := Path(output_dir) / LOG).is_file():
+        shutil.copyfile(log, out / LOG)
