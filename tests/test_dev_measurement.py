@@ -306,31 +306,71 @@ def test_the_guards_off_run_asks_the_trained_policy_without_guards(slices, tmp_p
     assert run["settings"]["guards"] == "none"
 
 
-def test_the_guards_off_run_asks_again_only_what_a_guard_touched(slices, tmp_path):
-    """With `alike` (the same weights' run with guards on), the guards-off run carries over the answers on which
-    no guard fired, marked, and asks the model only the questions a guard touched or that failed."""
+def test_the_untrained_guards_off_run_is_the_2x2s_fourth_cell_and_every_cell_asks_every_question(slices, tmp_path):
+    """`untrained_runs` with `dev.guards_off`: the untrained policy with guards "none" too, cached apart from the
+    run with guards on (its key names the guards) and compared with it; no cell takes answers over from another."""
     rollout, dev = slices
+    dev = dataclasses.replace(dev, guards_off=True)
     out = tmp_path / "runs" / "a"
-    untrained(rollout, dev, out, counting(DEV, right=False))
-    dev_module.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, "iter2",
-                       lambda folder: (counting(DEV)[0], None))
-    results = out / "dev" / "iter2" / "sample0" / "results.jsonl"
-    records = [json.loads(line) for line in results.read_text().splitlines()]
-    records[0]["health"]["guards"] = {"send_back_ungrounded": 1}
-    records[1]["error"] = "the model's server went away"
-    results.write_text("".join(json.dumps(r) + "\n" for r in records))
+    asked = {}
 
-    def guards_off(model):
-        return dev_module.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, dev_module.GUARDS_OFF,
-                              lambda folder: (model[0], None), alike="iter2")
+    def run(name):
+        asked[name] = counting(DEV, right=name == dev_module.UNTRAINED)
+        return dev_module.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, name,
+                                  lambda folder: (asked[name][0], None))
 
-    model = counting(DEV)
-    metrics = guards_off(model)
-    assert sorted(model[1]) == sorted(r["question"] for r in records[:2])
-    assert metrics["dev_carried"] == 2 and metrics["dev_questions"] == 4 and metrics["dev_f1"] == 1.0
-    off = out / "dev" / dev_module.GUARDS_OFF / "sample0"
-    assert {r["id"]: r.get("carried") for r in dev_module.read_records(off / "results.jsonl")} == {
-        records[0]["id"]: None, records[1]["id"]: None, records[2]["id"]: "iter2", records[3]["id"]: "iter2"}
-    assert json.loads((off / "run.json").read_text())["settings"]["guards"] == "none"
-    again = counting(DEV)
-    assert guards_off(again)["dev_carried"] == 2 and again[1] == []  # a rerun resumes: nothing asked, nothing copied
+    before = dev_module.untrained_runs(dev, run)
+    assert list(before) == [dev_module.UNTRAINED, dev_module.UNTRAINED_GUARDS_OFF]
+    on, off = (Path(before[n]["dev_run"]) for n in before)
+    assert on != off and on.parent == off.parent == tmp_path / "runs" / "untrained"
+    assert json.loads((off / "sample0" / "run.json").read_text())["settings"]["guards"] == "none"
+    assert before[dev_module.UNTRAINED_GUARDS_OFF]["dev_df1"] == pytest.approx(-100.0)  # against guards on
+    assert all(len(asked[n][1]) == 4 for n in before)
+    trained = run(dev_module.GUARDS_OFF)
+    assert len(asked[dev_module.GUARDS_OFF][1]) == 4 and "dev_carried" not in trained
+    assert list(dev_module.untrained_runs(dataclasses.replace(dev, guards_off=False), run)) == ["untrained"]
+
+    def cached(name):  # a second training on the slice reads both untrained runs back
+        return dev_module.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, name,
+                                  lambda folder: pytest.fail("the cached untrained run was redone"))
+
+    assert all(m["dev_reused"] for m in dev_module.untrained_runs(dev, cached).values())
+
+
+
+def test_training_runs_prints_the_2x2_when_all_four_cells_ran(tmp_path, capsys):
+    from mhqa_graph.training import runs
+
+    from mhqa_graph.eval.records import write
+
+    f1s = {"untrained": [0, 0, 1, 1], "untrained_guards_none": [0, 0, 0, 1], "stage1": [1, 1, 1, 1],
+           "final_guards_none": [1, 1, 0, 1]}
+    for name, scores in f1s.items():
+        write(tmp_path / f"{name}.jsonl.gz", [{"id": f"q{i}", "f1": f, "em": f, "llm_calls": 2}
+                                              for i, f in enumerate(scores)])
+    runs.main([str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "| untrained | 50.0 | 25.0 |" in printed and "| trained (`stage1`) | 100.0 | 75.0 |" in printed
+    assert "training, guards none: ΔF1 +50.0" in printed and "the guards, trained: ΔF1 +25.0" in printed
+    assert "trained without guards against untrained with them: ΔF1 +25.0" in printed
+    (tmp_path / "untrained_guards_none.jsonl.gz").unlink()  # a cell missing: no 2x2
+    runs.main([str(tmp_path)])
+    assert "guards none |" not in capsys.readouterr().out
+
+
+def test_training_runs_pairs_a_dev_run_with_another_runs(tmp_path, capsys):
+    """`--pair control/stage2 stage1`: an algorithm's stage against a control run beside it (the same extra steps
+    of SFT instead), paired by question."""
+    from mhqa_graph.training import runs
+
+    from mhqa_graph.eval.records import write
+
+    for folder, name, scores in (("run", "untrained", [0, 0, 0, 0]), ("run", "stage1", [1, 1, 0, 1]),
+                                 ("control", "stage2", [1, 0, 0, 1])):
+        write(tmp_path / folder / f"{name}.jsonl.gz", [{"id": f"q{i}", "f1": f, "em": f}
+                                                        for i, f in enumerate(scores)])
+    runs.main([str(tmp_path / "run"), "--pair", "control/stage2", "stage1"])
+    printed = capsys.readouterr().out
+    assert "`control/stage2` → `stage1`: ΔF1 +25.0" in printed and "| control/stage2 |" not in printed
+    with pytest.raises(InvalidInput, match="no records"):
+        runs.main([str(tmp_path / "run"), "--pair", "control/stage9", "stage1"])

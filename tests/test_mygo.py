@@ -20,7 +20,6 @@ from test_eval import scripted, write_dataset  # noqa: E402
 
 from mhqa_graph.errors import InvalidInput  # noqa: E402
 from mhqa_graph.eval import run_eval  # noqa: E402
-from mhqa_graph.eval.report import read_records  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "train" / "mygo.yaml"
 # yes/no questions: a warm-up on "yes" teaches even a tiny random model answers that score
@@ -127,10 +126,7 @@ def test_each_iteration_is_saved_and_a_rerun_resumes_after_the_last(tmp_path):
     assert json.loads((Path(config.output_dir) / "iter2" / "checkpoint" / "state.json").read_text())["iteration"] == 2
     guards_off = [e for e in log if e.get("after") == "final_guards_none"]  # the seeds' claim, after the last
     assert len(guards_off) == 1 and guards_off[0]["dev_paired"] == 2 and guards_off[0]["dev_guarded"] == 0
-    assert summary["dev_guards_none"]["dev_questions"] == 2
-    iter2 = read_records(Path(config.output_dir) / "dev" / "iter2" / "sample0" / "results.jsonl")
-    untouched = [r for r in iter2 if not r.get("error") and not r["health"]["guards"]]
-    assert untouched and guards_off[0]["dev_carried"] == len(untouched)  # from iteration 2 (same weights)
+    assert summary["dev_guards_none"]["dev_questions"] == 2 and "dev_carried" not in guards_off[0]  # all asked
 
 
 def test_a_run_stopped_in_a_dev_run_makes_it_when_resumed(tmp_path, monkeypatch):
@@ -141,10 +137,10 @@ def test_a_run_stopped_in_a_dev_run_makes_it_when_resumed(tmp_path, monkeypatch)
     first = MyGOTrainer(config)
     dev = first.dev
 
-    def stopped(name, alike=None):
+    def stopped(name):
         if name == "iter1":
             raise KeyboardInterrupt
-        return dev(name, alike)
+        return dev(name)
 
     monkeypatch.setattr(first, "dev", stopped)
     with pytest.raises(KeyboardInterrupt):

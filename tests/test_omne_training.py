@@ -124,7 +124,8 @@ def test_yaml_config_loads_and_bad_configs_raise(tmp_path):
     for bad in ({"stages": [3, 1]}, {"stages": [4]}, {"stages": []}, {"rollout": {"agent": "mujica", "path": "x"}},
                 {"rollout": {"agent": "omne"}}, {"grpo": {"temperature": 0}}, {"grpo_stage3": {"use_vllm": True}},
                 {"sft": {"output_dir": "elsewhere"}}, {"think_weight": -1}, {"reward": {"result_floor": 2}},
-                {"reward": {"think": False}}, {"warm_start": True}, {"warm_start": True, "stages": [2], "teacher": "x"},
+                {"reward": {"think": False}}, {"warm_start": True}, {"warm_start": True, "stages": [3], "teacher": "x"},
+                {"sft_stage2": [1]},
                 {"format_patience": -1}, {"no_such_key": 1}):
         path = tmp_path / "bad.yaml"
         path.write_text(json.dumps({"rollout": {"agent": "omne", "path": "x"}} | bad))
@@ -454,6 +455,20 @@ def test_stage1_warm_starts_on_the_teacher_and_stops_when_the_format_stays_zero(
     assert first["stage"] == 1 and first["steps"] == 2 and "stage 1 stopped at step 2" in first["stopped"]
     stopped = [r for r in log_records(cfg) if r.get("event") == "stopped"]
     assert len(stopped) == 1 and "warm-start" in stopped[0]["message"]
+
+
+def test_stage1s_control_is_the_warm_start_then_as_many_more_sft_steps(config):
+    """`warm_start` before stage 2, whose `sft_stage2` overrides the SFT arguments: the control of stage 1, the same
+    warm start and then SFT instead of GRPO, for as many steps as stage 1 would take."""
+    teacher = "fake:" + json.dumps(replies("1", "Bob 1"))
+    cfg = dataclasses.replace(config, stages=[2], teacher=teacher, warm_start=True, sft_min_reward=0.5,
+                              sft_stage2={"max_steps": 1},
+                              rollout=dataclasses.replace(config.rollout, limit=1, max_new_tokens=16))
+    trainer = OmneTrainer(cfg)
+    before = weights(trainer.model)
+    warm, control = trainer.train()["stages"]
+    assert (warm["stage"], warm["kind"], warm["steps"]) == (0, "sft", 2) and changed(before, trainer.model)
+    assert (control["stage"], control["kind"], control["steps"]) == (2, "sft", 1)
 
 
 def test_a_teacher_is_an_omne_or_mygo_setting():

@@ -66,8 +66,8 @@ class DevConfig:
     limit: int | None = 100
     min_questions: int = 100  # a smaller slice raises DevSliceError (tests set it lower)
     cache: str | None = None  # the untrained policy's dev runs, one folder per key; None: <output_dir>/../untrained
-    guards_off: bool = False  # also run the trained policy with guards "none" (GUARDS_OFF), against the untrained
-    # policy with its guards on: does training teach what the guards patch?
+    guards_off: bool = False  # also run the untrained and the trained policy with guards "none" (every question
+    # asked): the 2x2 of untrained/trained x guards on/off. Does training teach what the guards patch?
     records: str = ""  # a folder to commit (docs/runs/<run>): each dev run's compact per-question records as
     # <name>.jsonl.gz (mhqa_graph.eval.records), the trainer's log.jsonl and the policy's settings and seed
     # (model.json); `python training/runs.py <folder>` tables them

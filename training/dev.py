@@ -15,7 +15,7 @@ from typing import Any
 from mhqa_graph.errors import DevSliceError
 from mhqa_graph.eval.health import behaviour
 from mhqa_graph.eval.paired import paired_comparison
-from mhqa_graph.eval.report import RESULTS, carry_over, read_records
+from mhqa_graph.eval.report import RESULTS, read_records
 
 from .configs import DevConfig, ModelConfig, RolloutConfig
 from .devices import on_main_process
@@ -27,6 +27,8 @@ UNTRAINED = "untrained"  # the dev run of the policy before training
 
 
 GUARDS_OFF = "final_guards_none"  # the dev run of the trained policy with guards "none" (`dev.guards_off`)
+UNTRAINED_GUARDS_OFF = "untrained_guards_none"  # the untrained policy with guards "none": the 2x2's fourth cell
+GUARDS_NONE = (UNTRAINED_GUARDS_OFF, GUARDS_OFF)  # the dev runs asked with guards "none", every question asked
 
 
 def dev_rollout(rollout: RolloutConfig, dev: DevConfig) -> RolloutConfig:
@@ -121,20 +123,24 @@ Llms = Callable[[Path], tuple[Any, dict[str, Any] | None]]  # a run folder -> (l
 
 
 def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: Any, output_dir: str | Path,
-            name: str, llms: Llms, alike: str | None = None) -> dict[str, Any]:
+            name: str, llms: Llms) -> dict[str, Any]:
     """`dev_metrics` of a greedy run over the dev slice, the policy served by `llms(folder)`; {} without a dev
-    slice. The `untrained` run is kept in `untrained_folder`: a finished one is read back without asking the
-    model, an interrupted one resumes, and another key (policy, slice, settings) gets a folder of its own; its
-    metrics carry `dev_run` (the folder) and `dev_reused`. Every other `name` is a resumable run in
-    `output_dir/dev/<name>`, compared with the untrained run's records when there is one. `GUARDS_OFF` runs
-    with guards "none"; `alike` names the dev run of the same weights with guards on, whose records on which no
-    guard fired it takes over instead of asking again (`report.carry_over`), counted in `dev_carried`."""
+    slice. The untrained runs (`UNTRAINED`, `UNTRAINED_GUARDS_OFF`) are kept in `untrained_folder`: a finished
+    one is read back without asking the model, an interrupted one resumes, and another key (policy, slice,
+    settings, guards) gets a folder of its own; their metrics carry `dev_run` (the folder) and `dev_reused`.
+    Every other `name` is a resumable run in `output_dir/dev/<name>`. The runs in `GUARDS_NONE` run with guards
+    "none" and ask every question. Each run is compared with the untrained run with guards on, when there is
+    one."""
     if not dev.path:
         return {}
-    run = dev_rollout(rollout, dev)
     key = untrained_key(rollout, dev, config, model)
-    cached = untrained_folder(key, dev, output_dir)
-    if name == UNTRAINED:
+    base = untrained_folder(key, dev, output_dir)
+    if name in GUARDS_NONE:
+        rollout = dataclasses.replace(rollout, context={**rollout.context, "guards": "none"})
+        key = untrained_key(rollout, dev, config, model)
+    run = dev_rollout(rollout, dev)
+    if name in (UNTRAINED, UNTRAINED_GUARDS_OFF):
+        cached = untrained_folder(key, dev, output_dir)
         records = finished_records(run, cached)
         reused = records is not None
         if records is None:
@@ -143,18 +149,13 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
             llm, roles = llms(cached)
             records = rollouts(run, llm, cached, roles, concurrency=config.rollout_concurrency)
         on_main_process(lambda: publish(dev, name, cached, output_dir, config))
-        return dev_metrics(records) | {"dev_run": str(cached), "dev_reused": reused}
+        against = read_records(base / "sample0" / RESULTS) if name == UNTRAINED_GUARDS_OFF else None
+        return dev_metrics(records, against or None) | {"dev_run": str(cached), "dev_reused": reused}
     folder = Path(output_dir) / "dev" / name
-    if name == GUARDS_OFF:
-        run = dataclasses.replace(run, context={**run.context, "guards": "none"})
-        if alike:
-            on_main_process(lambda: carry_over(Path(output_dir) / "dev" / alike / "sample0", folder / "sample0",
-                                               question_ids(run), None, alike))
     llm, roles = llms(folder)
     records = rollouts(run, llm, folder, roles, concurrency=config.rollout_concurrency)
     on_main_process(lambda: publish(dev, name, folder, output_dir, config))
-    carried = {"dev_carried": sum(bool(r.get("carried")) for r in records)} if name == GUARDS_OFF else {}
-    return dev_metrics(records, read_records(cached / "sample0" / RESULTS) or None) | carried
+    return dev_metrics(records, read_records(base / "sample0" / RESULTS) or None)
 
 
 def publish(dev: DevConfig, name: str, folder: Path, output_dir: str | Path, config: ModelConfig) -> None:
@@ -175,10 +176,17 @@ def publish(dev: DevConfig, name: str, folder: Path, output_dir: str | Path, con
 
 
 def policy_dev(rollout: RolloutConfig, dev: DevConfig, model: Any, tokenizer: Any, output_dir: str | Path, name: str,
-               config: ModelConfig, alike: str | None = None) -> dict[str, Any]:
+               config: ModelConfig) -> dict[str, Any]:
     """`dev_run` of an in-memory policy, served greedily as `policy_chat_model` does."""
     return dev_run(rollout, dev, config, model, output_dir, name, lambda folder: (
-        policy_chat_model(model, tokenizer, config, folder, 0.0, rollout.max_new_tokens), None), alike)
+        policy_chat_model(model, tokenizer, config, folder, 0.0, rollout.max_new_tokens), None))
+
+
+def untrained_runs(dev: DevConfig, run: Callable[[str], dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The dev runs of the policy before training, made by `run(name)`: `UNTRAINED`, and with `dev.guards_off` also
+    `UNTRAINED_GUARDS_OFF`, so that the 2x2 (untrained/trained x guards on/off) has every cell asked."""
+    names = (UNTRAINED, UNTRAINED_GUARDS_OFF) if dev.guards_off else (UNTRAINED,)
+    return {name: run(name) for name in names}
 
 
 def publish_final(dev: DevConfig, model: Any, output_dir: str | Path) -> None:

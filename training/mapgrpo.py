@@ -78,7 +78,7 @@ from mhqa_graph.testing.fakes import FakeChatModel
 
 from .checkpoints import STEP_SAVES, train_resuming
 from .configs import DevConfig, ModelConfig, RolloutConfig
-from .dev import GUARDS_OFF, check_disjoint, dev_run, publish_final
+from .dev import GUARDS_OFF, check_disjoint, dev_run, publish_final, untrained_runs
 from .devices import barrier, on_main_process, precision_args
 from .logs import LOG, jsonl_log, plot_curve, write_log
 from .policy import llamacpp_policy, load_model, policy_chat_model, save_policy, serves_with_llamacpp
@@ -573,12 +573,12 @@ class MAPGRPOTrainer:
             barrier()  # every process has loaded the reference
             on_main_process(lambda: shutil.rmtree(path))
 
-    def dev(self, name: str, alike: str | None = None) -> dict[str, Any]:
+    def dev(self, name: str) -> dict[str, Any]:
         """Dev metrics of OPERA with every role as trained so far (greedy), compared with the untrained run
-        (`dev.dev_run`, which `alike` is passed to), logged as event `dev`."""
+        (`dev.dev_run`), logged as event `dev`."""
         cfg = self.config
         metrics = dev_run(cfg.rollout, cfg.dev, cfg.model, self.model, cfg.output_dir, name,
-                          lambda folder: self.role_models(0.0, folder), alike)
+                          lambda folder: self.role_models(0.0, folder))
         if metrics:
             write_log(Path(cfg.output_dir) / LOG, {"event": "dev", "after": name, **metrics})
         return metrics
@@ -629,13 +629,13 @@ class MAPGRPOTrainer:
         With LoRA, `final` holds one adapter folder per role (`final/plan`, ...)."""
         out = Path(self.config.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        dev = {"untrained": self.dev("untrained")}
+        dev = untrained_runs(self.config.dev, self.dev)
         summary: dict[str, Any] = {"roles": {}}
         for role in self.config.roles:
             summary["roles"][role] = self.train_role(role)
             dev[role] = self.dev(role)
         if self.config.dev.guards_off:
-            dev[GUARDS_OFF] = self.dev(GUARDS_OFF, alike=self.config.roles[-1] if self.config.roles else None)
+            dev[GUARDS_OFF] = self.dev(GUARDS_OFF)
         final = save_policy(self.model, self.tokenizer, out / "final")
         write_log(out / LOG, {"event": "saved", "final": final})
         publish_final(self.config.dev, self.model, out)

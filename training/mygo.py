@@ -35,7 +35,7 @@ from mhqa_graph.export import mygo_rows, read_records, reward_of
 
 from .checkpoints import STEP_SAVES, load_checkpoint, save_checkpoint, saved_checkpoints, train_resuming
 from .configs import DevConfig, ModelConfig, RolloutConfig
-from .dev import GUARDS_OFF, UNTRAINED, check_disjoint, json_digest, policy_dev, publish_final
+from .dev import GUARDS_OFF, UNTRAINED, check_disjoint, json_digest, policy_dev, publish_final, untrained_runs
 from .devices import on_main_process, precision_args
 from .logs import LOG, jsonl_log, plot_curve, write_log
 from .policy import load_model, policy_chat_model, save_policy, teacher_folder
@@ -158,11 +158,11 @@ class MyGOTrainer:
         write_log(self.out / LOG, row)
         return row
 
-    def dev(self, name: str, alike: str | None = None) -> dict[str, Any]:
+    def dev(self, name: str) -> dict[str, Any]:
         """Dev metrics of the current weights (greedy), a resumable run in `dev/<name>` compared with the untrained
-        run (`dev.dev_run`, which `alike` is passed to); {} without a dev slice."""
+        run (`dev.dev_run`); {} without a dev slice."""
         cfg = self.config
-        return policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model, alike)
+        return policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model)
 
     def iteration(self, k: int) -> dict[str, Any]:
         """Rollouts, τ, keep, SFT, checkpoint; the iteration's metrics, also appended to log.jsonl."""
@@ -201,10 +201,12 @@ class MyGOTrainer:
         on_main_process(lambda: (self.out / "config.json").write_text(json.dumps(asdict(cfg), indent=2),
                                                                       encoding="utf-8"))
         history = []
-        untrained = self.dev(UNTRAINED)  # before resuming: a finished run is read back from the cache, not redone
+        before = untrained_runs(cfg.dev, self.dev)  # before resuming: finished runs are read back from the cache
+        untrained = before[UNTRAINED]
         done = self.resume()
         if untrained and done < 0:
-            write_log(self.out / LOG, {"event": "dev", "after": UNTRAINED, **untrained})
+            for name, metrics in before.items():
+                write_log(self.out / LOG, {"event": "dev", "after": name, **metrics})
         if done >= 0 and not self.logged(done):  # stopped after the checkpoint, before its dev run ended
             history.append(self.finish(self.saved_row))
         if (cfg.warmup_run or cfg.warmup_teacher) and done < 0:
@@ -218,8 +220,7 @@ class MyGOTrainer:
             history.append(self.finish(row))
         history += [self.iteration(k) for k in range(max(1, done + 1), cfg.iterations + 1)]
         final = save_policy(self.model, self.tokenizer, self.out / "final")
-        last = f"iter{cfg.iterations}" if cfg.iterations else "iter0" if cfg.warmup_run or cfg.warmup_teacher else None
-        guards_off = self.dev(GUARDS_OFF, alike=last) if cfg.dev.guards_off else {}
+        guards_off = self.dev(GUARDS_OFF) if cfg.dev.guards_off else {}
         if guards_off:
             write_log(self.out / LOG, {"event": "dev", "after": GUARDS_OFF, **guards_off})
         publish_final(cfg.dev, self.model, self.out)

@@ -50,7 +50,7 @@ from mhqa_graph.models.chat import TransformersChatModel, chat_dicts, model_devi
 
 from .checkpoints import STEP_SAVES, load_checkpoint, save_checkpoint, saved_checkpoints, train_resuming
 from .configs import DevConfig, ModelConfig, RolloutConfig
-from .dev import GUARDS_OFF, check_disjoint, policy_dev, publish_final
+from .dev import GUARDS_OFF, check_disjoint, policy_dev, publish_final, untrained_runs
 from .devices import on_main_process, precision_args
 from .logs import LOG, jsonl_log, plot_curve, write_log
 from .policy import load_model, policy_chat_model, save_policy, teacher_folder
@@ -84,14 +84,16 @@ class OmneConfig:
     repetition_weight: float = 0.1  # stage 3: subtracted per tool call identical to an earlier one
     grpo: dict[str, Any] = field(default_factory=dict)  # GRPOConfig args of stages 1 and 3 (num_generations, beta, ...)
     grpo_stage3: dict[str, Any] = field(default_factory=dict)  # stage 3 overrides of `grpo`
-    sft: dict[str, Any] = field(default_factory=dict)  # WeightedSFTConfig args of stage 2
+    sft: dict[str, Any] = field(default_factory=dict)  # WeightedSFTConfig args of stage 2 (and the warm start)
+    sft_stage2: dict[str, Any] = field(default_factory=dict)  # stage 2 overrides of `sft` (e.g. max_steps of a
+    # control: the warm start, then as many more SFT steps as stage 1 takes GRPO steps)
     think_weight: float = THINK_WEIGHT  # stage 2 loss weight of <think> tokens
     answer_thought: str | None = None  # stage 2: a template thought before answers given without one
     sft_data: str | None = None  # an exported sft dataset (folder or .jsonl); None: Omne rollouts make it
     teacher: str | None = None  # model spec whose Omne rollouts make the SFT data; None: the policy itself
     sft_min_reward: float | None = 0.5  # keep rollout trajectories with F1 >= this and the format (None: all)
     templates: int = 0  # SFT data: template trajectories from the gold chains of up to N rollout questions
-    warm_start: bool = False  # SFT on the stage-2 data (the teacher's) before stage 1
+    warm_start: bool = False  # SFT on the stage-2 data (the teacher's) before the first stage
     episode_reserve: int = 256  # episode tokens kept back for the forced final answer
     format_patience: int = 10  # an RL stage stops after this many logged steps with format 0 (0: never)
 
@@ -107,8 +109,9 @@ class OmneConfig:
             raise InvalidInput("rollout.path (the benchmark file of the questions) is required")
         if self.think_weight < 0 or self.repetition_weight < 0:
             raise InvalidInput("think_weight and repetition_weight must be >= 0")
-        if self.warm_start and 1 not in self.stages:
-            raise InvalidInput("warm_start is an SFT before stage 1; stages has no 1")
+        if self.warm_start and self.stages[0] == 3:
+            raise InvalidInput("warm_start is an SFT before stage 1 (or before stage 2, stage 1's control); "
+                               "stages starts at 3")
         if self.warm_start and not (self.teacher or self.sft_data or self.templates):
             raise InvalidInput("warm_start needs trajectories: set teacher (a model spec), sft_data or templates")
         if not isinstance(self.templates, int) or self.templates < 0:
@@ -119,15 +122,15 @@ class OmneConfig:
             raise InvalidInput("reward.think must match rollout.context.think (the format asks what the prompt asks)")
         if not 0 <= self.reward.result_floor <= 1:
             raise InvalidInput(f"reward.result_floor must be in [0, 1], got {self.reward.result_floor}")
-        for name in ("grpo", "grpo_stage3", "sft"):
+        for name in ("grpo", "grpo_stage3", "sft", "sft_stage2"):
             args = getattr(self, name)
             if not isinstance(args, dict):
                 raise InvalidInput(f"{name} must be a mapping of TRL arguments")
             if "output_dir" in args:
                 raise InvalidInput(f"{name}.output_dir: set output_dir at the top level (stages write below it)")
-            if name != "sft" and args.get("use_vllm"):
+            if name.startswith("grpo") and args.get("use_vllm"):
                 raise InvalidInput(f"{name}.use_vllm: Omne's episodes are generated in process through the graph")
-            if name != "sft" and args.get("temperature", 1.0) <= 0:
+            if name.startswith("grpo") and args.get("temperature", 1.0) <= 0:
                 raise InvalidInput(f"{name}.temperature must be > 0: GRPO needs different episodes per question")
 
 
@@ -582,18 +585,18 @@ class OmneTrainer:
 
         from .weighted_sft import WeightedSFTConfig, WeightedSFTTrainer
 
-        args = self._trl_args(WeightedSFTConfig, SFT_DEFAULTS, self.config.sft, stage,
-                              think_weight=self.config.think_weight)
+        sft = {**self.config.sft, **(self.config.sft_stage2 if stage == 2 else {})}
+        args = self._trl_args(WeightedSFTConfig, SFT_DEFAULTS, sft, stage, think_weight=self.config.think_weight)
         trainer = WeightedSFTTrainer(model=self.model, args=args, train_dataset=Dataset.from_list(self.sft_data()),
                                      processing_class=self.tokenizer, callbacks=[log])
-        train_resuming(trainer, {**state, "args": self.config.sft}, self.out / LOG)
+        train_resuming(trainer, {**state, "args": sft}, self.out / LOG)
         return trainer
 
-    def dev(self, name: str, alike: str | None = None) -> dict[str, Any]:
+    def dev(self, name: str) -> dict[str, Any]:
         """Dev metrics of the policy (greedy), logged as event `dev`: F1, tool-call and well-formed rates, LLM
-        calls, and ΔF1 against the untrained run (`dev.dev_run`, which `alike` is passed to)."""
+        calls, and ΔF1 against the untrained run (`dev.dev_run`)."""
         cfg = self.config
-        metrics = policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model, alike)
+        metrics = policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model)
         if metrics:
             write_log(self.out / LOG, {"event": "dev", "after": name, **metrics})
         return metrics
@@ -633,7 +636,7 @@ class OmneTrainer:
         trained stage is saved to `stage<k>/checkpoint`; a rerun of the same config resumes after the last one,
         and within a stopped stage at its last step (`train_resuming`)."""
         self.out.mkdir(parents=True, exist_ok=True)
-        summary: dict[str, Any] = {"stages": [], "dev": {"untrained": self.dev("untrained")}}
+        summary: dict[str, Any] = {"stages": [], "dev": untrained_runs(self.config.dev, self.dev)}
         order, done = self.order(), self.resume()
         for i, stage in enumerate(order):
             name = f"stage{stage}"
@@ -651,8 +654,7 @@ class OmneTrainer:
             summary["stages"].append({k: state[k] for k in SUMMARY_KEYS} | {"log": log.entries})
             summary["dev"][name] = self.dev(name)
         if self.config.dev.guards_off and self.config.dev.path:
-            summary["dev"][GUARDS_OFF] = self.logged_dev(GUARDS_OFF) or self.dev(
-                GUARDS_OFF, alike=f"stage{order[-1]}" if order else None)
+            summary["dev"][GUARDS_OFF] = self.logged_dev(GUARDS_OFF) or self.dev(GUARDS_OFF)
         if not self.config.dev.path:
             summary["dev"] = {}
         summary["final"] = save_policy(self.model, self.tokenizer, self.out / "final")

@@ -4,6 +4,8 @@ by question, with a 95% bootstrap interval over clusters (PathQuestion's gold pa
 
     python training/runs.py docs/runs/<run>                 # every dev run, in the order the log wrote them
     python training/runs.py docs/runs/<run> --pair warmup iter1 --pair untrained final_guards_none
+
+With the guards-off runs (`dev.guards_off`) it also prints the 2x2: untrained/trained x guards on/off.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mhqa_graph.training.dev import UNTRAINED
+from mhqa_graph.training.dev import GUARDS_NONE, GUARDS_OFF, UNTRAINED, UNTRAINED_GUARDS_OFF
 from mhqa_graph.training.logs import LOG
 
 from mhqa_graph.errors import InvalidInput
@@ -51,8 +53,10 @@ def _delta(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> str:
             f"{c['better']} better, {c['worse']} worse)")
 
 
-def table(runs: dict[str, list[dict[str, Any]]], pairs: list[tuple[str, str]]) -> str:
-    """The markdown table of `runs`, then one line per pair asked for."""
+def table(runs: dict[str, list[dict[str, Any]]], pairs: list[tuple[str, str]],
+          others: dict[str, list[dict[str, Any]]] | None = None) -> str:
+    """The markdown table of `runs`, then one line per pair asked for, whose runs may also be `others` (other
+    runs' dev runs, named `<run>/<name>`)."""
     def mean(rows: list[dict[str, Any]], key: str) -> float:
         return sum(r.get(key) or 0 for r in rows) / max(1, len(rows))
 
@@ -65,21 +69,53 @@ def table(runs: dict[str, list[dict[str, Any]]], pairs: list[tuple[str, str]]) -
         untrained = _delta(runs[UNTRAINED], rows) if UNTRAINED in runs and name != UNTRAINED else ""
         lines.append(f"| {name} | {len(rows)} ({len({cluster_key(r) for r in rows})}) | {100 * mean(rows, 'f1'):.1f} | "
                      f"{100 * mean(rows, 'em'):.1f} | {mean(rows, 'llm_calls'):.2f} | {before} | {untrained} |")
+    known = runs | (others or {})
     for a, b in pairs:
-        missing = [n for n in (a, b) if n not in runs]
+        missing = [n for n in (a, b) if n not in known]
         if missing:
             raise InvalidInput(f"no dev run {', '.join(missing)}; the records hold {', '.join(names)}")
-        lines.append(f"\n`{a}` → `{b}`: ΔF1 {_delta(runs[a], runs[b])}")
+        lines.append(f"\n`{a}` → `{b}`: ΔF1 {_delta(known[a], known[b])}")
     return "\n".join(lines)
+
+
+def two_by_two(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """The 2x2 of the papers' claim (does training teach what the guards patch?): F1 of the untrained and the
+    last trained policy, each with guards on and "none", and the paired differences; "" unless all four ran."""
+    trained = [n for n in runs if n != UNTRAINED and n not in GUARDS_NONE]
+    if not trained or any(n not in runs for n in (UNTRAINED, *GUARDS_NONE)):
+        return ""
+    last = trained[-1]
+
+    def f1(name: str) -> str:
+        return f"{100 * sum(r.get('f1') or 0 for r in runs[name]) / max(1, len(runs[name])):.1f}"
+
+    return "\n".join([
+        "| F1 | guards on | guards none |", "|---|---|---|",
+        f"| untrained | {f1(UNTRAINED)} | {f1(UNTRAINED_GUARDS_OFF)} |",
+        f"| trained (`{last}`) | {f1(last)} | {f1(GUARDS_OFF)} |", "",
+        f"training, guards on: ΔF1 {_delta(runs[UNTRAINED], runs[last])}",
+        f"training, guards none: ΔF1 {_delta(runs[UNTRAINED_GUARDS_OFF], runs[GUARDS_OFF])}",
+        f"the guards, untrained: ΔF1 {_delta(runs[UNTRAINED_GUARDS_OFF], runs[UNTRAINED])}",
+        f"the guards, trained: ΔF1 {_delta(runs[GUARDS_OFF], runs[last])}",
+        f"trained without guards against untrained with them: ΔF1 {_delta(runs[UNTRAINED], runs[GUARDS_OFF])}"])
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a learning run's committed records (DevConfig.records)")
     parser.add_argument("--pair", nargs=2, action="append", default=[], metavar=("BEFORE", "AFTER"),
-                        help="also compare these two dev runs (e.g. a warm start and the iteration after it)")
+                        help="also compare these two dev runs (e.g. a warm start and the iteration after it); "
+                             "<run>/<name> names another run's, in the folder beside this one (e.g. a control's)")
     args = parser.parse_args(argv)
-    print(table(dev_runs(args.folder), [tuple(p) for p in args.pair]))
+    runs = dev_runs(args.folder)
+    pairs = [tuple(p) for p in args.pair]
+    others = {name: load(args.folder.parent / (name + SUFFIX)) for pair in pairs for name in pair
+              if "/" in name and name not in runs}  # another run's dev run, e.g. a control's
+    if missing := [name for name, rows in others.items() if not rows]:
+        raise InvalidInput(f"no records {', '.join(str(args.folder.parent / (n + SUFFIX)) for n in missing)}")
+    print(table(runs, pairs, others))
+    if square := two_by_two(runs):
+        print("\n" + square)
 
 
 if __name__ == "__main__":
