@@ -244,7 +244,8 @@ def test_dev_runs_are_published_as_records_to_commit_and_tabled_by_training_runs
                        lambda folder, right=right: (counting(DEV, right)[0], None))
     published = Path(dev.records)
     assert sorted(p.name for p in published.iterdir()) == ["iter1.jsonl.gz", "iter2.jsonl.gz", "log.jsonl",
-                                                          "model.json", "untrained.jsonl.gz"]
+                                                          "model.json", "untrained.jsonl.gz",
+                                                          "untrained.key.json"]
     rows = load(published / "iter1.jsonl.gz")
     assert len(rows) == 4 and all(r["f1"] == 1.0 and "trace" not in r and r["cluster"] for r in rows)
     assert json.loads((published / "model.json").read_text())["seed"] == 7
@@ -374,3 +375,27 @@ def test_training_runs_pairs_a_dev_run_with_another_runs(tmp_path, capsys):
     assert "`control/stage2` → `stage1`: ΔF1 +25.0" in printed and "| control/stage2 |" not in printed
     with pytest.raises(InvalidInput, match="no records"):
         runs.main([str(tmp_path / "run"), "--pair", "control/stage9", "stage1"])
+
+
+def test_a_machine_without_the_untrained_cache_reads_the_committed_records_of_the_same_key(slices, tmp_path):
+    """A run on another machine (no `runs/` folder) takes the untrained run's published compact records when their
+    key is its own, compares its trained runs with them, and asks the model again when the key differs."""
+    import shutil
+
+    rollout, base = slices
+    dev = dataclasses.replace(base, records=str(tmp_path / "docs" / "runs" / "r"))
+    out = tmp_path / "runs" / "mygo"
+    first = untrained(rollout, dev, out, counting(DEV, right=False))
+    assert (Path(dev.records) / "untrained.key.json").is_file()
+    shutil.rmtree(tmp_path / "runs")  # the machine is gone; the records were committed
+
+    again = untrained(rollout, dev, out, None)  # asking the model fails the test
+    assert again["dev_reused"] and again["dev_run"] == str(Path(dev.records) / "untrained")
+    assert again["dev_f1"] == first["dev_f1"] == 0.0 and again["dev_questions"] == 4
+    trained = dev_module.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, "iter1",
+                                 lambda folder: (counting(DEV)[0], None))
+    assert trained["dev_df1"] == pytest.approx(100.0) and trained["dev_paired"] == 4
+
+    other = dataclasses.replace(rollout, max_new_tokens=32)  # another key: asked afresh
+    asked = counting(DEV, right=False)
+    assert not untrained(other, dev, out, asked)["dev_reused"] and len(asked[1]) == 4

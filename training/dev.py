@@ -29,6 +29,7 @@ UNTRAINED = "untrained"  # the dev run of the policy before training
 GUARDS_OFF = "final_guards_none"  # the dev run of the trained policy with guards "none" (`dev.guards_off`)
 UNTRAINED_GUARDS_OFF = "untrained_guards_none"  # the untrained policy with guards "none": the 2x2's fourth cell
 GUARDS_NONE = (UNTRAINED_GUARDS_OFF, GUARDS_OFF)  # the dev runs asked with guards "none", every question asked
+KEY_SUFFIX = ".key.json"  # beside an untrained run's published records: the key they were made under
 
 
 def dev_rollout(rollout: RolloutConfig, dev: DevConfig) -> RolloutConfig:
@@ -114,8 +115,29 @@ def question_ids(rollout: RolloutConfig) -> list[str]:
 
 def finished_records(rollout: RolloutConfig, folder: Path) -> list[dict[str, Any]] | None:
     """The records of `rollout`'s questions in the one-sample run `folder`, None unless every question has one."""
-    wanted = question_ids(rollout)
-    records = {r["id"]: r for r in read_records(folder / "sample0" / RESULTS)}
+    return _every_question(rollout, read_records(folder / "sample0" / RESULTS))
+
+
+def committed_records(rollout: RolloutConfig, dev: DevConfig, name: str,
+                      key: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The untrained run `name`'s compact records that a run on another machine committed in `dev.records`, if
+    their key (`<name>.key.json`, the checkout's own path left out) is `key` and they answer every question."""
+    if not dev.records or not (path := Path(dev.records) / f"{name}{KEY_SUFFIX}").is_file():
+        return None
+    from mhqa_graph.eval.records import SUFFIX, load
+
+    if _portable(json.loads(path.read_text(encoding="utf-8"))) != _portable(key):
+        return None
+    return _every_question(rollout, load(Path(dev.records) / f"{name}{SUFFIX}"))
+
+
+def _portable(key: dict[str, Any]) -> dict[str, Any]:
+    """An untrained key as JSON, without the dev file's absolute path (its content hash stays)."""
+    return {k: v for k, v in json.loads(json.dumps(key, default=str)).items() if k != "file"}
+
+
+def _every_question(rollout: RolloutConfig, found: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    wanted, records = question_ids(rollout), {r["id"]: r for r in found}
     return [records[i] | {"sample": 0} for i in wanted] if all(i in records for i in wanted) else None
 
 
@@ -126,41 +148,51 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
             name: str, llms: Llms) -> dict[str, Any]:
     """`dev_metrics` of a greedy run over the dev slice, the policy served by `llms(folder)`; {} without a dev
     slice. The untrained runs (`UNTRAINED`, `UNTRAINED_GUARDS_OFF`) are kept in `untrained_folder`: a finished
-    one is read back without asking the model, an interrupted one resumes, and another key (policy, slice,
-    settings, guards) gets a folder of its own; their metrics carry `dev_run` (the folder) and `dev_reused`.
+    one is read back without asking the model (or, where this machine has none, the compact records a run of the
+    same key committed in `dev.records`), an interrupted one resumes, and another key (policy, slice, settings,
+    guards) gets a folder of its own; their metrics carry `dev_run` (where they were read) and `dev_reused`.
     Every other `name` is a resumable run in `output_dir/dev/<name>`. The runs in `GUARDS_NONE` run with guards
     "none" and ask every question. Each run is compared with the untrained run with guards on, when there is
     one."""
     if not dev.path:
         return {}
     key = untrained_key(rollout, dev, config, model)
-    base = untrained_folder(key, dev, output_dir)
+    base_folder, base_key, base_run = untrained_folder(key, dev, output_dir), key, dev_rollout(rollout, dev)
     if name in GUARDS_NONE:
         rollout = dataclasses.replace(rollout, context={**rollout.context, "guards": "none"})
         key = untrained_key(rollout, dev, config, model)
     run = dev_rollout(rollout, dev)
+
+    def untrained_records() -> list[dict[str, Any]] | None:  # the untrained run with guards on, to compare with
+        return finished_records(base_run, base_folder) or committed_records(base_run, dev, UNTRAINED, base_key)
+
     if name in (UNTRAINED, UNTRAINED_GUARDS_OFF):
         cached = untrained_folder(key, dev, output_dir)
         records = finished_records(run, cached)
-        reused = records is not None
-        if records is None:
-            on_main_process(lambda: (cached.mkdir(parents=True, exist_ok=True),
-                                     (cached / "key.json").write_text(json.dumps(key, indent=2), encoding="utf-8")))
-            llm, roles = llms(cached)
-            records = rollouts(run, llm, cached, roles, concurrency=config.rollout_concurrency)
-        on_main_process(lambda: publish(dev, name, cached, output_dir, config))
-        against = read_records(base / "sample0" / RESULTS) if name == UNTRAINED_GUARDS_OFF else None
-        return dev_metrics(records, against or None) | {"dev_run": str(cached), "dev_reused": reused}
+        source, reused = str(cached), records is not None
+        if records is None and (records := committed_records(run, dev, name, key)) is not None:
+            source, reused = str(Path(dev.records) / name), True
+        else:
+            if records is None:
+                on_main_process(lambda: (cached.mkdir(parents=True, exist_ok=True), (cached / "key.json").write_text(
+                    json.dumps(key, indent=2), encoding="utf-8")))
+                llm, roles = llms(cached)
+                records = rollouts(run, llm, cached, roles, concurrency=config.rollout_concurrency)
+            on_main_process(lambda: publish(dev, name, cached, output_dir, config, key))
+        against = untrained_records() if name == UNTRAINED_GUARDS_OFF else None
+        return dev_metrics(records, against) | {"dev_run": source, "dev_reused": reused}
     folder = Path(output_dir) / "dev" / name
     llm, roles = llms(folder)
     records = rollouts(run, llm, folder, roles, concurrency=config.rollout_concurrency)
     on_main_process(lambda: publish(dev, name, folder, output_dir, config))
-    return dev_metrics(records, read_records(base / "sample0" / RESULTS) or None)
+    return dev_metrics(records, untrained_records())
 
 
-def publish(dev: DevConfig, name: str, folder: Path, output_dir: str | Path, config: ModelConfig) -> None:
+def publish(dev: DevConfig, name: str, folder: Path, output_dir: str | Path, config: ModelConfig,
+            key: dict[str, Any] | None = None) -> None:
     """With `dev.records`, the dev run `name` (its records in `folder`) as files to commit there: its compact
-    per-question records, the log so far and the policy's settings, seed included."""
+    per-question records, the log so far and the policy's settings, seed included; for an untrained run also its
+    `key`, under which a run on another machine reads the records back instead of asking the model again."""
     if not dev.records:
         return
     from mhqa_graph.eval.records import SUFFIX, save
@@ -170,6 +202,9 @@ def publish(dev: DevConfig, name: str, folder: Path, output_dir: str | Path, con
     target = out / f"{name}{SUFFIX}"
     target.unlink(missing_ok=True)  # this run's records only, not a merge with an earlier run's
     save(folder / "sample0", target)
+    if key is not None:
+        (out / f"{name}{KEY_SUFFIX}").write_text(json.dumps(key, indent=2, sort_keys=True, default=str) + "\n",
+                                                encoding="utf-8")
     _copy_log(output_dir, out)
     (out / "model.json").write_text(json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n",
                                     encoding="utf-8")
