@@ -388,9 +388,13 @@ def test_a_machine_without_the_untrained_cache_reads_the_committed_records_of_th
     first = untrained(rollout, dev, out, counting(DEV, right=False))
     assert (Path(dev.records) / "untrained.key.json").is_file()
     shutil.rmtree(tmp_path / "runs")  # the machine is gone; the records were committed
+    elsewhere = tmp_path / "another" / "checkout" / "dev.jsonl"  # the same file in another checkout
+    elsewhere.parent.mkdir(parents=True)
+    shutil.copyfile(dev.path, elsewhere)
+    dev = dataclasses.replace(dev, path=str(elsewhere))
 
     again = untrained(rollout, dev, out, None)  # asking the model fails the test
-    assert again["dev_reused"] and again["dev_run"] == str(Path(dev.records) / "untrained")
+    assert again["dev_reused"] and again["dev_run"] == str(Path(dev.records) / "untrained.jsonl.gz")
     assert again["dev_f1"] == first["dev_f1"] == 0.0 and again["dev_questions"] == 4
     trained = dev_module.dev_run(rollout, dev, ModelConfig(name="tiny"), None, out, "iter1",
                                  lambda folder: (counting(DEV)[0], None))

@@ -113,7 +113,7 @@ def test_each_iteration_is_saved_and_a_rerun_resumes_after_the_last(tmp_path):
     assert second.resume() == 1 and second.tau == 0.7
     trained = dict(first.model.named_parameters())
     assert all(torch.equal(p, trained[n]) for n, p in second.model.named_parameters())
-    summary = second.train()  # resumes again from iteration 1: only iteration 2 runs
+    summary = MyGOTrainer(config).train()  # resumes again from iteration 1: only iteration 2 runs
     assert [r["iteration"] for r in summary["iterations"]] == [2] and summary["tau"] >= 0.7
     log = [json.loads(line) for line in (Path(config.output_dir) / "log.jsonl").read_text().splitlines()]
     assert {"event": "resumed", "after_iteration": 1, "tau": 0.7} in log
@@ -127,6 +127,8 @@ def test_each_iteration_is_saved_and_a_rerun_resumes_after_the_last(tmp_path):
     guards_off = [e for e in log if e.get("after") == "final_guards_none"]  # the seeds' claim, after the last
     assert len(guards_off) == 1 and guards_off[0]["dev_paired"] == 2 and guards_off[0]["dev_guarded"] == 0
     assert summary["dev_guards_none"]["dev_questions"] == 2 and "dev_carried" not in guards_off[0]  # all asked
+    untrained_off = [e for e in log if e.get("after") == "untrained_guards_none"]  # made before resuming, logged once
+    assert len(untrained_off) == 1 and summary["dev_untrained_guards_none"]["dev_questions"] == 2
 
 
 def test_a_run_stopped_in_a_dev_run_makes_it_when_resumed(tmp_path, monkeypatch):

@@ -69,8 +69,9 @@ class DevConfig:
     guards_off: bool = False  # also run the untrained and the trained policy with guards "none" (every question
     # asked): the 2x2 of untrained/trained x guards on/off. Does training teach what the guards patch?
     records: str = ""  # a folder to commit (docs/runs/<run>): each dev run's compact per-question records as
-    # <name>.jsonl.gz (mhqa_graph.eval.records), the trainer's log.jsonl and the policy's settings and seed
-    # (model.json); `python training/runs.py <folder>` tables them
+    # <name>.jsonl.gz (mhqa_graph.eval.records; an untrained run's with its key, <name>.key.json, read back on a
+    # machine without the runs/ cache), the trainer's log.jsonl and the policy's settings and seed (model.json);
+    # `python training/runs.py <folder>` tables them
 
 
 T = TypeVar("T")

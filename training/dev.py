@@ -15,6 +15,7 @@ from typing import Any
 from mhqa_graph.errors import DevSliceError
 from mhqa_graph.eval.health import behaviour
 from mhqa_graph.eval.paired import paired_comparison
+from mhqa_graph.eval.records import SUFFIX
 from mhqa_graph.eval.report import RESULTS, read_records
 
 from .configs import DevConfig, ModelConfig, RolloutConfig
@@ -124,7 +125,7 @@ def committed_records(rollout: RolloutConfig, dev: DevConfig, name: str,
     their key (`<name>.key.json`, the checkout's own path left out) is `key` and they answer every question."""
     if not dev.records or not (path := Path(dev.records) / f"{name}{KEY_SUFFIX}").is_file():
         return None
-    from mhqa_graph.eval.records import SUFFIX, load
+    from mhqa_graph.eval.records import load
 
     if _portable(json.loads(path.read_text(encoding="utf-8"))) != _portable(key):
         return None
@@ -171,7 +172,7 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
         records = finished_records(run, cached)
         source, reused = str(cached), records is not None
         if records is None and (records := committed_records(run, dev, name, key)) is not None:
-            source, reused = str(Path(dev.records) / name), True
+            source, reused = str(Path(dev.records) / f"{name}{SUFFIX}"), True
         else:
             if records is None:
                 on_main_process(lambda: (cached.mkdir(parents=True, exist_ok=True), (cached / "key.json").write_text(
@@ -195,7 +196,7 @@ def publish(dev: DevConfig, name: str, folder: Path, output_dir: str | Path, con
     `key`, under which a run on another machine reads the records back instead of asking the model again."""
     if not dev.records:
         return
-    from mhqa_graph.eval.records import SUFFIX, save
+    from mhqa_graph.eval.records import save
 
     out = Path(dev.records)
     out.mkdir(parents=True, exist_ok=True)

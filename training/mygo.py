@@ -35,7 +35,16 @@ from mhqa_graph.export import mygo_rows, read_records, reward_of
 
 from .checkpoints import STEP_SAVES, load_checkpoint, save_checkpoint, saved_checkpoints, train_resuming
 from .configs import DevConfig, ModelConfig, RolloutConfig
-from .dev import GUARDS_OFF, UNTRAINED, check_disjoint, json_digest, policy_dev, publish_final, untrained_runs
+from .dev import (
+    GUARDS_OFF,
+    UNTRAINED,
+    UNTRAINED_GUARDS_OFF,
+    check_disjoint,
+    json_digest,
+    policy_dev,
+    publish_final,
+    untrained_runs,
+)
 from .devices import on_main_process, precision_args
 from .logs import LOG, jsonl_log, plot_curve, write_log
 from .policy import load_model, policy_chat_model, save_policy, teacher_folder
@@ -146,11 +155,18 @@ class MyGOTrainer:
         write_log(self.out / LOG, {"event": "resumed", "after_iteration": k, "tau": self.tau})
         return k
 
+    def log_lines(self) -> list[dict[str, Any]]:
+        log = self.out / LOG
+        return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()] \
+            if log.is_file() else []
+
     def logged(self, k: int) -> bool:
         """Whether log.jsonl holds iteration `k`'s line (written after its dev run)."""
-        log = self.out / LOG
-        lines = log.read_text(encoding="utf-8").splitlines() if log.is_file() else []
-        return any(json.loads(line).get("iteration") == k for line in lines if line.strip())
+        return any(line.get("iteration") == k for line in self.log_lines())
+
+    def logged_dev(self, name: str) -> bool:
+        """Whether log.jsonl holds the dev line of the run `name` (the untrained ones)."""
+        return any(line.get("event") == "dev" and line.get("after") == name for line in self.log_lines())
 
     def finish(self, row: dict[str, Any]) -> dict[str, Any]:
         """Iteration metrics `row` with the dev metrics of the saved weights after it, logged and returned."""
@@ -204,8 +220,8 @@ class MyGOTrainer:
         before = untrained_runs(cfg.dev, self.dev)  # before resuming: finished runs are read back from the cache
         untrained = before[UNTRAINED]
         done = self.resume()
-        if untrained and done < 0:
-            for name, metrics in before.items():
+        for name, metrics in before.items():  # once per run, a resumed one included
+            if metrics and not self.logged_dev(name):
                 write_log(self.out / LOG, {"event": "dev", "after": name, **metrics})
         if done >= 0 and not self.logged(done):  # stopped after the checkpoint, before its dev run ended
             history.append(self.finish(self.saved_row))
@@ -225,4 +241,5 @@ class MyGOTrainer:
             write_log(self.out / LOG, {"event": "dev", "after": GUARDS_OFF, **guards_off})
         publish_final(cfg.dev, self.model, self.out)
         return {"iterations": history, "tau": self.tau, "dev_untrained": untrained, "final": final,
+                **{f"dev_{name}": before[name] for name in before if name == UNTRAINED_GUARDS_OFF},
                 "curve": plot_curve(self.out, "MyGO")} | ({"dev_guards_none": guards_off} if guards_off else {})
