@@ -151,7 +151,7 @@ def test_the_learning_configs_see_several_prompts_per_step_and_hold_prompts_back
     args = grpo_args(cfg, "/tmp/unused", heldout=True)
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps // args.num_generations >= 4
     assert args.generation_batch_size == args.per_device_train_batch_size * args.gradient_accumulation_steps
-    assert args.max_steps >= 20 and cfg.heldout >= 4 and args.eval_strategy == "steps"
+    assert args.max_steps >= 8 and cfg.heldout >= 4 and args.eval_strategy == "steps"
     assert args.eval_steps == cfg.heldout_every and args.per_device_eval_batch_size % args.num_generations_eval == 0
     assert cfg.dev.limit >= 100 and cfg.rollout.limit > cfg.heldout
     if name == "mapgrpo-plan":  # the paper's high-score sample selection: an expert plan in each group
@@ -471,6 +471,7 @@ def test_held_back_prompts_are_never_trained_on_and_their_reward_is_logged(env, 
     export(tmp_path / "expert_run" / "sample0", "roles", tmp_path / "expert")
     cfg = load_config(MAPGRPOConfig, YAML.parent / "learn" / "mapgrpo-analysis.yaml")
     cfg.model.name, cfg.model.lora_r, cfg.dev, cfg.output_dir = "tiny", 4, DevConfig(), str(out)
+    cfg.model.rollout_llm, cfg.model.rollout_concurrency = "in_process", 1  # llama-server serves chat packs only
     cfg.rollout.dataset, cfg.rollout.path, cfg.rollout.store = "hotpotqa", str(env["data"]), env["store"]
     cfg.rollout.limit, cfg.rollout.start, cfg.rollout.max_new_tokens, cfg.rollout.context = 5, 0, 12, dict(CONTEXT)
     cfg.rollout.samples = 2  # more distinct prompts: 4 per step
