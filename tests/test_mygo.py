@@ -4,6 +4,7 @@ example config's training and dev slices are disjoint."""
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,28 @@ def test_example_configs_train_and_evaluate_on_disjoint_slices(path, data_dir, t
     check_disjoint(rollout, dev)
     with pytest.raises(InvalidInput, match="share"):  # the check bites: training on the dev slice itself
         check_disjoint(dataclasses.replace(rollout, path=dev.path, start=dev.start), dev)
+
+
+LEARNING = sorted((CONFIG.parent / "learn").glob("*.yaml"))
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (CONFIG.parents[2] / ".git").exists(),
+                    reason="not a git checkout")
+@pytest.mark.parametrize("path", LEARNING, ids=[p.stem for p in LEARNING])
+def test_a_learning_runs_records_can_be_committed(path):
+    """Every learning config publishes its records under docs/runs/<its name>, a folder git does not ignore
+    (as `runs/`, the machine's own run folders, is)."""
+    import importlib
+    import subprocess
+
+    module, config_cls, _ = TRAINERS[path.stem.split("-")[0]]
+    config = load_config(getattr(importlib.import_module(f"mhqa_graph.training.{module}"), config_cls), path)
+    assert config.dev.records == f"docs/runs/{path.stem}"
+    root = CONFIG.parents[2]
+    for name, ignored in ((f"{config.dev.records}/untrained.jsonl.gz", False),
+                          (f"{config.output_dir}/log.jsonl", True)):
+        found = subprocess.run(["git", "check-ignore", "-q", name], cwd=root).returncode == 0
+        assert found == ignored, f"{name} is {'' if found else 'not '}ignored by git"
 
 
 DEV = {"d1": ("Is Eta a river?", "yes", "comparison", ""), "d2": ("Is Theta older than Iota?", "no", "comparison", "")}
