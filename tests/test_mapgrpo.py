@@ -151,7 +151,7 @@ def test_the_learning_configs_see_several_prompts_per_step_and_hold_prompts_back
     args = grpo_args(cfg, "/tmp/unused", heldout=True)
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps // args.num_generations >= 4
     assert args.generation_batch_size == args.per_device_train_batch_size * args.gradient_accumulation_steps
-    assert args.max_steps >= 8 and cfg.heldout >= 4 and args.eval_strategy == "steps"
+    assert args.max_steps >= 6 and cfg.heldout >= 4 and args.eval_strategy == "steps"
     assert args.eval_steps == cfg.heldout_every and args.per_device_eval_batch_size % args.num_generations_eval == 0
     assert cfg.dev.limit >= 100 and cfg.rollout.limit > cfg.heldout
     if name == "mapgrpo-plan":  # the paper's high-score sample selection: an expert plan in each group
