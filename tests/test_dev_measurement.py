@@ -403,3 +403,19 @@ def test_a_machine_without_the_untrained_cache_reads_the_committed_records_of_th
     other = dataclasses.replace(rollout, max_new_tokens=32)  # another key: asked afresh
     asked = counting(DEV, right=False)
     assert not untrained(other, dev, out, asked)["dev_reused"] and len(asked[1]) == 4
+
+
+def test_training_runs_tables_the_steps_of_the_log(tmp_path, capsys):
+    from mhqa_graph.training import runs
+
+    from mhqa_graph.eval.records import write
+
+    write(tmp_path / "untrained.jsonl.gz", [{"id": "q0", "f1": 0.0, "em": 0.0}])
+    (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(e) for e in [
+        {"role": "analysis", "step": 0, "eval_reward": 0.25}, {"role": "analysis", "step": 1, "reward": 0.5,
+                                                               "reward_std": 0.1, "loss": 0.01, "grad_norm": 0.9},
+        {"event": "dev", "after": "analysis", "dev_f1": 0.3}]) + "\n{cut sho")
+    runs.main([str(tmp_path), "--steps"])
+    printed = capsys.readouterr().out
+    assert "| analysis | 0 |  |  | 0.250 |  |  |" in printed
+    assert "| analysis | 1 | 0.500 | 0.100 |  | 0.010 | 0.900 |" in printed and printed.count("| analysis |") == 2

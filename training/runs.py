@@ -5,7 +5,8 @@ by question, with a 95% bootstrap interval over clusters (PathQuestion's gold pa
     python training/runs.py docs/runs/<run>                 # every dev run, in the order the log wrote them
     python training/runs.py docs/runs/<run> --pair warmup iter1 --pair untrained final_guards_none
 
-With the guards-off runs (`dev.guards_off`) it also prints the 2x2: untrained/trained x guards on/off.
+With the guards-off runs (`dev.guards_off`) it also prints the 2x2: untrained/trained x guards on/off; with
+`--steps`, the per-step rewards of the trainer's log.
 """
 
 from __future__ import annotations
@@ -100,12 +101,37 @@ def two_by_two(runs: dict[str, list[dict[str, Any]]]) -> str:
         f"trained without guards against untrained with them: ΔF1 {_delta(runs[UNTRAINED], runs[GUARDS_OFF])}"])
 
 
+STEP_COLUMNS = (("reward", "training reward"), ("reward_std", "its std"), ("eval_reward", "held-back reward"),
+                ("loss", "loss"), ("grad_norm", "grad norm"))
+
+
+def steps(folder: Path) -> str:
+    """The per-step table of the trainer's log (TRL's log lines: reward, its std, the held-back reward, loss, grad
+    norm), by stage or role; "" without a log or steps."""
+    log = folder / LOG
+    rows = []
+    for line in log.read_text(encoding="utf-8").splitlines() if log.is_file() else []:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if "step" in entry and any(key in entry for key, _ in STEP_COLUMNS):
+            part = entry.get("role", entry.get("stage", entry.get("phase", "")))
+            cells = [f"{entry[key]:.3f}" if isinstance(entry.get(key), (int, float)) else "" for key, _ in STEP_COLUMNS]
+            rows.append(f"| {part} | {entry['step']} | " + " | ".join(cells) + " |")
+    if not rows:
+        return ""
+    head = "| stage | step | " + " | ".join(title for _, title in STEP_COLUMNS) + " |"
+    return "\n".join([head, "|" + "---|" * (2 + len(STEP_COLUMNS)), *rows])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a learning run's committed records (DevConfig.records)")
     parser.add_argument("--pair", nargs=2, action="append", default=[], metavar=("BEFORE", "AFTER"),
                         help="also compare these two dev runs (e.g. a warm start and the iteration after it); "
                              "<run>/<name> names another run's, in the folder beside this one (e.g. a control's)")
+    parser.add_argument("--steps", action="store_true", help="also the per-step table of the trainer's log")
     args = parser.parse_args(argv)
     runs = dev_runs(args.folder)
     pairs = [tuple(p) for p in args.pair]
@@ -116,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(runs, pairs, others))
     if square := two_by_two(runs):
         print("\n" + square)
+    if args.steps and (table_of_steps := steps(args.folder)):
+        print("\n" + table_of_steps)
 
 
 if __name__ == "__main__":
