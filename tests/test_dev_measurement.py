@@ -277,6 +277,13 @@ def test_a_finished_run_publishes_its_adapter_and_whole_log(tmp_path):
     assert sorted(p.name for p in (tmp_path / "full").iterdir()) == [logs.LOG]
     dev_module.publish_final(DevConfig(), lora, out)  # no records folder: nothing written
 
+    from peft import LoraConfig  # MAPGRPO: one adapter a role; only the trained ones are published
+
+    lora.add_adapter("analysis", LoraConfig(r=4, target_modules=["q_proj"]))
+    dev_module.publish_final(DevConfig(records=str(tmp_path / "roles")), lora, out, adapters=["analysis"])
+    assert (tmp_path / "roles" / "adapter" / "analysis" / "adapter_model.safetensors").is_file()
+    assert not (tmp_path / "roles" / "adapter" / "adapter_model.safetensors").exists()  # the untrained default
+
 
 # -- dev slices -----------------------------------------------------------------------------------------
 def test_dev_slices_must_be_large_enough_and_disjoint_from_training(slices):

@@ -225,9 +225,10 @@ def untrained_runs(dev: DevConfig, run: Callable[[str], dict[str, Any]]) -> dict
     return {name: run(name) for name in names}
 
 
-def publish_final(dev: DevConfig, model: Any, output_dir: str | Path) -> None:
+def publish_final(dev: DevConfig, model: Any, output_dir: str | Path, adapters: list[str] | None = None) -> None:
     """With `dev.records`, what a finished run adds there for others to evaluate or continue: its LoRA adapter
-    (`adapter/`, small; full weights are not copied) and the log to its end."""
+    (`adapter/`, small; full weights are not copied), or only the named `adapters` of several (MAPGRPO's trained
+    roles: an untrained role's adapter is the base model's), and the log to its end."""
     if not dev.records:
         return
     out = Path(dev.records)
@@ -235,7 +236,7 @@ def publish_final(dev: DevConfig, model: Any, output_dir: str | Path) -> None:
     def write() -> None:
         out.mkdir(parents=True, exist_ok=True)
         if getattr(model, "peft_config", None):
-            model.save_pretrained(out / "adapter")
+            model.save_pretrained(out / "adapter", **({"selected_adapters": adapters} if adapters else {}))
         _copy_log(output_dir, out)
 
     on_main_process(write)

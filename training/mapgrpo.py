@@ -638,6 +638,6 @@ class MAPGRPOTrainer:
             dev[GUARDS_OFF] = self.dev(GUARDS_OFF)
         final = save_policy(self.model, self.tokenizer, out / "final")
         write_log(out / LOG, {"event": "saved", "final": final})
-        publish_final(self.config.dev, self.model, out)
+        publish_final(self.config.dev, self.model, out, adapters=list(self.config.roles) or None)
         return summary | {"dev": dev if self.config.dev.path else {}, "final": final,
                           "curve": plot_curve(out, "MAPGRPO")}
