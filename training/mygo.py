@@ -156,9 +156,9 @@ class MyGOTrainer:
         return k
 
     def log_lines(self) -> list[dict[str, Any]]:
-        log = self.out / LOG
-        return [json.loads(line) for line in log.read_text(encoding="utf-8").splitlines() if line.strip()] \
-            if log.is_file() else []
+        from .curve import read_log
+
+        return read_log(self.out / LOG) if (self.out / LOG).is_file() else []
 
     def logged(self, k: int) -> bool:
         """Whether log.jsonl holds iteration `k`'s line (written after its dev run)."""
@@ -241,5 +241,5 @@ class MyGOTrainer:
             write_log(self.out / LOG, {"event": "dev", "after": GUARDS_OFF, **guards_off})
         publish_final(cfg.dev, self.model, self.out)
         return {"iterations": history, "tau": self.tau, "dev_untrained": untrained, "final": final,
-                **{f"dev_{name}": before[name] for name in before if name == UNTRAINED_GUARDS_OFF},
+                **({"dev_untrained_guards_none": before[UNTRAINED_GUARDS_OFF]} if cfg.dev.guards_off else {}),
                 "curve": plot_curve(self.out, "MyGO")} | ({"dev_guards_none": guards_off} if guards_off else {})

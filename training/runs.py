@@ -24,6 +24,22 @@ from mhqa_graph.eval.paired import cluster_key, paired_comparison
 from mhqa_graph.eval.records import SUFFIX, load, natural
 
 
+def log_entries(folder: Path) -> list[dict[str, Any]]:
+    """The lines of the trainer's log committed in `folder` ([] without one), a line cut short by a stopped run
+    left out."""
+    entries = []
+    for line in (folder / LOG).read_text(encoding="utf-8").splitlines() if (folder / LOG).is_file() else []:
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue
+    return entries
+
+
+def mean(rows: list[dict[str, Any]], key: str) -> float:
+    return sum(r.get(key) or 0 for r in rows) / max(1, len(rows))
+
+
 def dev_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
     """name -> records of the dev runs committed in `folder`: the untrained one first, then in the order the
     log names them, then the others by name (iter2 before iter10)."""
@@ -31,16 +47,11 @@ def dev_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
     if not files:
         raise InvalidInput(f"{folder} holds no dev records (*{SUFFIX}); a run writes them with dev.records")
     logged = []
-    if (log := folder / LOG).is_file():
-        for line in log.read_text(encoding="utf-8").splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:  # a line cut short by a stopped run
-                continue
-            name = entry.get("after") if entry.get("event") == "dev" else (
-                f"iter{entry['iteration']}" if "iteration" in entry and "dev_f1" in entry else None)
-            if name in files and name not in logged:
-                logged.append(name)
+    for entry in log_entries(folder):
+        name = entry.get("after") if entry.get("event") == "dev" else (
+            f"iter{entry['iteration']}" if "iteration" in entry and "dev_f1" in entry else None)
+        if name in files and name not in logged:
+            logged.append(name)
     order = [UNTRAINED] * (UNTRAINED in files) + [n for n in logged if n != UNTRAINED]
     order += sorted((n for n in files if n not in order), key=natural)
     return {name: load(files[name]) for name in order}
@@ -58,9 +69,6 @@ def table(runs: dict[str, list[dict[str, Any]]], pairs: list[tuple[str, str]],
           others: dict[str, list[dict[str, Any]]] | None = None) -> str:
     """The markdown table of `runs`, then one line per pair asked for, whose runs may also be `others` (other
     runs' dev runs, named `<run>/<name>`)."""
-    def mean(rows: list[dict[str, Any]], key: str) -> float:
-        return sum(r.get(key) or 0 for r in rows) / max(1, len(rows))
-
     names = list(runs)
     lines = ["| dev run | questions (clusters) | F1 | EM | LLM calls/q | ΔF1 vs the run before | ΔF1 vs untrained |",
              "|---|---|---|---|---|---|---|"]
@@ -88,7 +96,7 @@ def two_by_two(runs: dict[str, list[dict[str, Any]]]) -> str:
     last = trained[-1]
 
     def f1(name: str) -> str:
-        return f"{100 * sum(r.get('f1') or 0 for r in runs[name]) / max(1, len(runs[name])):.1f}"
+        return f"{100 * mean(runs[name], 'f1'):.1f}"
 
     return "\n".join([
         "| F1 | guards on | guards none |", "|---|---|---|",
@@ -108,13 +116,8 @@ STEP_COLUMNS = (("reward", "training reward"), ("reward_std", "its std"), ("eval
 def steps(folder: Path) -> str:
     """The per-step table of the trainer's log (TRL's log lines: reward, its std, the held-back reward, loss, grad
     norm), by stage or role; "" without a log or steps."""
-    log = folder / LOG
     rows = []
-    for line in log.read_text(encoding="utf-8").splitlines() if log.is_file() else []:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
+    for entry in log_entries(folder):
         if "step" in entry and any(key in entry for key, _ in STEP_COLUMNS):
             part = entry.get("role", entry.get("stage", entry.get("phase", "")))
             cells = [f"{entry[key]:.3f}" if isinstance(entry.get(key), (int, float)) else "" for key, _ in STEP_COLUMNS]
