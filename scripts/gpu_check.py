@@ -6,7 +6,7 @@ step of stage 1 and one SFT step of stage 2). Each checks that the policy sits o
 gives and that no rollout failed on its device. Run by scripts/gpu_check.sh, alone or under
 `accelerate launch` (then each process uses its own GPU and the main one rolls out).
 
-    python scripts/gpu_check.py OUT_DIR [--allow-cpu] [--model FOLDER]
+    python scripts/gpu_check.py OUT_DIR [--allow-cpu] [--model FOLDER] [--methods mygo,mapgrpo,omne]
 """
 
 from __future__ import annotations
@@ -160,6 +160,8 @@ def main() -> None:
     parser.add_argument("--allow-cpu", action="store_true", help="run on the CPU too (to check this script)")
     parser.add_argument("--model", default="tiny", help="the policy: tiny (a random 2-layer model, default) or a "
                         "transformers model folder, to measure a real model's memory and step time")
+    parser.add_argument("--methods", default="mygo,mapgrpo,omne",
+                        help="which methods' steps to run, comma-separated (default: all three)")
     args = parser.parse_args()
     MODEL["name"] = args.model
     torch.manual_seed(0)
@@ -177,6 +179,10 @@ def main() -> None:
     steps = {"mygo": lambda: mygo(args.out / "mygo", data, store, args.allow_cpu),
              "mapgrpo": lambda: mapgrpo(args.out / "mapgrpo", data, store, args.allow_cpu),
              "omne": lambda: omne(args.out / "omne", args.allow_cpu)}
+    unknown = set(args.methods.split(",")) - set(steps)
+    if unknown:
+        parser.error(f"--methods: no method {', '.join(sorted(unknown))} (there are {', '.join(steps)})")
+    steps = {name: step for name, step in steps.items() if name in args.methods.split(",")}
     for name, step in steps.items():  # each printed when it ends: a method that fails keeps the others' figures
         try:
             results[name] = measured(step, _steps)

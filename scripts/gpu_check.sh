@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path of `mhqa train`, for a machine with a CUDA GPU (nothing here needs a download):
-#  1. the trainer tests, whose tiny random policy (training/tiny.py) `load_model` now puts on the GPU in bfloat16
+#  1. the trainer tests (-v: a line per test as it ends, so a run stopped at a time limit still names its
+#     failures), whose tiny random policy (training/tiny.py) `load_model` now puts on the GPU in bfloat16
 #     (tests that build the tiny model themselves, or pin use_cpu, still run that part on the CPU), and the
 #     GPU-only tests of tests/test_gpu_path.py (`python -P`: the installed package, not the source folder beside it);
 #  2. one short step of each method on the GPU (scripts/gpu_check.py): MyGO, MAPGRPO (plan and analysis
@@ -33,7 +34,7 @@ out=$(mktemp -d "${TMPDIR:-/tmp}/mhqa-gpu-check.XXXXXX")
 status=0
 
 echo "== 1. trainer tests on the GPU"
-python -P -m pytest -q -p no:cacheprovider tests/test_gpu_path.py tests/test_mygo.py tests/test_mapgrpo.py \
+python -P -m pytest -v -p no:cacheprovider tests/test_gpu_path.py tests/test_mygo.py tests/test_mapgrpo.py \
   tests/test_omne_training.py tests/test_weighted_sft.py tests/test_lora_gguf.py "$@" || status=1
 
 echo "== 2. one short step of each method on one GPU (seconds per step, peak GPU memory)"

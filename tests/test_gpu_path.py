@@ -304,10 +304,10 @@ def test_under_two_processes_only_the_main_one_rolls_out_and_both_get_its_record
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
-    for rank in (0, 1):
+    for rank in (0, 1):  # -P: the installed package, not the source folder in the cwd (no graphs/ or training/)
         launch = {"WORLD_SIZE": "2", "RANK": str(rank), "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
                   "MASTER_PORT": str(port), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(hotpot["data"]), hotpot["store"],
+        procs.append(subprocess.Popen([sys.executable, "-P", "-c", WORKER, str(hotpot["data"]), hotpot["store"],
                                        str(tmp_path), str(rank)], env=os.environ | launch, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     results = []
