@@ -536,3 +536,40 @@ def test_a_role_stopped_between_steps_resumes_at_its_last_step(env, tmp_path, st
     assert not list((out / "analysis" / "grpo").glob("checkpoint-*"))
     trained = {k: v for k, v in again.model.state_dict().items() if ".analysis." in k}
     assert trained and all(torch.allclose(v, whole.model.state_dict()[k]) for k, v in trained.items())
+
+
+def test_a_finished_role_is_not_trained_again(env, expert_dir, tmp_path, monkeypatch):
+    """A run stopped after its first role (here: in the second role's rollouts) resumes with the first role's
+    weights from its checkpoint and trains only the second; other GRPO arguments train every role afresh."""
+    out = tmp_path / "run"
+    def cfg(roles):  # the expert's plans give the plan role's groups a signal
+        return config(env, out, roles=roles, expert=str(expert_dir), expert_min_score=1.0)
+
+    first = MAPGRPOTrainer(cfg(["plan", "analysis"]))
+    trained = first.train_role  # the real one, for the first role only
+
+    def stopped(role):
+        if role == "analysis":
+            raise KeyboardInterrupt
+        return trained(role)
+
+    monkeypatch.setattr(first, "train_role", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        first.train()
+    plan = {k: v.clone() for k, v in first.model.state_dict().items() if ".plan." in k}
+    assert any(v.any() for k, v in plan.items() if "lora_B" in k)
+
+    again = MAPGRPOTrainer(cfg(["plan", "analysis"]))
+    asked = []
+    monkeypatch.setattr(again, "train_role", lambda role: asked.append(role) or {"steps": 0})
+    summary = again.train()
+    assert asked == ["analysis"] and summary["roles"]["plan"]["steps"] > 0
+    assert all(torch.equal(v, again.model.state_dict()[k]) for k, v in plan.items())
+    assert [e["after_role"] for e in log_entries(out) if e.get("event") == "resumed"] == ["plan"]
+
+    changed = cfg(["plan", "analysis"])
+    changed.grpo["learning_rate"] = 0.5  # other arguments: nothing of this run is done
+    other = MAPGRPOTrainer(changed)
+    monkeypatch.setattr(other, "train_role", lambda role: asked.append(role) or {"steps": 0})
+    other.train()
+    assert asked == ["analysis", "plan", "analysis"]

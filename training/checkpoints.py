@@ -33,13 +33,16 @@ def saved_checkpoints(out: Path, pattern: str) -> list[tuple[dict[str, Any], Pat
 
 
 def load_checkpoint(model: Any, path: Path) -> None:
-    """Load the weights `save_checkpoint` saved in the checkpoint folder `path` into `model`."""
+    """Load the weights `save_checkpoint` saved in the checkpoint folder `path` into `model`: each of its LoRA
+    adapters (PEFT's layout: "default" at the root, another in a folder of its name), or the whole model."""
     from safetensors.torch import load_file
 
     if hasattr(model, "peft_config"):
         from peft import set_peft_model_state_dict
 
-        set_peft_model_state_dict(model, load_file(str(path / "adapter_model.safetensors")))
+        for name in model.peft_config:
+            folder = path if name == "default" else path / name
+            set_peft_model_state_dict(model, load_file(str(folder / "adapter_model.safetensors")), adapter_name=name)
     else:
         model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
 

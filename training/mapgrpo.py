@@ -76,7 +76,7 @@ from mhqa_graph.models.chat import TransformersChatModel
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
 
-from .checkpoints import STEP_SAVES, train_resuming
+from .checkpoints import STEP_SAVES, load_checkpoint, save_checkpoint, saved_checkpoints, train_resuming
 from .configs import DevConfig, ModelConfig, RolloutConfig
 from .dev import GUARDS_OFF, check_disjoint, dev_run, publish_final, untrained_runs
 from .devices import barrier, on_main_process, precision_args
@@ -505,6 +505,11 @@ class RoleRewards:
         return rewards
 
 
+def without_log(summary: dict[str, Any]) -> dict[str, Any]:
+    """A role's summary as its checkpoint keeps it: the step log is in log.jsonl."""
+    return {k: v for k, v in summary.items() if k != "log"}
+
+
 # -- the trainer ---------------------------------------------------------------------------------
 def environment(records: list[dict[str, Any]]) -> tuple[str | None, str | None]:
     """The corpus and graph the rollouts searched."""
@@ -624,15 +629,40 @@ class MAPGRPOTrainer:
         return info | {"steps": result.global_step, "train_loss": result.training_loss,
                        "plan_executions": rewards.executions, "log": log.entries}
 
+    def role_state(self, position: int) -> dict[str, Any]:
+        """What the checkpoint of the role at `position` holds: the roles trained so far, in order, with these
+        GRPO arguments and rollout settings (as JSON reads them back)."""
+        cfg = self.config
+        return json.loads(json.dumps({"order": list(cfg.roles[:position + 1]), "args": cfg.grpo,
+                                      "rollout": asdict(cfg.rollout)}, default=str))
+
+    def resume(self) -> dict[str, dict[str, Any]]:
+        """{role: summary} of the roles an earlier run of this order finished (`<role>/checkpoint`, saved after each
+        role: the longest run of this order's first roles), the last one's weights (every role's adapter) loaded;
+        {} if none. A run stopped after a role, or during a later role's dev run, trains no role twice."""
+        out, done = Path(self.config.output_dir), []
+        for position, role in enumerate(self.config.roles):
+            found = saved_checkpoints(out, role)
+            if not found or found[0][0].get("state") != self.role_state(position):
+                break
+            done.append(found[0])
+        if done:
+            load_checkpoint(self.model, done[-1][1])
+            write_log(out / LOG, {"event": "resumed", "after_role": done[-1][0]["role"]})
+        return {state["role"]: state["summary"] for state, _ in done}
+
     def train(self) -> dict[str, Any]:
         """Train the roles in order; returns {"roles": {role: summary}, "dev": {stage: metrics}, "final": path}.
         With LoRA, `final` holds one adapter folder per role (`final/plan`, ...)."""
         out = Path(self.config.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         dev = untrained_runs(self.config.dev, self.dev)
-        summary: dict[str, Any] = {"roles": {}}
-        for role in self.config.roles:
-            summary["roles"][role] = self.train_role(role)
+        summary: dict[str, Any] = {"roles": self.resume()}
+        for position, role in enumerate(self.config.roles):
+            if role not in summary["roles"]:
+                summary["roles"][role] = self.train_role(role)
+                save_checkpoint(self.model, out / role, {"role": role, "state": self.role_state(position),
+                                                         "summary": without_log(summary["roles"][role])})
             dev[role] = self.dev(role)
         if self.config.dev.guards_off:
             dev[GUARDS_OFF] = self.dev(GUARDS_OFF)
