@@ -426,3 +426,22 @@ def test_training_runs_tables_the_steps_of_the_log(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| analysis | 0 |  |  | 0.250 |  |  |" in printed
     assert "| analysis | 1 | 0.500 | 0.100 |  | 0.010 | 0.900 |" in printed and printed.count("| analysis |") == 2
+
+
+def test_another_run_reads_the_untrained_records_that_a_run_beside_it_committed(slices, tmp_path):
+    """A run whose records folder has no untrained run (a control, say) takes the one committed beside it, in
+    another run's folder, when the key is its own, and keeps a copy in its own folder."""
+    import shutil
+
+    rollout, base = slices
+    main = dataclasses.replace(base, records=str(tmp_path / "docs" / "runs" / "main"))
+    first = untrained(rollout, main, tmp_path / "runs" / "main", counting(DEV, right=False))
+    shutil.rmtree(tmp_path / "runs")  # another machine
+
+    control = dataclasses.replace(base, records=str(tmp_path / "docs" / "runs" / "control"))
+    again = untrained(rollout, control, tmp_path / "runs" / "control", None)  # asking the model fails the test
+    assert again["dev_reused"] and again["dev_run"] == str(Path(main.records) / "untrained.jsonl.gz")
+    assert again["dev_f1"] == first["dev_f1"] and again["dev_questions"] == 4
+    assert (Path(control.records) / "untrained.jsonl.gz").read_bytes() == \
+        (Path(main.records) / "untrained.jsonl.gz").read_bytes()
+    assert (Path(control.records) / "untrained.key.json").is_file()

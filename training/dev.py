@@ -120,16 +120,28 @@ def finished_records(rollout: RolloutConfig, folder: Path) -> list[dict[str, Any
 
 
 def committed_records(rollout: RolloutConfig, dev: DevConfig, name: str,
-                      key: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The untrained run `name`'s compact records that a run on another machine committed in `dev.records`, if
-    their key (`<name>.key.json`, the checkout's own path left out) is `key` and they answer every question."""
-    if not dev.records or not (path := Path(dev.records) / f"{name}{KEY_SUFFIX}").is_file():
+                      key: dict[str, Any]) -> tuple[list[dict[str, Any]], Path] | None:
+    """(records, file) of the untrained run `name` that a run on another machine committed, in `dev.records` or in
+    another run's records folder beside it (`docs/runs/<run>/`), if their key (`<name>.key.json`, the checkout's
+    own path left out) is `key` and they answer every question."""
+    if not dev.records:
         return None
     from mhqa_graph.eval.records import load
 
-    if _portable(json.loads(path.read_text(encoding="utf-8"))) != _portable(key):
-        return None
-    return _every_question(rollout, load(Path(dev.records) / f"{name}{SUFFIX}"))
+    own = Path(dev.records)
+    for key_file in (own / f"{name}{KEY_SUFFIX}", *sorted(own.parent.glob(f"*/{name}{KEY_SUFFIX}"))):
+        if key_file.is_file() and _portable(json.loads(key_file.read_text(encoding="utf-8"))) == _portable(key):
+            file = key_file.parent / f"{name}{SUFFIX}"
+            if (records := _every_question(rollout, load(file))) is not None:
+                return records, file
+    return None
+
+
+def _copy_records(source: Path, target: Path, name: str) -> None:
+    """Run `name`'s committed records and key, from one run's records folder into another's."""
+    target.mkdir(parents=True, exist_ok=True)
+    for end in (SUFFIX, KEY_SUFFIX):
+        shutil.copyfile(source / f"{name}{end}", target / f"{name}{end}")
 
 
 def _portable(key: dict[str, Any]) -> dict[str, Any]:
@@ -150,8 +162,9 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
     """`dev_metrics` of a greedy run over the dev slice, the policy served by `llms(folder)`; {} without a dev
     slice. The untrained runs (`UNTRAINED`, `UNTRAINED_GUARDS_OFF`) are kept in `untrained_folder`: a finished
     one is read back without asking the model (or, where this machine has none, the compact records a run of the
-    same key committed in `dev.records`), an interrupted one resumes, and another key (policy, slice, settings,
-    guards) gets a folder of its own; their metrics carry `dev_run` (where they were read) and `dev_reused`.
+    same key committed in `dev.records` or in another run's records folder beside it, copied into `dev.records`),
+    an interrupted one resumes, and another key (policy, slice, settings, guards) gets a folder of its own; their
+    metrics carry `dev_run` (where they were read) and `dev_reused`.
     Every other `name` is a resumable run in `output_dir/dev/<name>`. The runs in `GUARDS_NONE` run with guards
     "none" and ask every question. Each run is compared with the untrained run with guards on, when there is
     one."""
@@ -165,14 +178,20 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
     run = dev_rollout(rollout, dev)
 
     def untrained_records() -> list[dict[str, Any]] | None:  # the untrained run with guards on, to compare with
-        return finished_records(base_run, base_folder) or committed_records(base_run, dev, UNTRAINED, base_key)
+        if (records := finished_records(base_run, base_folder)) is not None:
+            return records
+        found = committed_records(base_run, dev, UNTRAINED, base_key)
+        return found[0] if found else None
 
     if name in (UNTRAINED, UNTRAINED_GUARDS_OFF):
         cached = untrained_folder(key, dev, output_dir)
         records = finished_records(run, cached)
         source, reused = str(cached), records is not None
-        if records is None and (records := committed_records(run, dev, name, key)) is not None:
-            source, reused = str(Path(dev.records) / f"{name}{SUFFIX}"), True
+        if records is None and (found := committed_records(run, dev, name, key)) is not None:
+            records, committed = found
+            source, reused = str(committed), True
+            if committed.parent != Path(dev.records):  # another run's: this run's folder gets them too
+                on_main_process(lambda: _copy_records(committed.parent, Path(dev.records), name))
         else:
             if records is None:
                 on_main_process(lambda: (cached.mkdir(parents=True, exist_ok=True), (cached / "key.json").write_text(
