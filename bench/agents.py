@@ -742,9 +742,10 @@ def routes_table(by_env: dict[str, dict]) -> str | None:
 
 def mechanisms_table(args: argparse.Namespace, envs: list[str], pairs: list[tuple[str, str]]) -> str | None:
     """Each (before, after) pair of variants on the questions both answered, per environment: F1 and ΔF1 [95%
-    interval over clusters], calls and seconds a question, and the share of forced answers; None without pairs."""
+    interval over clusters], calls and seconds a question, the share of forced answers, and of plans of one
+    sub-goal or sub-question in all; None without pairs."""
     rows = ["| before → after | environment | questions (clusters) | F1 | ΔF1 [95% CI] | LLM calls/q | s/q | "
-            "forced answers |", "|---|---|---|---|---|---|---|---|"]
+            "forced answers | one-step plans |", "|---|---|---|---|---|---|---|---|---|"]
     for before, after in pairs:
         for env in envs:
             runs = [{r["id"]: r for r in R.load(R.path_of(args.llm, env, v, args.results))} for v in (before, after)]
@@ -760,10 +761,13 @@ def mechanisms_table(args: argparse.Namespace, envs: list[str], pairs: list[tupl
 
             forced = " → ".join(f"{sum(bool((r.get('health') or {}).get('forced')) for r in recs)} of {len(ids)}"
                                 for recs in (a, b))
+            one_step = " → ".join(f"{sum(r.get('plan_size') == 1 for r in recs)} of {len(ids)}"
+                                  if any(r.get("plan_size") is not None for r in recs) else "-" for recs in (a, b))
             ci = _interval(paired_interval(diffs, clusters=clusters))
             rows.append(f"| `{before}` → `{after}` | {env} | {len(ids)} ({len(set(clusters))}) | "
                         f"{cell(lambda r: 100 * r['f1'])} | {100 * _mean(diffs):+.1f}{ci} | "
-                        f"{cell(lambda r: r['llm_calls'], 2)} | {cell(lambda r: r['latency'])} | {forced} |")
+                        f"{cell(lambda r: r['llm_calls'], 2)} | {cell(lambda r: r['latency'])} | {forced} | "
+                        f"{one_step} |")
     return "\n".join(rows) if len(rows) > 2 else None
 
 
@@ -792,7 +796,8 @@ def summary(args: argparse.Namespace, envs: list[str], agents: list[str]) -> str
     if table:
         text += ["### Mechanisms: each against the run without it\n", "Paired on the questions both runs "
                  "answered (a later slice may be in one run only); forced answers: questions whose design was told "
-                 "to answer now (a cap, or a planner round that planned nothing to run).\n", table]
+                 "to answer now (a cap, or a planner round that planned nothing to run); one-step plans: questions "
+                 "whose whole plan was one sub-goal or sub-question.\n", table]
     return "\n".join(text)
 
 

@@ -422,10 +422,12 @@ def test_a_mechanism_is_compared_with_the_run_without_it_on_the_questions_both_a
     write_run(summary_args, "pq2h", "mujica", scored("pq2h", [0, 0, 1, 0], calls=6))
     after = scored("pq2h", [1, 0, 1], calls=3)
     after[1]["health"]["forced"] = 1
+    for asked, size in zip(after, (1, 2, 1)):  # a planner's plan: one sub-question, two, one
+        asked["trace"]["plan"] = [{"question": f"q{n}"} for n in range(size)]
     write_run(summary_args, "pq2h", "mujica:plan_examples=plans", after)
     table = bench.mechanisms_table(summary_args, ["pq2h", "pq3h"], [("mujica", "mujica:plan_examples=plans")])
     assert "| `mujica` → `mujica:plan_examples=plans` | pq2h | 3 (3) | 33.3 → 66.7 | +33.3 [+0.0, +100.0] |" in table
-    assert "| 6.00 → 3.00 | 3.0 → 3.0 | 0 of 3 → 1 of 3 |" in table and "pq3h" not in table
+    assert "| 6.00 → 3.00 | 3.0 → 3.0 | 0 of 3 → 1 of 3 | - → 2 of 3 |" in table and "pq3h" not in table
     assert bench.mechanisms_table(summary_args, ["pq3h"], [("mujica", "mujica:plan_examples=plans")]) is None
     summary_args.mechanism, summary_args.only_mechanisms = [["mujica", "mujica:plan_examples=plans"]], True
     alone = bench.summary(summary_args, ["pq2h", "pq3h"], ["rag", "mujica"])  # a slice where only the pair ran
