@@ -129,3 +129,20 @@ def stop_training(monkeypatch):
 
     stop.error = StoppedTraining
     return stop
+
+
+@pytest.fixture()
+def stop_at(monkeypatch):
+    """`stop_at(trainer, method, arg)`: the trainer's `method` raises KeyboardInterrupt when called with `arg`,
+    and runs as before with any other (a run stopped between its stages)."""
+    def stop(trainer, method: str, arg):
+        real = getattr(trainer, method)
+
+        def stopped(value, *args, **kwargs):
+            if value == arg:
+                raise KeyboardInterrupt
+            return real(value, *args, **kwargs)
+
+        monkeypatch.setattr(trainer, method, stopped)
+
+    return stop

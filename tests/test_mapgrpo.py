@@ -538,7 +538,7 @@ def test_a_role_stopped_between_steps_resumes_at_its_last_step(env, tmp_path, st
     assert trained and all(torch.allclose(v, whole.model.state_dict()[k]) for k, v in trained.items())
 
 
-def test_a_finished_role_is_not_trained_again(env, expert_dir, tmp_path, monkeypatch):
+def test_a_finished_role_is_not_trained_again(env, expert_dir, tmp_path, monkeypatch, stop_at):
     """A run stopped after its first role (here: in the second role's rollouts) resumes with the first role's
     weights from its checkpoint and trains only the second; other GRPO arguments train every role afresh."""
     out = tmp_path / "run"
@@ -546,14 +546,7 @@ def test_a_finished_role_is_not_trained_again(env, expert_dir, tmp_path, monkeyp
         return config(env, out, roles=roles, expert=str(expert_dir), expert_min_score=1.0)
 
     first = MAPGRPOTrainer(cfg(["plan", "analysis"]))
-    trained = first.train_role  # the real one, for the first role only
-
-    def stopped(role):
-        if role == "analysis":
-            raise KeyboardInterrupt
-        return trained(role)
-
-    monkeypatch.setattr(first, "train_role", stopped)
+    stop_at(first, "train_role", "analysis")
     with pytest.raises(KeyboardInterrupt):
         first.train()
     plan = {k: v.clone() for k, v in first.model.state_dict().items() if ".plan." in k}

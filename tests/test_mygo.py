@@ -154,20 +154,13 @@ def test_each_iteration_is_saved_and_a_rerun_resumes_after_the_last(tmp_path):
     assert len(untrained_off) == 1 and summary["dev_untrained_guards_none"]["dev_questions"] == 2
 
 
-def test_a_run_stopped_in_a_dev_run_makes_it_when_resumed(tmp_path, monkeypatch):
+def test_a_run_stopped_in_a_dev_run_makes_it_when_resumed(tmp_path, stop_at):
     """Stopped after iteration 1's checkpoint, in its dev run: the rerun makes the dev run and logs the
     iteration's line, with the metrics saved beside the checkpoint, without rolling out or training again."""
     config = tiny_config(tmp_path, iterations=1)
     config.dev = DevConfig(path=str(write_dataset(tmp_path / "dev.jsonl", DEV)), min_questions=2)
     first = MyGOTrainer(config)
-    dev = first.dev
-
-    def stopped(name):
-        if name == "iter1":
-            raise KeyboardInterrupt
-        return dev(name)
-
-    monkeypatch.setattr(first, "dev", stopped)
+    stop_at(first, "dev", "iter1")
     with pytest.raises(KeyboardInterrupt):
         first.train()
     log_path = Path(config.output_dir) / "log.jsonl"
