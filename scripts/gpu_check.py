@@ -179,10 +179,10 @@ def main() -> None:
     steps = {"mygo": lambda: mygo(args.out / "mygo", data, store, args.allow_cpu),
              "mapgrpo": lambda: mapgrpo(args.out / "mapgrpo", data, store, args.allow_cpu),
              "omne": lambda: omne(args.out / "omne", args.allow_cpu)}
-    unknown = set(args.methods.split(",")) - set(steps)
-    if unknown:
+    chosen = args.methods.split(",")
+    if unknown := set(chosen) - set(steps):
         parser.error(f"--methods: no method {', '.join(sorted(unknown))} (there are {', '.join(steps)})")
-    steps = {name: step for name, step in steps.items() if name in args.methods.split(",")}
+    steps = {name: step for name, step in steps.items() if name in chosen}
     for name, step in steps.items():  # each printed when it ends: a method that fails keeps the others' figures
         try:
             results[name] = measured(step, _steps)
