@@ -27,7 +27,8 @@ Departures from the paper:
   on about the entities they name; off by default: on questions 140-159 it turned 2 answers right and 3
   wrong); on the conclusion `date_comparison`, `option_answer`, and off by default `no_answer_fallback` and
   `short_answer_reask` (`mujica_conclusion`).
-- On graph facts the worker's prompt names relation synonyms (released: publication date).
+- On graph facts the worker's prompt names relation synonyms (released: publication date); with `rank_facts`
+  the facts of the relation a sub-question names are listed first.
 
 Replies each role is expected to give (what `fake_llms` scripts; `mujica_prompts` holds their formats):
 - planner: `{"subquestions": [{"id": "q1", "question": "Who directed Inception?", "depends_on": []},
@@ -52,7 +53,8 @@ from langgraph.types import Send
 
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
 from mhqa_graph.text import topic_entities
-from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text
+from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, fact_order
+from mhqa_graph.types import Fact
 
 from . import mujica_prompts as P
 from .calls import SentBack, ask_json, clean_answer, get_llm, get_store
@@ -252,6 +254,7 @@ class Snippet:
     id: str  # passage id, or the fact line on the graph source
     text: str
     score: float
+    fact: Fact | None = None  # on the graph source
 
 
 def retrieve(ctx: MujicaContext, query: str) -> tuple[str, list[Snippet]]:
@@ -266,12 +269,16 @@ def retrieve(ctx: MujicaContext, query: str) -> tuple[str, list[Snippet]]:
             info = store.node_info(ctx.graph, hit.name)
         except EntityNotFound:
             continue
-        per_entity.append([Snippet(line, line, hit.score) for line in (f.as_text(info.name) for f in info.facts)])
+        per_entity.append([Snippet(f.as_text(info.name), f.as_text(info.name), hit.score, f) for f in info.facts])
     facts = {}  # round-robin over entities, so each matched entity contributes
     for c in itertools.chain.from_iterable(itertools.zip_longest(*per_entity)):
         if c is not None:
             facts.setdefault(c.id, c)
-    return source, list(facts.values())[:ctx.max_facts]
+    ordered = list(facts.values())
+    if ctx.rank_facts:  # the asked relation's facts first, each group still in turn over the entities
+        key = fact_order(query)
+        ordered.sort(key=lambda c: key(c.fact))
+    return source, ordered[:ctx.max_facts]
 
 
 def read_worker(value: Any, n: int) -> tuple[list[int], str]:

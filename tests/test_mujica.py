@@ -722,6 +722,22 @@ def test_a_graph_worker_may_capitalise_a_name_the_facts_write_in_lower_case():
     assert "Shah Shuja" not in fact_answer_schema(on, facts, mujica.P.FACT_NONE)["enum"]
 
 
+def test_with_rank_facts_a_graph_worker_sees_the_asked_relation_first(tmp_path):
+    """Found on PQ-2H 0-99: the worker's facts come from each matched entity in turn, in stored order, so the asked
+    relation's fact is not first for a third of the questions. `rank_facts` lists it first (husband is spouse)."""
+    s = open_store(f"embedded://{tmp_path}/s?embedder=hash")
+    s.add_triples("kg", [("Ada Lovelace", "occupation", "mathematician"), ("Ada Lovelace", "nationality", "England"),
+                         ("Ada Lovelace", "spouse", "William King"), ("Lord Byron", "children", "Ada Lovelace")])
+    query = "Who is the husband of Ada Lovelace?"
+    plain = [c.id for c in mujica.retrieve(mujica.MujicaContext(store=s, graph="kg"), query)[1]]
+    ranked = [c.id for c in mujica.retrieve(mujica.MujicaContext(store=s, graph="kg", rank_facts=True), query)[1]]
+    assert sorted(plain) == sorted(ranked) and plain[0] != ranked[0]
+    assert ranked[0] == "(Ada Lovelace) -[spouse]-> (William King)"
+    capped = mujica.retrieve(mujica.MujicaContext(store=s, graph="kg", rank_facts=True, max_facts=1), query)[1]
+    assert [c.id for c in capped] == ranked[:1]  # the cap keeps the asked relation
+    s.close()
+
+
 def test_corpus_worker_records_retrieved_ids_and_scores(store):
     plan = planner([{"subquestions": [subq("q1", "Who directed Inception?")]}, {"answer": "Christopher Nolan"}])
     out = mujica.graph.invoke({"question": "Who directed Inception?"}, context=ctx(store, plan, answering_worker()))
