@@ -53,8 +53,7 @@ from langgraph.types import Send
 
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
 from mhqa_graph.text import topic_entities
-from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, fact_order
-from mhqa_graph.types import Fact
+from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, ranked_facts
 
 from . import mujica_prompts as P
 from .calls import SentBack, ask_json, clean_answer, get_llm, get_store
@@ -254,7 +253,6 @@ class Snippet:
     id: str  # passage id, or the fact line on the graph source
     text: str
     score: float
-    fact: Fact | None = None  # on the graph source
 
 
 def retrieve(ctx: MujicaContext, query: str) -> tuple[str, list[Snippet]]:
@@ -269,16 +267,13 @@ def retrieve(ctx: MujicaContext, query: str) -> tuple[str, list[Snippet]]:
             info = store.node_info(ctx.graph, hit.name)
         except EntityNotFound:
             continue
-        per_entity.append([Snippet(f.as_text(info.name), f.as_text(info.name), hit.score, f) for f in info.facts])
+        facts = ranked_facts(info, query) if ctx.rank_facts else info.facts
+        per_entity.append([Snippet(line, line, hit.score) for line in (f.as_text(info.name) for f in facts)])
     facts = {}  # round-robin over entities, so each matched entity contributes
     for c in itertools.chain.from_iterable(itertools.zip_longest(*per_entity)):
         if c is not None:
             facts.setdefault(c.id, c)
-    ordered = list(facts.values())
-    if ctx.rank_facts:  # the asked relation's facts first, each group still in turn over the entities
-        key = fact_order(query)
-        ordered.sort(key=lambda c: key(c.fact))
-    return source, ordered[:ctx.max_facts]
+    return source, list(facts.values())[:ctx.max_facts]
 
 
 def read_worker(value: Any, n: int) -> tuple[list[int], str]:

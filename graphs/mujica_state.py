@@ -26,9 +26,9 @@ class MujicaContext(AgentContext):
                                                          "auto = the corpus if set, else the graph.")
     kg_entities: int = setting(3, help="Entities matched per sub-question on the graph source.")
     max_facts: int = setting(30, help="Facts shown per sub-question on the graph source.")
-    rank_facts: bool = setting(False, help="On the graph source, the facts whose relation the sub-question names come "
-                               "first (then those naming its other words), before the rest of the matched entities' "
-                               "facts; off: the entities' facts in turn, in stored order.")
+    rank_facts: bool = setting(False, help="On the graph source, each matched entity's facts whose relation the "
+                               "sub-question names come first (then those naming its other words); the entities still "
+                               "take turns. Off: each entity's facts in stored order.")
     answer_from_facts: bool = setting(False, help=ANSWER_FROM_FACTS)
     min_worker_rounds: int = setting(1, help="Waves of workers before the planner may conclude (a round cap still "
                                      "ends the run).")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable
 
 from langchain_core.tools import BaseTool, StructuredTool
 
@@ -62,17 +61,13 @@ def stems(text: str) -> set[str]:
     return {_IRREGULAR.get(w, w)[:5] for w in re.findall(r"[^\W_]+", text.lower()) if len(w) > 2 and w not in STOPWORDS}
 
 
-def fact_order(question: str) -> Callable[[Fact], tuple[int, int]]:
-    """A sort key that puts first the facts whose relation words occur in `question`, then those whose other
-    entity's words do (a stable sort keeps each group's order)."""
-    asked = stems(question)
-    return lambda f: (-len(stems(f.relation) & asked), -len(stems(f.other) & asked))
-
-
 def ranked_facts(info: NodeInfo, question: str | None) -> list[Fact]:
     """The node's facts, those whose relation words occur in the question first (then those whose
     other entity does), each group in stored order."""
-    return sorted(info.facts, key=fact_order(question)) if question else list(info.facts)
+    if not question:
+        return list(info.facts)
+    asked = stems(question)
+    return sorted(info.facts, key=lambda f: (-len(stems(f.relation) & asked), -len(stems(f.other) & asked)))
 
 
 def open_relations(node: NodeInfo, question: str, path: list[NodeInfo]) -> list[str]:
