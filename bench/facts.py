@@ -3,7 +3,7 @@ retrieval (`graphs/mujica.retrieve`) for each question of a dev slice, the quest
 matched entities' turn order and with `rank_facts` (the asked relation's facts first). It is how `rank_facts`
 was found (PQ-2H 0-99); the model's answers with it are measured by `bench/agents.py`.
 
-    python bench/facts.py --env pq2h --env pq3h --start 0 --limit 100      # a few seconds an environment
+    python bench/facts.py --env pq2h --env pq3h --start 0 --limit 100      # under a minute an environment
 
 A fact counts as found at position p when its subject, relation and object are all in the p-th context line."""
 
@@ -19,7 +19,7 @@ from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
 from mhqa_graph.eval.runner import load_questions
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-KG_ENVS = ("pq2h", "pq3h", "2wiki-kg")
+KG_ENVS = tuple(name for name, spec in DEV_ENVIRONMENTS.items() if spec.kind == "kg")
 
 
 def position(lines: list[str], triple: tuple[str, str, str]) -> int | None:

@@ -267,8 +267,8 @@ def retrieve(ctx: MujicaContext, query: str) -> tuple[str, list[Snippet]]:
             info = store.node_info(ctx.graph, hit.name)
         except EntityNotFound:
             continue
-        facts = ranked_facts(info, query) if ctx.rank_facts else info.facts
-        per_entity.append([Snippet(line, line, hit.score) for line in (f.as_text(info.name) for f in facts)])
+        shown = ranked_facts(info, query) if ctx.rank_facts else info.facts
+        per_entity.append([Snippet(line, line, hit.score) for line in (f.as_text(info.name) for f in shown)])
     facts = {}  # round-robin over entities, so each matched entity contributes
     for c in itertools.chain.from_iterable(itertools.zip_longest(*per_entity)):
         if c is not None:
