@@ -62,8 +62,6 @@ class RagState(DirectState):
     context: str  # the retrieved text as shown to the model
 
 
-
-
 def _reply(ctx: BaselineContext, system: str, user: str) -> dict:
     """Ask the answer model, its reply constrained to `<think>…</think><answer>…</answer>` where the backend
     can; a reply with no answer gets the agents' bounded repair (`parse_retries`). The state update with the

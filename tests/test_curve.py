@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from mhqa_graph.training.curve import dev_points, plot_log, read_log, step_series
+from mhqa_graph.training.curve import dev_points, plot_log, step_series
+from mhqa_graph.training.logs import read_log
 
 LOG = [
     {"event": "dev", "after": "untrained", "dev_f1": 0.2, "dev_em": 0.1, "dev_tool_rate": 0.5},
@@ -22,8 +23,11 @@ LOG = [
 
 def test_dev_points_and_step_series(tmp_path):
     path = tmp_path / "log.jsonl"
-    path.write_text("\n".join(json.dumps(e) for e in LOG) + "\n")
+    lines = [json.dumps(e) for e in LOG]
+    lines.insert(3, lines[3][:20])  # a line cut short by a stopped run, the resumed run's lines after it
+    path.write_text("\n".join(lines) + "\n")
     entries = read_log(path)
+    assert entries == LOG and read_log(tmp_path / "none.jsonl") == []
     assert [(p, m["dev_f1"]) for p, m in dev_points(entries)] == [("untrained", 0.25), ("stage2", 0.3),
                                                                   ("iter1", 0.35)]
     series = step_series(entries)

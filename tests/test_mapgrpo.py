@@ -17,6 +17,7 @@ from datasets import Dataset  # noqa: E402
 from mhqa_graph.training import dev as dev_module  # noqa: E402
 from mhqa_graph.training import mapgrpo, policy  # noqa: E402
 from mhqa_graph.training.configs import DevConfig, RolloutConfig, load_config  # noqa: E402
+from mhqa_graph.training.logs import read_log  # noqa: E402
 from mhqa_graph.training.mapgrpo import (  # noqa: E402
     ExpertGRPOTrainer,
     MAPGRPOConfig,
@@ -346,7 +347,7 @@ def test_expert_completion_anchors_its_group_and_is_trained_on_when_asked(tmp_pa
 
 # -- end to end ----------------------------------------------------------------------------------
 def log_entries(out: Path) -> list[dict]:
-    return [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return read_log(out / "log.jsonl")
 
 
 def test_progressive_lora_training_end_to_end(env, expert_dir, tmp_path, monkeypatch):
@@ -502,7 +503,7 @@ def test_held_back_prompts_are_never_trained_on_and_their_reward_is_logged(env, 
     assert rollout["heldout_prompts"] == info["heldout_prompts"] and rollout["prompts_per_step"] == 4
     png = Path(summary["curve"])
     assert png.is_file()
-    from mhqa_graph.training.curve import read_log, step_series
+    from mhqa_graph.training.curve import step_series
 
     assert [s for s, _ in step_series(read_log(out / "log.jsonl"))["analysis held-back rewards/analysis/mean"]] == \
         [0, 1, 2]

@@ -13,19 +13,16 @@ reward on held-back prompts (`held-back ...`).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
+
+from .logs import read_log
 
 STEP_METRICS = ("loss", "reward", "episodes/format", "episodes/result")  # plus every rewards/<name>/mean
 HELD_BACK = "eval_"  # TRL's prefix of the metrics of an evaluation on held-back prompts
 DEV_LINES = (("dev_f1", "dev F1"), ("dev_em", "dev EM"), ("dev_well_formed", "well-formed"),
              ("dev_tool_rate", "tool-call rate"), ("dev_acted_rate", "successful-call rate"),
              ("dev_worker_rate", "worker rate"), ("dev_unknown_rate", '"unknown" answers'))
-
-
-def read_log(path: str | Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def dev_points(entries: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:

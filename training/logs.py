@@ -19,6 +19,19 @@ def plot_curve(out_dir: str | Path, title: str) -> str:
     return str(on_main_process(lambda: plot_log(out_dir / LOG, out_dir / "curve.png", title), share=True))
 
 
+def read_log(path: str | Path) -> list[dict[str, Any]]:
+    """The entries of a trainer's log.jsonl ([] without one); a line cut short by a stopped run is left out (a
+    resumed run appends after it)."""
+    path = Path(path)
+    entries = []
+    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else []:
+        try:
+            entries.append(json.loads(line))
+        except ValueError:
+            continue
+    return entries
+
+
 def write_log(path: Path, entry: dict[str, Any]) -> None:
     """Append `entry` as one JSON line to a trainer's log.jsonl (the main process's only)."""
     if not is_main_process():

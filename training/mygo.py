@@ -46,7 +46,7 @@ from .dev import (
     untrained_runs,
 )
 from .devices import on_main_process, precision_args
-from .logs import LOG, jsonl_log, plot_curve, write_log
+from .logs import LOG, jsonl_log, plot_curve, read_log, write_log
 from .policy import load_model, policy_chat_model, save_policy, teacher_folder
 from .rewards import keep, next_tau
 from .rollouts import rollouts
@@ -156,9 +156,7 @@ class MyGOTrainer:
         return k
 
     def log_lines(self) -> list[dict[str, Any]]:
-        from .curve import read_log
-
-        return read_log(self.out / LOG) if (self.out / LOG).is_file() else []
+        return read_log(self.out / LOG)
 
     def logged(self, k: int) -> bool:
         """Whether log.jsonl holds iteration `k`'s line (written after its dev run)."""

@@ -52,7 +52,7 @@ from .checkpoints import STEP_SAVES, load_checkpoint, save_checkpoint, saved_che
 from .configs import DevConfig, ModelConfig, RolloutConfig
 from .dev import GUARDS_OFF, check_disjoint, policy_dev, publish_final, untrained_runs
 from .devices import on_main_process, precision_args
-from .logs import LOG, jsonl_log, plot_curve, write_log
+from .logs import LOG, jsonl_log, plot_curve, read_log, write_log
 from .policy import load_model, policy_chat_model, save_policy, teacher_folder
 from .rewards import OmneRewardConfig, format_reward, omne_reward, repetition_penalty, tool_calls
 from .rollouts import rollout_store, rollouts
@@ -624,10 +624,7 @@ class OmneTrainer:
 
     def logged_dev(self, name: str) -> dict[str, Any] | None:
         """The dev metrics logged after `name`, if a finished dev run logged them."""
-        from .curve import read_log
-
-        log = self.out / LOG
-        entries = read_log(log) if log.is_file() else []
+        entries = read_log(self.out / LOG)
         found = [e for e in entries if e.get("event") == "dev" and e.get("after") == name]
         return {k: v for k, v in found[-1].items() if k not in ("event", "after")} if found else None
 

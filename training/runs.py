@@ -12,28 +12,15 @@ With the guards-off runs (`dev.guards_off`) it also prints the 2x2: untrained/tr
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from mhqa_graph.training.dev import GUARDS_NONE, GUARDS_OFF, UNTRAINED, UNTRAINED_GUARDS_OFF
-from mhqa_graph.training.logs import LOG
+from mhqa_graph.training.logs import LOG, read_log
 
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.eval.paired import cluster_key, paired_comparison
 from mhqa_graph.eval.records import SUFFIX, load, natural
-
-
-def log_entries(folder: Path) -> list[dict[str, Any]]:
-    """The lines of the trainer's log committed in `folder` ([] without one), a line cut short by a stopped run
-    left out."""
-    entries = []
-    for line in (folder / LOG).read_text(encoding="utf-8").splitlines() if (folder / LOG).is_file() else []:
-        try:
-            entries.append(json.loads(line))
-        except ValueError:
-            continue
-    return entries
 
 
 def mean(rows: list[dict[str, Any]], key: str) -> float:
@@ -47,7 +34,7 @@ def dev_runs(folder: Path) -> dict[str, list[dict[str, Any]]]:
     if not files:
         raise InvalidInput(f"{folder} holds no dev records (*{SUFFIX}); a run writes them with dev.records")
     logged = []
-    for entry in log_entries(folder):
+    for entry in read_log(folder / LOG):
         name = entry.get("after") if entry.get("event") == "dev" else (
             f"iter{entry['iteration']}" if "iteration" in entry and "dev_f1" in entry else None)
         if name in files and name not in logged:
@@ -117,7 +104,7 @@ def steps(folder: Path) -> str:
     """The per-step table of the trainer's log (TRL's log lines: reward, its std, the held-back reward, loss, grad
     norm), by stage or role; "" without a log or steps."""
     rows = []
-    for entry in log_entries(folder):
+    for entry in read_log(folder / LOG):
         if "step" in entry and any(key in entry for key, _ in STEP_COLUMNS):
             part = entry.get("role", entry.get("stage", entry.get("phase", "")))
             cells = [f"{entry[key]:.3f}" if isinstance(entry.get(key), (int, float)) else "" for key, _ in STEP_COLUMNS]
