@@ -717,15 +717,16 @@ def routes_table(by_env: dict[str, dict]) -> str | None:
             continue
         recs = list(cell["records"].values())
         decisions = [(r.get("route") or {}).get("decisions") or [] for r in recs]
-        stopped = [r for r, d in zip(recs, decisions) if d and d[0].get("action") == "stop"]
-        escalated = [(r, d) for r, d in zip(recs, decisions) if d and d[0].get("action") == "escalate"]
+        judged = [next((x for x in d if x.get("action") in ("stop", "escalate")), {}) for d in decisions]
+        stopped = [r for r, j in zip(recs, judged) if j.get("action") == "stop"]
+        escalated = [(r, d) for r, d, j in zip(recs, decisions, judged) if j.get("action") == "escalate"]
         took = [r for r, d in escalated if d[-1].get("action") == "answer"]
         agree = sum(1 for _, d in escalated if d[-1].get("reason") == "agrees with rag")
         back = [r for r, d in escalated if d[-1].get("action") == "fallback"]
         reasons: dict[str, int] = {}
-        for d in decisions:
-            if d and d[0].get("action") == "escalate":
-                why = re.sub(r"one fact from .*", "one fact from the question's entity", str(d[0].get("reason")))
+        for j in judged:
+            if j.get("action") == "escalate":
+                why = re.sub(r"one fact from .*", "one fact from the question's entity", str(j.get("reason")))
                 reasons[why] = reasons.get(why, 0) + 1
 
         def f1(group: list[dict]) -> str:

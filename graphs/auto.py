@@ -1,6 +1,6 @@
 """`auto`: answer cheaply first, escalate to a multi-hop design only when the cheap answer is not supported.
 
-    START -> start -> first (the `rag` graph, then the judge) --stop-----------------------------------> END
+    START -> start -> first (the `rag` graph, the judge; `rag` again with second_look) --stop----------> END
                                                               \\-escalate-> escalate (omne | opera | mujica)
                                                                                  -> reconcile -> END
 
@@ -12,6 +12,9 @@
   X's husband?" answered with the husband): finding the end is the walk's work. An empty answer, a refusal, an
   answer no evidence holds, or a graph entity the question does not name escalates; with `form_check`, so does an
   answer not of the form the question asks for (neither of its two options, or not yes/no to a yes-no question).
+  With `second_look` (on a corpus), a supported answer is looked at again before it stops: `rag` searches for the
+  question with that answer added (the next hop's passages, when the answer is a bridge) and answers again; the
+  two answers agreeing stops, differing escalates.
 - **escalate** runs the design that suits the store: Omne over a graph, OPERA over a corpus (`escalate_to`).
   Its calls are capped by what `budget` leaves after the first stage. With `hand_over`, Omne starts from what
   the first stage found: the facts of the entities rag matched that the question names are its first tool
@@ -68,6 +71,9 @@ class AutoContext(AgentContext):
                               "Off by default: with qwen2.5-coder-1.5b it cost F1 on PQ-2H (docs/benchmarks.md).")
     form_check: bool = setting(False, help="An answer not of the form the question asks for escalates: neither of "
                                "the two options an 'X or Y?' question names, or not yes or no to a yes-no question.")
+    second_look: bool = setting(False, help="On a corpus, a supported first answer is checked by a second rag call "
+                                "over the passages found for the question with that answer added: the two answers "
+                                "agreeing stops, differing escalates (one more call a question).")
     budget: int = setting(12, help="Most model calls a question may take, all stages together (repairs "
                           "included); 0 = no cap. Below what the first stage and the design need, it is refused.")
 
@@ -112,10 +118,12 @@ def check_settings(ctx: AutoContext) -> None:
     design = design_for(ctx)
     if design == "omne" and ctx.corpus and not ctx.graph:
         raise InvalidInput("escalate_to=omne needs a graph (set graph=), or choose opera or mujica")
-    need = MIN_CALLS["rag"] + MIN_CALLS[design]
+    looks = 1 + (ctx.second_look and bool(ctx.corpus))
+    need = looks * MIN_CALLS["rag"] + MIN_CALLS[design]
     if ctx.budget and ctx.budget < need:
-        raise InvalidInput(f"budget {ctx.budget} is below the {need} calls auto needs (rag {MIN_CALLS['rag']}, "
-                           f"{design} {MIN_CALLS[design]}); give at least {need}, or 0 for no cap")
+        raise InvalidInput(f"budget {ctx.budget} is below the {need} calls auto needs (rag {MIN_CALLS['rag']}"
+                           f"{' twice' if looks > 1 else ''}, {design} {MIN_CALLS[design]}); give at least {need}, "
+                           "or 0 for no cap")
 
 
 def stage_context(ctx: AutoContext, agent: str) -> Any:
@@ -238,18 +246,44 @@ def start(state: AutoState, runtime: Runtime[AutoContext]) -> dict:
             "calls": 0}
 
 
+RAG_KEYS = ["answer", "error", "source", "retrieved", "context", "raw"]  # what auto reads of a rag stage
+
+
 def first(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoContext]) -> dict:
     ctx = context_as(AutoContext, runtime)
-    cap = ctx.budget - MIN_CALLS[design_for(ctx)] if ctx.budget else 0
-    output, calls, error = run_stage("rag", ctx, _inputs(state), config, cap,
-                                     output_keys=["answer", "error", "source", "retrieved", "context", "raw"])
+    reserve = MIN_CALLS[design_for(ctx)]
+    look_again = ctx.second_look and bool(ctx.corpus)
+    cap = ctx.budget - reserve - look_again if ctx.budget else 0
+    output, calls, error = run_stage("rag", ctx, _inputs(state), config, cap, output_keys=RAG_KEYS)
     answer = output.get("answer") or ""
     ok, why = supported(state["question"], answer, output, ctx.form_check) if not error else (False, error)
-    decision = {"stage": "rag", "action": "stop" if ok else "escalate", "reason": why, "answer": answer}
-    stage = {"stage": "rag", **{k: v for k, v in output.items() if k != "context"},
-             "error": error or output.get("error")}
-    return {"answer": answer, "error": error or output.get("error"), "answered_by": "rag" if answer else "",
-            "calls": calls, "decisions": [decision], "stages": [stage]}
+    action = ("look again" if look_again else "stop") if ok else "escalate"
+    decisions = [{"stage": "rag", "action": action, "reason": why, "answer": answer}]
+    stages = [_stage("rag", output, error)]
+    if action == "look again":
+        query = f"{state['question']} {answer}"
+        again, more, error = run_stage("rag", ctx, _inputs(state) | {"query": query}, config,
+                                       ctx.budget - calls - reserve if ctx.budget else 0, output_keys=RAG_KEYS)
+        calls += more
+        said = again.get("answer") or ""
+        agree = not error and bool(said) and same_answer(said, answer)
+        decisions.append({"stage": "second_look", "action": "stop" if agree else "escalate",
+                          "reason": error or ("the two answers agree" if agree else "the two answers differ"),
+                          "answer": said})
+        stages.append(_stage("second_look", again, error) | {"query": query})
+    return {"answer": answer, "error": stages[0]["error"], "answered_by": "rag" if answer else "",
+            "calls": calls, "decisions": decisions, "stages": stages}
+
+
+def _stage(name: str, output: dict, error: str | None) -> dict:
+    return {"stage": name, **{k: v for k, v in output.items() if k != "context"}, "error": error or output.get("error")}
+
+
+def same_answer(a: str, b: str) -> bool:
+    """Whether two short answers name the same thing: equal once normalised, or one the other's words within it
+    ("Nolan" and "Christopher Nolan")."""
+    x, y = normalize_answer(a), normalize_answer(b)
+    return bool(x and y) and (x == y or f" {x} " in f" {y} " or f" {y} " in f" {x} ")
 
 
 def escalate(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoContext]) -> dict:

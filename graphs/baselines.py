@@ -1,6 +1,7 @@
 """Two baselines for the agents: `direct` (closed book: the model answers from its own knowledge)
-and `rag` (retrieve once, then answer). `rag` searches `ctx.corpus`; with only `ctx.graph` set it
-matches entities for the question (or its topic entities) and shows the facts of the best ones.
+and `rag` (retrieve once, then answer). `rag` searches `ctx.corpus` for the question (or for its input `query`,
+when given: auto's second look); with only `ctx.graph` set it matches entities for the question (or its topic
+entities) and shows the facts of the best ones.
 
     direct: start -> answer
     rag:    start -> retrieve -> answer      (a store error ends the run after retrieve)
@@ -38,6 +39,10 @@ class BaselineContext(AgentContext):
     kg_nodes: int = setting(3, help="rag over a graph: how many matched entities to show the facts of.")
 
 
+class RagInput(QAInput):
+    query: NotRequired[str]  # what to search the corpus for (default: the question); the model is asked the question
+
+
 class DirectOutput(QAOutput):
     raw: str  # the model's reply (replies, after a repair, blank-line separated)
 
@@ -57,6 +62,7 @@ class DirectState(TypedDict):
 
 
 class RagState(DirectState):
+    query: NotRequired[str]
     source: str
     retrieved: list[dict[str, Any]]
     context: str  # the retrieved text as shown to the model
@@ -114,7 +120,7 @@ def retrieve(state: RagState, runtime: Runtime[BaselineContext]) -> dict:
     topic = topic_entities(state.get("topic_entities"))
     try:
         if ctx.corpus:
-            hits = get_store(ctx).search(ctx.corpus, question, k=ctx.top_k)
+            hits = get_store(ctx).search(ctx.corpus, state.get("query") or question, k=ctx.top_k)
             return {"source": f"corpus:{ctx.corpus}", "context": format_passages(hits),
                     "retrieved": [{"id": h.id, "title": h.title, "score": h.score} for h in hits]}
         if ctx.graph:
@@ -147,7 +153,7 @@ def build_direct(checkpointer: Any = None) -> CompiledStateGraph:
 
 
 def build_rag(checkpointer: Any = None) -> CompiledStateGraph:
-    g = StateGraph(RagState, context_schema=BaselineContext, input_schema=QAInput, output_schema=RagOutput)
+    g = StateGraph(RagState, context_schema=BaselineContext, input_schema=RagInput, output_schema=RagOutput)
     g.add_node("start", start)
     g.add_node("retrieve", retrieve)
     g.add_node("answer", rag_answer)

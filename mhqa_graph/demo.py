@@ -199,13 +199,16 @@ def _short(value: Any, limit: int = 100) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+LOOKS = {"second_look": "rag"}  # auto's stages that are another agent's run
+
+
 def steps(agent: str, state: dict, item: QAItem) -> list[str]:
     """What the agent did, from its output: OPERA's plan and sub-goals, Mujica's DAG by level, Omne's
     tool calls, rag's retrieved passages, auto's stages and decisions."""
     if agent == "auto":
         stages = {s.get("stage"): s for s in state.get("stages") or []}
         return [line for d in state.get("decisions") or []
-                for line in [*steps(d["stage"], stages.get(d["stage"], {}), item)[:3],
+                for line in [*steps(LOOKS.get(d["stage"], d["stage"]), stages.get(d["stage"], {}), item)[:3],
                              f"{d['stage']}: {d['action']} ({d['reason']}) -> {d.get('answer')!r}"]]
     if agent == "opera":
         lines = [f"plan: {' | '.join(state.get('plan') or []) or '(none)'}"]

@@ -192,7 +192,7 @@ def plan_and_steps(state: Mapping[str, Any]) -> tuple[list[PlanItem], list[Step]
                       else c.args, answer=c.output) for i, c in enumerate(calls, start=1)]
         return [], steps, calls
     if "retrieved" in state:  # rag
-        return [], [Step(id="retrieve", kind="retrieve", query=state.get("question", ""),
+        return [], [Step(id="retrieve", kind="retrieve", query=state.get("query") or state.get("question", ""),
                          retrieved=_hits(state["retrieved"]))], []
     return [], [], []
 

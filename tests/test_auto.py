@@ -102,6 +102,60 @@ def test_with_form_check_an_answer_not_of_the_asked_form_escalates(store, questi
         assert out["decisions"][0]["reason"] == "not of the form the question asks"
 
 
+def looks(first: str, second: str) -> dict:
+    """Models whose rag answers `first`, then `second` when asked again (the second look)."""
+    models = roles(first)
+    models["answer"] = FakeChatModel(responses=[f"<answer>{first}</answer>", f"<answer>{second}</answer>",
+                                                "London"], cycle=False)
+    return models
+
+
+@pytest.mark.parametrize("second, action, reason, answered_by", [
+    ("Christopher Nolan", "stop", "the two answers agree", "rag"),
+    ("Nolan", "stop", "the two answers agree", "rag"),  # within the first
+    ("London", "escalate", "the two answers differ", "opera")])
+def test_the_second_look_stops_when_the_two_answers_agree(store, second, action, reason, answered_by):
+    """A supported answer ("Christopher Nolan" is in p1) is looked at again: rag searches for the question with the
+    answer added, and agreement stops where a difference escalates."""
+    models = looks("Christopher Nolan", second)
+    out = run(store, models, second_look=True)
+    assert [(d["stage"], d["action"]) for d in out["decisions"]][:2] == [("rag", "look again"), ("second_look", action)]
+    assert out["decisions"][1]["reason"] == reason and out["answered_by"] == answered_by
+    assert out["stages"][1]["query"] == f"{QUESTION} Christopher Nolan"
+    assert [s["stage"] for s in out["stages"]] == ["rag", "second_look", *(["opera"] if action == "escalate" else [])]
+    assert out["answer"] == ("Christopher Nolan" if action == "stop" else "London")
+    asked = models["answer"].calls
+    assert "Question: " + QUESTION in asked[1][-1].text  # the model is asked the question itself
+
+
+def test_the_demo_shows_what_each_look_retrieved(store):
+    from mhqa_graph.demo import steps
+    from mhqa_graph.ingest.datasets import QAItem
+
+    out = run(store, looks("Christopher Nolan", "Nolan"), second_look=True)
+    lines = steps("auto", out, QAItem(id="q", question=QUESTION, answers=("London",)))
+    assert [line.split(":")[0] for line in lines] == ["retrieved", "rag", "retrieved", "second_look"]
+
+
+def test_the_second_look_searches_with_the_answer_added(store):
+    """The second look's passages are those of the question with the first answer added: the bridge's page."""
+    from mhqa_graph.graphs.baselines import rag_graph
+
+    ctx = make_context("rag", llm=FakeChatModel(responses=["<answer>London</answer>"]), store=store, corpus="wiki",
+                       top_k=1)
+    found = [rag_graph.invoke({"question": q, **extra}, context=ctx)["retrieved"][0]["title"]
+             for q, extra in ((QUESTION, {}), (QUESTION, {"query": "Christopher Nolan born London"}))]
+    assert found[1] == "Christopher Nolan"
+
+
+def test_no_second_look_after_an_unsupported_answer_or_on_a_graph(store):
+    out = run(store, looks("Paris", "Paris"), second_look=True)
+    assert [d["action"] for d in out["decisions"]][0] == "escalate" and len(out["decisions"]) == 2
+    out = run(store, looks("Christopher Nolan", "x"), question="Was Inception directed by Christopher Nolan or by "
+              "Hans Zimmer?", corpus=None, graph="kg", escalate_to="opera", second_look=True)
+    assert [d["action"] for d in out["decisions"]] == ["stop"]
+
+
 def test_the_design_is_chosen_by_the_store():
     assert A.design_for(make_context("auto", llm="fake", corpus="wiki")) == "opera"
     assert A.design_for(make_context("auto", llm="fake", graph="kg")) == "omne"
@@ -116,6 +170,8 @@ def test_settings_that_cannot_run_are_refused_in_one_line():
         make_context("auto", llm="fake", corpus="wiki", escalate_to="omne")
     with pytest.raises(InvalidInput, match="escalate_to must be"):
         make_context("auto", llm="fake", corpus="wiki", escalate_to="react")
+    with pytest.raises(InvalidInput, match=r"budget 4 is below the 5 calls auto needs \(rag 1 twice, opera 3\)"):
+        make_context("auto", llm="fake", corpus="wiki", budget=4, second_look=True)
     make_context("auto", llm="fake", graph="kg", budget=3)  # rag 1 + omne 2
     make_context("auto", llm="fake", corpus="wiki", budget=0)  # no cap
 

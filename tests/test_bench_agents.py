@@ -432,3 +432,20 @@ def test_a_mechanism_is_compared_with_the_run_without_it_on_the_questions_both_a
     summary_args.mechanism, summary_args.only_mechanisms = [["mujica", "mujica:plan_examples=plans"]], True
     alone = bench.summary(summary_args, ["pq2h", "pq3h"], ["rag", "mujica"])  # a slice where only the pair ran
     assert alone == table
+
+
+def test_what_auto_did_counts_the_judge_of_a_second_look():
+    """A question whose first answer was looked at again is counted by the second look's decision."""
+    def rec(qid: str, f1: float, *decisions: tuple[str, str, str]) -> dict:
+        return {"id": qid, "f1": f1, "route": {"decisions": [
+            {"stage": s, "action": a, "reason": r, "answer": "x"} for s, a, r in decisions]}}
+
+    records = [rec("a", 1.0, ("rag", "stop", "found in its evidence")),
+               rec("b", 1.0, ("rag", "look again", "found in its evidence"),
+                   ("second_look", "stop", "the two answers agree")),
+               rec("c", 0.0, ("rag", "look again", "found in its evidence"),
+                   ("second_look", "escalate", "the two answers differ"), ("opera", "answer", "differs from rag")),
+               rec("d", 0.5, ("rag", "escalate", "not in its evidence"), ("opera", "fallback", "no answer"))]
+    table = bench.routes_table({"hotpot": {"cells": {"auto": {"k": 4, "records": {r["id"]: r for r in records}}}}})
+    assert "| hotpot | 4 | 2 (100.0) | 2 | 1 (0.0; 0 agree with rag) | 1 (50.0) |" in table
+    assert "the two answers differ 1, not in its evidence 1" in table
