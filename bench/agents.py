@@ -708,37 +708,44 @@ def targets_table(by_env: dict[str, dict], agents: list[str]) -> str:
 
 
 def routes_table(by_env: dict[str, dict]) -> str | None:
-    """auto per environment: questions that stopped at rag, escalated, and how each escalation ended; F1 of
-    each group; the reasons, counted."""
+    """`auto` and each of its variants per environment: questions that stopped at the first answer, escalated, and
+    how each escalation ended; F1 of each group, and of the first answers where it escalated (records that score
+    each decision's answer); the reasons, counted."""
     rows = []
     for env, found in by_env.items():
-        cell = found["cells"].get("auto")
-        if not cell or not cell["k"]:
-            continue
-        recs = list(cell["records"].values())
-        decisions = [(r.get("route") or {}).get("decisions") or [] for r in recs]
-        judged = [next((x for x in d if x.get("action") in ("stop", "escalate")), {}) for d in decisions]
-        stopped = [r for r, j in zip(recs, judged) if j.get("action") == "stop"]
-        escalated = [(r, d) for r, d, j in zip(recs, decisions, judged) if j.get("action") == "escalate"]
-        took = [r for r, d in escalated if d[-1].get("action") == "answer"]
-        agree = sum(1 for _, d in escalated if d[-1].get("reason") == "agrees with rag")
-        back = [r for r, d in escalated if d[-1].get("action") == "fallback"]
-        reasons: dict[str, int] = {}
-        for j in judged:
-            if j.get("action") == "escalate":
-                why = re.sub(r"one fact from .*", "one fact from the question's entity", str(j.get("reason")))
-                reasons[why] = reasons.get(why, 0) + 1
-
-        def f1(group: list[dict]) -> str:
-            return f"{100 * _mean([r['f1'] for r in group]):.1f}" if group else "-"
-
-        rows.append(f"| {env} | {len(recs)} | {len(stopped)} ({f1(stopped)}) | {len(escalated)} | {len(took)} "
-                    f"({f1(took)}; {agree} agree with rag) | {len(back)} ({f1(back)}) | "
-                    + ", ".join(f"{k} {n}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])) + " |")
+        for variant, by_id in found["runs"].items():
+            if (variant != "auto" and not variant.startswith("auto:")) or not by_id:
+                continue
+            rows.append(_route_row(env, variant, list(by_id.values())))
     if not rows:
         return None
-    return "\n".join(["| environment | questions | stopped at rag (F1) | escalated | the design answered (F1) | "
-                      "fell back to rag (F1) | why it escalated |", "|---|---|---|---|---|---|---|", *rows]) + "\n"
+    return "\n".join(["| environment | agent | questions | stopped at rag (F1) | escalated (rag's F1 on them) | "
+                      "the design answered (F1) | fell back to rag (F1) | why it escalated |",
+                      "|---|---|---|---|---|---|---|---|", *rows]) + "\n"
+
+
+def _route_row(env: str, variant: str, recs: list[dict]) -> str:
+    decisions = [(r.get("route") or {}).get("decisions") or [] for r in recs]
+    judged = [next((x for x in d if x.get("action") in ("stop", "escalate")), {}) for d in decisions]
+    stopped = [r for r, j in zip(recs, judged) if j.get("action") == "stop"]
+    escalated = [(r, d) for r, d, j in zip(recs, decisions, judged) if j.get("action") == "escalate"]
+    took = [r for r, d in escalated if d[-1].get("action") == "answer"]
+    agree = sum(1 for _, d in escalated if d[-1].get("reason") == "agrees with rag")
+    back = [r for r, d in escalated if d[-1].get("action") == "fallback"]
+    first = [d[0]["f1"] for _, d in escalated if "f1" in d[0]]
+    reasons: dict[str, int] = {}
+    for j in judged:
+        if j.get("action") == "escalate":
+            why = re.sub(r"one fact from .*", "one fact from the question's entity", str(j.get("reason")))
+            reasons[why] = reasons.get(why, 0) + 1
+
+    def f1(group: list[dict]) -> str:
+        return f"{100 * _mean([r['f1'] for r in group]):.1f}" if group else "-"
+
+    scored = f"{100 * _mean(first):.1f}" if escalated and len(first) == len(escalated) else "-"
+    return (f"| {env} | `{variant}` | {len(recs)} | {len(stopped)} ({f1(stopped)}) | {len(escalated)} ({scored}) | "
+            f"{len(took)} ({f1(took)}; {agree} agree with rag) | {len(back)} ({f1(back)}) | "
+            + ", ".join(f"{k} {n}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1])) + " |")
 
 
 def mechanisms_table(args: argparse.Namespace, envs: list[str], pairs: list[tuple[str, str]]) -> str | None:
@@ -777,6 +784,8 @@ def summary(args: argparse.Namespace, envs: list[str], agents: list[str]) -> str
     `--only-mechanisms`, the mechanisms table alone, without its heading (a slice on which only the pairs ran)."""
     if getattr(args, "only_mechanisms", False):
         return mechanisms_table(args, envs, _pairs(args)) or "no records of these pairs in this range"
+    if getattr(args, "only_routes", False):
+        return routes_table(summary_envs(args, envs, [])) or "no records of auto in this range"
     by_env = summary_envs(args, envs, agents)
     agents = [a for a in agents if a == "rag" or a in DESIGNS or any(f["cells"][a]["k"] for f in by_env.values())]
     text = [f"## Across environments: `{args.llm}`, questions {args.start}..{args.start + args.limit - 1}\n",
@@ -790,8 +799,9 @@ def summary(args: argparse.Namespace, envs: list[str], agents: list[str]) -> str
                      "re-asked: the questions asked again without them (the rest carried over).\n", table]
     routes = routes_table(by_env) if "auto" in agents else None
     if routes:
-        text += ["### What `auto` did\n", "Per environment: where it stopped at `rag` (its answer supported by its "
-                 "evidence) and where it escalated to the design, with the F1 of each group.\n", routes]
+        text += ["### What `auto` did\n", "Per environment and variant: where it stopped at `rag` (its answer "
+                 "supported by its evidence) and where it escalated to the design, with the F1 of each group and of "
+                 "`rag`'s answers where it escalated.\n", routes]
     text += ["### Targets\n", targets_table(by_env, agents), "### Cost per question\n", cost_table(by_env, agents)]
     table = mechanisms_table(args, envs, _pairs(args))
     if table:
@@ -809,8 +819,9 @@ def _pairs(args: argparse.Namespace) -> list[tuple[str, str]]:
 
 # docs/benchmarks.md: <!-- generated by: python bench/agents.py --summary ... --> the output <!-- end of generated -->
 # (or bench/plans.py --report-only ...)
-GENERATED = re.compile(r"(<!-- generated by: (python bench/(?:agents|plans)\.py [^>]*?) -->\n)(.*?)"
-                       r"(\n<!-- end of generated -->)", re.DOTALL)
+GENERATED = re.compile(r"(<!-- generated by: (python bench/(?:agents|plans)\.py [^>]*?) -->\n)"
+                       r"((?:(?!<!-- generated by:).)*?)(\n?<!-- end of generated -->)", re.DOTALL)  # or empty
+END = "\n<!-- end of generated -->"
 
 
 def generated(command: str, results: Path = R.RESULTS_DIR, data: Path = DATA) -> str:
@@ -834,7 +845,7 @@ def write_doc(path: Path, results: Path = R.RESULTS_DIR, data: Path = DATA) -> i
     """Regenerate every generated block of a markdown file in place; returns how many."""
     text = path.read_text(encoding="utf-8")
     blocks = GENERATED.findall(text)
-    new = GENERATED.sub(lambda m: m[1] + generated(m[2], results, data).strip() + m[4], text)
+    new = GENERATED.sub(lambda m: m[1] + generated(m[2], results, data).strip() + END, text)
     path.write_text(new, encoding="utf-8")
     return len(blocks)
 
@@ -889,6 +900,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--mechanism", nargs=2, action="append", metavar=("BEFORE", "AFTER"), default=[],
                         help="with --summary, repeatable: compare two variants, e.g. --mechanism "
                         "auto:hand_over=false auto")
+    parser.add_argument("--only-routes", action="store_true", help="with --summary: only what auto and its "
+                        "variants did (a slice on which only they ran)")
     parser.add_argument("--only-mechanisms", action="store_true", help="with --summary: only the --mechanism "
                         "pairs' table, for a slice on which only they ran")
     parser.add_argument("--write-doc", type=Path, default=None, help="regenerate the generated blocks of this markdown "

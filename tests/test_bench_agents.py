@@ -435,7 +435,8 @@ def test_a_mechanism_is_compared_with_the_run_without_it_on_the_questions_both_a
 
 
 def test_what_auto_did_counts_the_judge_of_a_second_look():
-    """A question whose first answer was looked at again is counted by the second look's decision."""
+    """A question whose first answer was looked at again is counted by the second look's decision; each variant of
+    auto has its row, with rag's F1 where it escalated."""
     def rec(qid: str, f1: float, *decisions: tuple[str, str, str]) -> dict:
         return {"id": qid, "f1": f1, "route": {"decisions": [
             {"stage": s, "action": a, "reason": r, "answer": "x"} for s, a, r in decisions]}}
@@ -446,6 +447,11 @@ def test_what_auto_did_counts_the_judge_of_a_second_look():
                rec("c", 0.0, ("rag", "look again", "found in its evidence"),
                    ("second_look", "escalate", "the two answers differ"), ("opera", "answer", "differs from rag")),
                rec("d", 0.5, ("rag", "escalate", "not in its evidence"), ("opera", "fallback", "no answer"))]
-    table = bench.routes_table({"hotpot": {"cells": {"auto": {"k": 4, "records": {r["id"]: r for r in records}}}}})
-    assert "| hotpot | 4 | 2 (100.0) | 2 | 1 (0.0; 0 agree with rag) | 1 (50.0) |" in table
+    golds = {"a": ["x"], "b": ["x"], "c": ["x"], "d": ["y"]}  # rag's answer "x": right on a-c, wrong on d
+    records = [bench.R.compact(r | {"answers": golds[r["id"]]}) for r in records]  # each decision scored
+    assert [d["f1"] for d in records[2]["route"]["decisions"]] == [1.0, 1.0, 1.0]
+    table = bench.routes_table({"hotpot": {"runs": {"auto:second_look=true": {r["id"]: r for r in records},
+                                                    "opera": {"a": records[0]}}}})
+    assert "| hotpot | `auto:second_look=true` | 4 | 2 (100.0) | 2 (50.0) | 1 (0.0; 0 agree with rag) | 1 (50.0) |" \
+        in table and "opera" not in table
     assert "the two answers differ 1, not in its evidence 1" in table

@@ -5,7 +5,7 @@ them (`bench/records.py`), and so does a learning run's dev slice (`DevConfig.re
     id, cluster (the gold path, else the id: eval/paired.cluster_key), prediction, em, f1, error, failed,
     latency (seconds), llm_calls, tokens {input, output, total, cached}, health (protocol counts and guard
     firings), format_repairs, diagnostics (failure class, evidence recall), placeholders (OPERA), plan_size,
-    carried, route (auto's stage and decisions)
+    carried, route (auto's stage and decisions, each decision's answer scored: f1)
 
 `save` merges a run folder's records into a file (a question asked again replaces its record).
 """
@@ -22,6 +22,7 @@ from pathlib import Path
 from .health import format_repairs
 from .paired import cluster_key
 from .report import RESULTS, read_records
+from .scoring import score
 
 SUFFIX = ".jsonl.gz"
 KEPT = ("id", "prediction", "em", "f1", "error", "failed", "latency", "llm_calls", "tokens", "carried", "route")
@@ -40,6 +41,10 @@ def compact(record: dict) -> dict:
     out["health"] = {k: v for k, v in (record.get("health") or {}).items() if k in HEALTH}
     out["diagnostics"] = {k: v for k, v in (record.get("diagnostics") or {}).items() if k in DIAGNOSTICS}
     out["format_repairs"] = format_repairs(record)
+    route, golds = out.get("route"), record.get("answers")
+    if isinstance(route, dict) and golds:  # auto: how each stage's answer scored
+        out["route"] = route | {"decisions": [d | {"f1": score(d.get("answer") or "", golds)[1]}
+                                              for d in route.get("decisions") or []]}
     trace = record.get("trace") or {}
     placeholders = (trace.get("design") or {}).get("placeholders")
     if isinstance(placeholders, dict):
