@@ -263,7 +263,7 @@ def first(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoContext
     if action == "look again":
         query = f"{state['question']} {answer}"
         again, more, error = run_stage("rag", ctx, _inputs(state) | {"query": query}, config,
-                                       ctx.budget - calls - reserve if ctx.budget else 0, output_keys=RAG_KEYS)
+                                       max(1, ctx.budget - calls - reserve) if ctx.budget else 0, output_keys=RAG_KEYS)
         calls += more
         said = again.get("answer") or ""
         agree = not error and bool(said) and same_answer(said, answer)
