@@ -153,8 +153,9 @@ def test_rag_sqlite_checkpoint_and_resume(store, tmp_path, monkeypatch):
     assert out["answer"] == "Brendan Nolan" and len(calls) == 2 and len(searches) == 1
 
 
-@pytest.mark.parametrize("app, extra", [(direct_graph, {"raw"}), (rag_graph, {"raw", "source", "retrieved"})])
-def test_schemas_for_studio(app, extra):
-    assert set(app.get_input_jsonschema()["properties"]) == {"question", "topic_entities"}
+@pytest.mark.parametrize("app, inputs, extra", [(direct_graph, set(), {"raw"}),
+                                                 (rag_graph, {"query"}, {"raw", "source", "retrieved"})])
+def test_schemas_for_studio(app, inputs, extra):
+    assert set(app.get_input_jsonschema()["properties"]) == {"question", "topic_entities"} | inputs
     assert set(app.get_output_jsonschema()["properties"]) == {"answer", "error"} | extra
     assert {"corpus", "graph", "top_k", "kg_nodes"} <= set(app.get_context_jsonschema()["properties"])
