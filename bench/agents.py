@@ -47,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -655,18 +656,30 @@ def auto_rows(by_env: dict[str, dict]) -> list[tuple[str, str, str]]:
 
 
 def share_row(by_env: dict[str, dict], agent: str, envs: tuple[str, ...], label: str, most: float,
-              count: Any) -> tuple[str, str, str] | None:
-    """A target on the share of an agent's questions that `count(record)` holds (at most `most` percent)."""
+              count: Any, kinds: Any = None) -> tuple[str, str, str] | None:
+    """A target on the share of an agent's questions that `count(record)` holds (at most `most` percent); with
+    `kinds(record)` (a list, None where a record does not say), those questions counted by kind."""
     cells = [f["cells"][agent] for env, f in by_env.items() if agent in f["cells"] and (not envs or env in envs)
              and f["cells"][agent]["k"]]
     if not cells:
         return None
     parts, ok = [], True
     for c in cells:
-        n = sum(bool(count(r)) for r in c["records"].values())
-        ok &= 100 * n <= most * c["k"]
-        parts.append(f"{c['env']} {n} of {c['k']}")
+        held = [r for r in c["records"].values() if count(r)]
+        ok &= 100 * len(held) <= most * c["k"]
+        parts.append(f"{c['env']} {len(held)} of {c['k']}{_by_kind(held, kinds)}")
     return label, _verdict(ok), ", ".join(parts)
+
+
+def _by_kind(records: list[dict], kinds: Any) -> str:
+    """" (NoProgress 30, RoundCap 14)": the records counted by `kinds(record)`; "" when no record says."""
+    said = [k for r in records if (k := kinds(r) if kinds else None) is not None]
+    if not said:
+        return ""
+    counts = Counter(kind for k in said for kind in (k or ["none said"]))
+    unsaid = len(records) - len(said)
+    return " (" + ", ".join([f"{k} {n}" for k, n in sorted(counts.items())]
+                            + ([f"not recorded {unsaid}"] if unsaid else [])) + ")"
 
 
 def targets_table(by_env: dict[str, dict], agents: list[str]) -> str:
@@ -686,7 +699,8 @@ def targets_table(by_env: dict[str, dict], agents: list[str]) -> str:
         rows.append((f"the best design ≥ `rag` + {TEXT_GAIN:.0f} on each text environment",
                      *_gain_target(best, TEXT_GAIN)))
     for row in (share_row(by_env, "mujica", (), f"Mujica: forced answers ≤ {MAX_FORCED:.0f}% of questions", MAX_FORCED,
-                          lambda r: (r.get("health") or {}).get("forced")),
+                          lambda r: (r.get("health") or {}).get("forced"),
+                          lambda r: (r.get("health") or {}).get("forced_by")),
                 share_row(by_env, "opera", ("pq2h",), f"OPERA: one-sub-goal plans on two-hop PathQuestion ≤ "
                           f"{MAX_ONE_SUBGOAL:.0f}%", MAX_ONE_SUBGOAL, lambda r: r.get("plan_size") == 1)):
         if row:

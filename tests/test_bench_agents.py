@@ -246,7 +246,9 @@ def test_targets_say_met_or_missed_and_by_how_much(summary_args):
     write_run(summary_args, "pq2h", "omne", scored("pq2h", [1, 0, 0, 0]))  # +25
     write_run(summary_args, "pq2h", "opera", [r | {"trace": {"plan": [{"id": "1"}]}} for r in
                                               scored("pq2h", [0, 0, 0, 0.4])])  # +10, one sub-goal each
-    write_run(summary_args, "pq2h", "mujica", [r | {"health": {"forced": 1}} for r in scored("pq2h", [0, 0, 0, 0])])
+    why = [["NoProgress"], ["NoProgress"], ["NoProgress", "RoundCap"], None]  # the last from before `forced_by`
+    write_run(summary_args, "pq2h", "mujica", [r | {"health": {"forced": 1} | ({"forced_by": w} if w else {})}
+                                               for r, w in zip(scored("pq2h", [0, 0, 0, 0]), why)])
     write_run(summary_args, "pq2h", "auto", scored("pq2h", [1, 0, 0, 0.6]))  # +40: above omne
     write_run(summary_args, "hotpot", "rag", scored("hotpot", [1, 0, 0, 0], calls=1, repaired=1))
     write_run(summary_args, "hotpot", "opera", scored("hotpot", [1, 0, 0, 0.2]))  # +5
@@ -265,7 +267,8 @@ def test_targets_say_met_or_missed_and_by_how_much(summary_args):
                        "opera on pq2h +10.0 (by 10.0), mujica on pq2h +0.0 (by 0.0), omne on pq2h +25.0 (by 25.0) |")
     assert rows[7] == ("| the best design ≥ `rag` + 5 on each text environment | **met** | met 1 of 1 measured; "
                        "met: opera on hotpot +5.0 (by 0.0) |")
-    assert rows[8] == "| Mujica: forced answers ≤ 25% of questions | **missed** | pq2h 4 of 4 |"
+    assert rows[8] == ("| Mujica: forced answers ≤ 25% of questions | **missed** | "
+                       "pq2h 4 of 4 (NoProgress 3, RoundCap 1, not recorded 1) |")
     assert rows[9] == "| OPERA: one-sub-goal plans on two-hop PathQuestion ≤ 20% | **missed** | pq2h 4 of 4 |"
     # on hotpot rag answered a format repair on each of its 4 questions: 4 of 4 calls
     assert rows[10].startswith("| no malformed runs; repairs ≤ 1% of calls (each run) | **missed** | "

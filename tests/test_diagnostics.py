@@ -65,14 +65,27 @@ def test_health_counts_invented_results_repairs_and_forced_answers():
     trace.llm_calls.append(LLMCall(role="tool-agent", messages=[], cache_error="refused"))
     trace.design["tool_calls"] = [{"name": "node_info", "result_preview": "Error: no entity", "repeated": False}]
     row = health({"prediction": "a very long answer that goes on and on for more than ten words"}, trace)
-    assert row == {"acted": False, "invented": 1, "malformed": False, "repairs": 1, "forced": 1, "bad_answer": True,
-                   "guards": {}, "guard_changed": False, "answer_guard": False, "constrained": 0,
+    assert row == {"acted": False, "invented": 1, "malformed": False, "repairs": 1, "forced": 1, "forced_by": [],
+                   "bad_answer": True, "guards": {}, "guard_changed": False, "answer_guard": False, "constrained": 0,
                    "cache_errors": 1}
+    trace.design["error"] = "RoundCap: no answer within 7 rounds"
+    assert health({"prediction": "x"}, trace)["forced_by"] == ["RoundCap"]
     sent_back = omne_prompts.ONE_HOP_SHORT.format(entity="Oswiu", relations="place of burial", facts="Entity: Oswiu")
     trace.llm_calls.append(LLMCall(role="tool-agent", messages=[ChatMessage(role="user", content=sent_back)]))
     assert health({"prediction": "x"}, trace)["repairs"] == 2
     assert health_summary([row, {**row, "acted": True}])["acted"] == 1
     assert health_summary([row, row])["cache_errors"] == 2
+
+
+def test_forced_answers_say_why_from_the_typed_notes():
+    """Mujica's planner forced by a round that planned nothing, and by the round cap: both kinds, once each."""
+    trace = Trace(agent="mujica", question="q", llm_calls=[LLMCall(role="planner", messages=[ChatMessage(
+        role="user", content=mujica_prompts.FINAL_USER.format(progress="q1 ...", think=""))])])
+    trace.design["notes"] = ["InvalidPlan: q2 dropped", "NoProgress: round 2 planned nothing that can run",
+                             "RoundCap: round 3 of 3 must answer", "NoProgress: round 3 planned nothing that can run"]
+    assert health({"prediction": "x"}, trace)["forced_by"] == ["NoProgress", "RoundCap"]
+    trace.llm_calls.clear()  # not forced: the notes say nothing about it
+    assert health({"prediction": "x"}, trace)["forced_by"] == []
 
 
 def test_traces_written_before_kinds_are_read_by_the_designs_texts():

@@ -7,7 +7,8 @@ Per question:
 - `invented`: tool results the model wrote itself (`<tool_response>` in its own replies).
 - `malformed`: the run ended with a MalformedOutput error.
 - `repairs`: model calls that answered a repair, nudge or send-back message (a reply could not be used).
-- `forced`: model calls that had to answer because a cap was reached.
+- `forced`: model calls that had to answer because a cap was reached; `forced_by`: why, the kinds of the typed
+  notes or error that forced them (`RoundCap`, `NoProgress`), sorted; [] when nothing was forced.
 - `bad_answer`: the answer is empty or longer than 10 words.
 - `guards`: firings per guard (graphs/guards/), enforced or logged; `guard_changed`: an enforced firing
   changed the run (a prompt hint such as `options_line` does not count); `answer_guard`: an enforced guard
@@ -30,6 +31,7 @@ from ..traces import Trace
 
 MAX_ANSWER_WORDS = 10
 INVENTED = "<tool_response>"
+FORCE_REASONS = ("RoundCap", "NoProgress")  # the typed notes (Mujica) and errors (Omne) that force an answer
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -63,15 +65,23 @@ def acted(trace: Trace) -> bool | None:
     return None
 
 
+def forced_by(trace: Trace) -> list[str]:
+    """The kinds of the typed notes and error of a run's final state that force an answer (FORCE_REASONS)."""
+    notes = [*(trace.design.get("notes") or []), trace.design.get("error") or ""]
+    return sorted({kind for n in notes if isinstance(n, str) and (kind := n.split(":", 1)[0]) in FORCE_REASONS})
+
+
 def health(record: dict, trace: Trace) -> dict[str, Any]:
     """The protocol health of one eval record (see the module docstring)."""
     answer = (record.get("prediction") or "").split()
+    forced = sum(last_kind(c, trace.kinds) in FORCES for c in trace.llm_calls)
     return {
         "acted": acted(trace),
         "invented": sum(c.output.count(INVENTED) for c in trace.llm_calls),
         "malformed": "MalformedOutput" in (record.get("error") or ""),
         "repairs": sum(last_kind(c, trace.kinds) in RETRIES for c in trace.llm_calls),
-        "forced": sum(last_kind(c, trace.kinds) in FORCES for c in trace.llm_calls),
+        "forced": forced,
+        "forced_by": forced_by(trace) if forced else [],
         "bad_answer": not answer or len(answer) > MAX_ANSWER_WORDS,
         **guard_health(trace.design.get("guards")),
         "constrained": sum(c.decoding != "prompt" for c in trace.llm_calls),

@@ -26,7 +26,7 @@ from .scoring import score
 
 SUFFIX = ".jsonl.gz"
 KEPT = ("id", "prediction", "em", "f1", "error", "failed", "latency", "llm_calls", "tokens", "carried", "route")
-HEALTH = ("acted", "invented", "malformed", "repairs", "forced", "bad_answer", "guards", "guard_changed",
+HEALTH = ("acted", "invented", "malformed", "repairs", "forced", "forced_by", "bad_answer", "guards", "guard_changed",
           "answer_guard", "constrained", "cache_errors")
 DIAGNOSTICS = ("failure", "evidence_recall", "first_missed_hop")
 MAX_ERROR_CHARS = 200
