@@ -12,6 +12,8 @@
   X's husband?" answered with the husband): finding the end is the walk's work. An empty answer, a refusal, an
   answer no evidence holds, or a graph entity the question does not name escalates; with `form_check`, so does an
   answer not of the form the question asks for (neither of its two options, or not yes/no to a yes-no question).
+  With `min_confidence`, a supported answer the model gave a low probability escalates too (FLARE's signal: the
+  probability of the answer's least likely token, from the backend's token log-probabilities).
   With `second_look` (on a corpus), a supported answer is looked at again before it stops: `rag` searches for the
   question with that answer added (the next hop's passages, when the answer is a bridge) and answers again; the
   two answers agreeing stops, differing escalates.
@@ -23,7 +25,7 @@
 - **reconcile** keeps the design's answer when it has one, else the first answer (a design that failed,
   raised or ran out of budget falls back to it). Two answers that agree are marked so.
 
-Every step appends to `decisions` ({stage, action, reason, answer}); `answered_by` names the stage whose
+Every step appends to `decisions` ({stage, action, reason, answer; rag's confidence when it reports one}); `answered_by` names the stage whose
 answer stands. Both are in the output, the trace (`design`) and the eval records, and `mhqa report` counts them.
 With both a corpus and a graph, the first stage reads the corpus (as `rag` does) and the escalation is Omne.
 """
@@ -74,6 +76,10 @@ class AutoContext(AgentContext):
     second_look: bool = setting(False, help="On a corpus, a supported first answer is checked by a second rag call "
                                 "over the passages found for the question with that answer added: the two answers "
                                 "agreeing stops, differing escalates (one more call a question).")
+    min_confidence: float = setting(0.0, help="A supported first answer whose confidence (the probability the "
+                                    "model gave the answer's least likely token) is below this escalates; 0 = off. "
+                                    "Needs a backend with token log-probabilities (llama.cpp, OpenAI-compatible "
+                                    "servers); without them the rule does not apply.")
     budget: int = setting(12, help="Most model calls a question may take, all stages together (repairs "
                           "included); 0 = no cap. Below what the first stage and the design need, it is refused.")
 
@@ -113,6 +119,8 @@ def check_settings(ctx: AutoContext) -> None:
     """InvalidInput, in one line, for an unknown design, a design the sources cannot serve, or a budget below
     what the first stage and the design need. (No source at all is refused when the run starts: `mhqa eval`
     names its sources after checking the settings.)"""
+    if not 0.0 <= ctx.min_confidence <= 1.0:
+        raise InvalidInput(f"min_confidence is a probability, from 0 (off) to 1; got {ctx.min_confidence}")
     if ctx.escalate_to not in ("auto", *DESIGNS):
         raise InvalidInput(f"escalate_to must be auto or one of {', '.join(DESIGNS)}, got {ctx.escalate_to!r}")
     design = design_for(ctx)
@@ -127,12 +135,14 @@ def check_settings(ctx: AutoContext) -> None:
 
 
 def stage_context(ctx: AutoContext, agent: str) -> Any:
-    """The context of the stage `agent`: auto's common settings, and the `role_llms` of its roles."""
+    """The context of the stage `agent`: auto's common settings, and the `role_llms` of its roles (`rag` reports
+    its confidence when `min_confidence` is set)."""
     from . import ROLES, context_schema
 
     common = {f.name: getattr(ctx, f.name) for f in fields(AgentContext)}
     common["role_llms"] = {r: m for r, m in ctx.role_llms.items() if r in ROLES[agent]}
-    return context_schema(agent)(**common)
+    own = {"confidence": True} if agent == "rag" and ctx.min_confidence else {}
+    return context_schema(agent)(**common, **own)
 
 
 # -- calls and their cap -----------------------------------------------------------------------
@@ -195,8 +205,10 @@ _graphs: dict[str, CompiledStateGraph] = {}
 
 
 # -- the cheap answer and its judge ------------------------------------------------------------
-def supported(question: str, answer: str, first: dict, form_check: bool = False) -> tuple[bool, str]:
-    """(whether the first answer is supported by its own evidence, why); `form_check`: see AutoContext."""
+def supported(question: str, answer: str, first: dict, form_check: bool = False,
+              min_confidence: float = 0.0) -> tuple[bool, str]:
+    """(whether the first answer is supported by its own evidence, why); `form_check`, `min_confidence`: see
+    AutoContext."""
     if not answer:
         return False, "no answer"
     if is_no_answer(answer):
@@ -209,6 +221,9 @@ def supported(question: str, answer: str, first: dict, form_check: bool = False)
         return False, "a graph answer the question does not name"  # the end of a chain: the walk's to find
     if form_check and not of_the_asked_form(question, said):
         return False, "not of the form the question asks"
+    sure = first.get("confidence")
+    if min_confidence and sure is not None and sure < min_confidence:
+        return False, "the model is unsure of it"
     return True, "found in its evidence"
 
 
@@ -246,7 +261,7 @@ def start(state: AutoState, runtime: Runtime[AutoContext]) -> dict:
             "calls": 0}
 
 
-RAG_KEYS = ["answer", "error", "source", "retrieved", "context", "raw"]  # what auto reads of a rag stage
+RAG_KEYS = ["answer", "error", "source", "retrieved", "context", "raw", "confidence"]  # what auto reads of rag
 
 
 def first(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoContext]) -> dict:
@@ -256,9 +271,11 @@ def first(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoContext
     cap = ctx.budget - reserve - look_again if ctx.budget else 0
     output, calls, error = run_stage("rag", ctx, _inputs(state), config, cap, output_keys=RAG_KEYS)
     answer = output.get("answer") or ""
-    ok, why = supported(state["question"], answer, output, ctx.form_check) if not error else (False, error)
+    ok, why = supported(state["question"], answer, output, ctx.form_check, ctx.min_confidence) if not error \
+        else (False, error)
     action = ("look again" if look_again else "stop") if ok else "escalate"
-    decisions = [{"stage": "rag", "action": action, "reason": why, "answer": answer}]
+    sure = {"confidence": output["confidence"]} if output.get("confidence") is not None else {}
+    decisions = [{"stage": "rag", "action": action, "reason": why, "answer": answer, **sure}]
     stages = [_stage("rag", output, error)]
     if action == "look again":
         query = f"{state['question']} {answer}"

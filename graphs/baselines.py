@@ -1,7 +1,8 @@
 """Two baselines for the agents: `direct` (closed book: the model answers from its own knowledge)
 and `rag` (retrieve once, then answer). `rag` searches `ctx.corpus` for the question (or for its input `query`,
 when given: auto's second look); with only `ctx.graph` set it matches entities for the question (or its topic
-entities) and shows the facts of the best ones.
+entities) and shows the facts of the best ones. With `confidence`, both also report the model's confidence in
+its answer, read from its token log-probabilities (`mhqa_graph.models.logprobs`).
 
     direct: start -> answer
     rag:    start -> retrieve -> answer      (a store error ends the run after retrieve)
@@ -22,6 +23,7 @@ from langgraph.runtime import Runtime
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import MhqaError, ModelError
+from mhqa_graph.models.logprobs import answer_logprobs, confidence
 from mhqa_graph.parsing import final_answer
 from mhqa_graph.replies import answer_reply
 from mhqa_graph.text import topic_entities
@@ -37,6 +39,10 @@ ROLE = "answer"
 @dataclass
 class BaselineContext(AgentContext):
     kg_nodes: int = setting(3, help="rag over a graph: how many matched entities to show the facts of.")
+    confidence: bool = setting(False, help="Report the model's confidence in its answer (`confidence`: the "
+                               "probability of the answer's least likely token, before any grammar) where the "
+                               "backend gives token log-probabilities (llama.cpp, OpenAI-compatible servers); "
+                               "None elsewhere. The answer is the same either way.")
 
 
 class RagInput(QAInput):
@@ -45,12 +51,14 @@ class RagInput(QAInput):
 
 class DirectOutput(QAOutput):
     raw: str  # the model's reply (replies, after a repair, blank-line separated)
+    confidence: NotRequired[float | None]  # with the `confidence` setting: see BaselineContext
 
 
 class RagOutput(QAOutput):
     source: str  # "corpus:<name>" or "graph:<names>"
     retrieved: list[dict[str, Any]]  # passages {id, title, score} or entities {graph, entity, score}
     raw: str
+    confidence: NotRequired[float | None]  # with the `confidence` setting: see BaselineContext
 
 
 class DirectState(TypedDict):
@@ -59,6 +67,7 @@ class DirectState(TypedDict):
     raw: str
     answer: str
     error: str | None
+    confidence: NotRequired[float | None]
 
 
 class RagState(DirectState):
@@ -71,8 +80,8 @@ class RagState(DirectState):
 def _reply(ctx: BaselineContext, system: str, user: str) -> dict:
     """Ask the answer model, its reply constrained to `<think>…</think><answer>…</answer>` where the backend
     can; a reply with no answer gets the agents' bounded repair (`parse_retries`). The state update with the
-    raw replies, the answer and the error."""
-    llm = get_llm(ctx, ROLE, reply=answer_reply(ROLE, think=ctx.think))
+    raw replies, the answer and the error (and the answer's `confidence`, with that setting)."""
+    llm = get_llm(ctx, ROLE, reply=answer_reply(ROLE, think=ctx.think), logprobs=ctx.confidence)
     messages = [SystemMessage(system.format(think=P.THINK_ON if ctx.think else P.THINK_OFF)), HumanMessage(user)]
 
     def read(text: str) -> str:
@@ -86,7 +95,9 @@ def _reply(ctx: BaselineContext, system: str, user: str) -> dict:
     except ModelError as exc:
         return {"raw": "\n\n".join(parsed.raw), "answer": "", "error": f"ModelError: {exc}"}
     error = None if parsed.value else "MalformedOutput: the reply has no answer"
-    return {"raw": "\n\n".join(parsed.raw), "answer": parsed.value or "", "error": error}
+    sure = {"confidence": confidence(answer_logprobs(parsed.message)) if parsed.value else None} \
+        if ctx.confidence else {}
+    return {"raw": "\n\n".join(parsed.raw), "answer": parsed.value or "", "error": error, **sure}
 
 
 def start(state: DirectState) -> dict:

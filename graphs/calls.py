@@ -94,10 +94,17 @@ def supports_tool_calling(model: BaseChatModel) -> bool:
     return type(model).bind_tools is not BaseChatModel.bind_tools
 
 
+def gives_logprobs(model: BaseChatModel) -> bool:
+    """Whether `model` returns its replies' token log-probabilities when asked (`logprobs=True`, in OpenAI's shape:
+    `mhqa_graph.models.logprobs`): llama.cpp models, and chat models with a `logprobs` field (ChatOpenAI)."""
+    return bool(getattr(model, "accepts_logprobs", False)) or "logprobs" in getattr(type(model), "model_fields", {})
+
+
 def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None,
-            reply: ReplyFormat | None = None) -> Runnable:
+            reply: ReplyFormat | None = None, logprobs: bool = False) -> Runnable:
     """The chat model for `role` (see `chat_model`), with `tools` bound natively if given, and constrained to
-    the `reply` format where the backend can and `ctx.decoding` allows (`replies.decoding_kwargs`); tagged with
+    the `reply` format where the backend can and `ctx.decoding` allows (`replies.decoding_kwargs`); asked for
+    token log-probabilities with `logprobs` where it gives them (`gives_logprobs`); tagged with
     the role (run name, tag `mhqa:role:<role>`, metadata `mhqa_role` and `mhqa_decoding`) so callbacks such as
     the trace recorder can see it, and retried `ctx.model_retries` times with exponential backoff and jitter
     on transient failures, each attempt limited to `ctx.model_timeout` seconds."""
@@ -105,6 +112,8 @@ def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None,
     model: Runnable = base
     if tools:
         model = model.bind_tools(tools)  # type: ignore[attr-defined]
+    if logprobs and gives_logprobs(base):
+        model = model.bind(logprobs=True)
     how = "prompt"
     if reply is not None and ctx.decoding != "prompt":
         kwargs, how = decoding_kwargs(base, reply)
@@ -166,7 +175,10 @@ def is_transient(exc: BaseException) -> bool:
 def ask(llm: Runnable, messages: list[BaseMessage], stop: list[str] | None = None) -> str:
     """The model's reply text, generation ending before any of `stop`; a failing call (after the
     retries `get_llm` set up) becomes a ModelError."""
-    reply = ask_message(llm, messages, stop)
+    return reply_text(ask_message(llm, messages, stop))
+
+
+def reply_text(reply: BaseMessage) -> str:
     return reply.text if isinstance(reply, AIMessage) else str(reply.content)
 
 
@@ -199,6 +211,7 @@ class Parsed:
     error: str | None = None
     raw: list[str] = field(default_factory=list)
     cut_off: bool = False  # `value` was read from a reply cut off inside a list (ask_json's `cut_off`)
+    message: BaseMessage | None = None  # the last reply, with its metadata (token log-probabilities, when asked)
 
 
 def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str], Any], retries: int = 1,
@@ -210,7 +223,8 @@ def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str
     parsed = Parsed() if parsed is None else parsed
     history = list(messages)
     for _ in range(retries + 1):
-        text = ask(llm, history)
+        parsed.message = ask_message(llm, history)
+        text = reply_text(parsed.message)
         parsed.raw.append(text)
         try:
             parsed.value, parsed.error = read(text), None

@@ -102,6 +102,26 @@ def test_with_form_check_an_answer_not_of_the_asked_form_escalates(store, questi
         assert out["decisions"][0]["reason"] == "not of the form the question asks"
 
 
+@pytest.mark.parametrize("logprob, min_confidence, action, confidence", [
+    (-0.1, 0.5, "stop", 0.9048),  # e^-0.1 = 0.90: sure enough
+    (-1.0, 0.5, "escalate", 0.3679),  # e^-1 = 0.37: unsure
+    (-1.0, 0.0, "stop", None),  # the rule is off, and rag is not asked for log-probabilities
+    (None, 0.5, "stop", None)])  # a backend without log-probabilities: the rule does not apply
+def test_with_min_confidence_an_unsure_answer_escalates(store, logprob, min_confidence, action, confidence):
+    models = roles("London")
+    models["answer"].logprob = logprob
+    out = run(store, models, min_confidence=min_confidence)
+    first = out["decisions"][0]
+    assert first["action"] == action and first.get("confidence") == confidence
+    assert first["reason"] == ("the model is unsure of it" if action == "escalate" else "found in its evidence")
+    assert out["stages"][0].get("confidence") == confidence
+
+
+def test_min_confidence_is_a_probability():
+    with pytest.raises(InvalidInput, match="min_confidence is a probability"):
+        make_context("auto", llm="fake", corpus="wiki", min_confidence=1.5)
+
+
 def looks(first: str, second: str) -> dict:
     """Models whose rag answers `first`, then `second` when asked again (the second look)."""
     models = roles(first)

@@ -25,7 +25,8 @@ from .report import RESULTS, read_records
 from .scoring import score
 
 SUFFIX = ".jsonl.gz"
-KEPT = ("id", "prediction", "em", "f1", "error", "failed", "latency", "llm_calls", "tokens", "carried", "route")
+KEPT = ("id", "prediction", "em", "f1", "error", "failed", "latency", "llm_calls", "tokens", "carried", "route",
+        "confidence")
 HEALTH = ("acted", "invented", "malformed", "repairs", "forced", "forced_by", "bad_answer", "guards", "guard_changed",
           "answer_guard", "constrained", "cache_errors")
 DIAGNOSTICS = ("failure", "evidence_recall", "first_missed_hop")

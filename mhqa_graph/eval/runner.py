@@ -98,6 +98,8 @@ def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace,
         "diagnostics": diagnose(item.chain, trace, em, f1, failed=error is not None),
         "trace": trace.model_dump(mode="json"),
     }
+    if (output or {}).get("confidence") is not None:  # rag or direct with `confidence`: the model's, in its answer
+        record["confidence"] = output["confidence"]
     if "answered_by" in (output or {}):  # auto: which stage answered, and why it stopped or escalated
         record["route"] = route(output, trace)
     record["health"] = health(record, trace)
@@ -118,6 +120,7 @@ def route(output: dict, trace: Trace) -> dict:
             "cached": sum(c.cached_tokens for c in mine)}})
     return {"answered_by": output.get("answered_by") or "",
             "decisions": [{k: d.get(k) for k in ("stage", "action", "reason", "answer")}
+                          | ({"confidence": d["confidence"]} if d.get("confidence") is not None else {})
                           for d in output.get("decisions") or []],
             "stages": stages}
 

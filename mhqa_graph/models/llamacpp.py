@@ -26,6 +26,7 @@ from pydantic import PrivateAttr
 from ..errors import ModelError, ModelNotInstalled
 from .chat import CUT_MARKER, call_seed, chat_dicts, fit_chat
 from .grammar import remembered
+from .logprobs import TokenLogprobs
 from .prefix_cache import PrefixCache, common_prefix
 from .timeout import ABANDONED, raise_if_abandoned
 
@@ -59,6 +60,15 @@ def _close(llm: Any) -> None:
         pass
 
 
+def _processors(recorder: TokenLogprobs | None) -> Any:
+    """llama.cpp's logits processors for a call: the log-probability recorder, when asked for."""
+    if recorder is None:
+        return None
+    from llama_cpp import LogitsProcessorList
+
+    return LogitsProcessorList([recorder])
+
+
 class LlamaCppChatModel(BaseChatModel):
     """Chat over a GGUF file with its own chat template. Loads on first use; one call at a time."""
 
@@ -83,6 +93,7 @@ class LlamaCppChatModel(BaseChatModel):
     _calls: Any = PrivateAttr(default_factory=itertools.count)  # numbers the calls, for `seed`
 
     accepts_grammar: ClassVar[bool] = True  # `grammar=<GBNF text>` constrains a call (mhqa_graph.replies)
+    accepts_logprobs: ClassVar[bool] = True  # `logprobs=True`: the reply's token log-probabilities (models.logprobs)
 
     @property
     def _llm_type(self) -> str:
@@ -223,10 +234,14 @@ class LlamaCppChatModel(BaseChatModel):
                 reused, failed = self._restore(ids)
                 cache_error = {"cache_error": "llama.cpp refused a cached state; the prompt was prefilled in full"} \
                     if failed else {}
+                recorder = TokenLogprobs() if kwargs.get("logprobs") else None
                 out = self._llm.create_completion(prompt=ids, max_tokens=max_new, temperature=temperature,
                                                   stop=stops or None, grammar=grammar, seed=call_seed(self),
-                                                  stopping_criteria=stopping_when(abandoned))
+                                                  stopping_criteria=stopping_when(abandoned),
+                                                  logits_processor=_processors(recorder))
                 self._save()
+                if recorder is not None:
+                    decoding["logprobs"] = {"content": recorder.content(lambda i: self._llm.detokenize([i]))}
             except (ValueError, RuntimeError) as exc:
                 raise ModelError(f"{self._name}: llama.cpp failed: {exc}") from exc
         choice, usage = out["choices"][0], out["usage"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,8 @@ from pydantic import Field, PrivateAttr
 from ..errors import ModelError
 from ..models.prefix_cache import common_prefix
 
+TOKENS = re.compile(r"<[^>]*>|[^<]+")  # a scripted reply's tokens, when it gives log-probabilities: tags and text
+
 
 class FakeChatModel(BaseChatModel):
     """Replies from `responses` in order (cycled, or ModelError when exhausted and `cycle` is False),
@@ -28,6 +31,8 @@ class FakeChatModel(BaseChatModel):
     cycle: bool = True
     latency: float = 0.0  # seconds slept per call
     accepts_grammar: bool = False  # play a llama.cpp model: take `grammar=` and keep it in `grammars`
+    logprob: float | None = None  # play a backend with token log-probabilities: each token of a reply (a tag, or
+    # the text between tags) gets this one when asked with `logprobs=True` (mhqa_graph.models.logprobs)
     calls: list[list[BaseMessage]] = Field(default_factory=list)
     grammars: list[str | None] = Field(default_factory=list)  # per call, the grammar it was given
 
@@ -40,6 +45,10 @@ class FakeChatModel(BaseChatModel):
         return "mhqa-fake"
 
     @property
+    def accepts_logprobs(self) -> bool:
+        return self.logprob is not None
+
+    @property
     def _identifying_params(self) -> dict[str, Any]:
         return {"responses": self.responses, "cycle": self.cycle, "latency": self.latency}
 
@@ -50,7 +59,7 @@ class FakeChatModel(BaseChatModel):
         self._index += 1
         return text
 
-    def _reply(self, messages: list[BaseMessage], grammar: str | None = None) -> ChatResult:
+    def _reply(self, messages: list[BaseMessage], grammar: str | None = None, logprobs: bool = False) -> ChatResult:
         words = [w for m in messages for w in m.text.split()]  # a fake token is a word
         with self._lock:
             cached = common_prefix(words, self._previous)  # a cache of the previous call's prompt
@@ -61,23 +70,25 @@ class FakeChatModel(BaseChatModel):
         if text is None:
             text = self.respond(messages) if self.respond else (messages[-1].text if messages else "")
         n_in, n_out = len(words), len(text.split())
+        scored = {"logprobs": {"content": [{"token": t, "logprob": self.logprob} for t in TOKENS.findall(text)]}} \
+            if logprobs and self.accepts_logprobs else {}
         message = AIMessage(content=text,
                             usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out,
                                             "input_token_details": {"cache_read": cached}},
-                            response_metadata={"model_name": "fake", "finish_reason": "stop"})
+                            response_metadata={"model_name": "fake", "finish_reason": "stop", **scored})
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _generate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         if self.latency:
             time.sleep(self.latency)
-        return self._reply(messages, kwargs.get("grammar"))
+        return self._reply(messages, kwargs.get("grammar"), bool(kwargs.get("logprobs")))
 
     async def _agenerate(self, messages: list[BaseMessage], stop: list[str] | None = None,
                          run_manager: AsyncCallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         if self.latency:
             await asyncio.sleep(self.latency)
-        return self._reply(messages, kwargs.get("grammar"))
+        return self._reply(messages, kwargs.get("grammar"), bool(kwargs.get("logprobs")))
 
 
 class FakeToolCallingModel(FakeChatModel):
@@ -95,7 +106,7 @@ class FakeToolCallingModel(FakeChatModel):
         self.tools = list(tools)
         return self
 
-    def _reply(self, messages: list[BaseMessage], grammar: str | None = None) -> ChatResult:
+    def _reply(self, messages: list[BaseMessage], grammar: str | None = None, logprobs: bool = False) -> ChatResult:
         with self._lock:
             self.calls.append(list(messages))
             self.grammars.append(grammar)
