@@ -52,6 +52,7 @@ class RagInput(QAInput):
 class DirectOutput(QAOutput):
     raw: str  # the model's reply (replies, after a repair, blank-line separated)
     confidence: NotRequired[float | None]  # with the `confidence` setting: see BaselineContext
+    answer_logprobs: NotRequired[list[float] | None]  # with it too: the log-probability of each token of the answer
 
 
 class RagOutput(QAOutput):
@@ -59,6 +60,7 @@ class RagOutput(QAOutput):
     retrieved: list[dict[str, Any]]  # passages {id, title, score} or entities {graph, entity, score}
     raw: str
     confidence: NotRequired[float | None]  # with the `confidence` setting: see BaselineContext
+    answer_logprobs: NotRequired[list[float] | None]  # with it too: the log-probability of each token of the answer
 
 
 class DirectState(TypedDict):
@@ -68,6 +70,7 @@ class DirectState(TypedDict):
     answer: str
     error: str | None
     confidence: NotRequired[float | None]
+    answer_logprobs: NotRequired[list[float] | None]
 
 
 class RagState(DirectState):
@@ -95,8 +98,8 @@ def _reply(ctx: BaselineContext, system: str, user: str) -> dict:
     except ModelError as exc:
         return {"raw": "\n\n".join(parsed.raw), "answer": "", "error": f"ModelError: {exc}"}
     error = None if parsed.value else "MalformedOutput: the reply has no answer"
-    sure = {"confidence": confidence(answer_logprobs(parsed.message)) if parsed.value else None} \
-        if ctx.confidence else {}
+    tokens = answer_logprobs(parsed.message) if ctx.confidence and parsed.value else None
+    sure = {"confidence": confidence(tokens), "answer_logprobs": tokens} if ctx.confidence else {}
     return {"raw": "\n\n".join(parsed.raw), "answer": parsed.value or "", "error": error, **sure}
 
 

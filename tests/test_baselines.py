@@ -153,8 +153,8 @@ def test_rag_sqlite_checkpoint_and_resume(store, tmp_path, monkeypatch):
     assert out["answer"] == "Brendan Nolan" and len(calls) == 2 and len(searches) == 1
 
 
-@pytest.mark.parametrize("app, inputs, extra", [(direct_graph, set(), {"raw", "confidence"}),
-                                                 (rag_graph, {"query"}, {"raw", "source", "retrieved", "confidence"})])
+@pytest.mark.parametrize("app, inputs, extra", [(direct_graph, set(), {"raw", "confidence", "answer_logprobs"}), (
+    rag_graph, {"query"}, {"raw", "source", "retrieved", "confidence", "answer_logprobs"})])
 def test_schemas_for_studio(app, inputs, extra):
     assert set(app.get_input_jsonschema()["properties"]) == {"question", "topic_entities"} | inputs
     assert set(app.get_output_jsonschema()["properties"]) == {"answer", "error"} | extra

@@ -66,6 +66,7 @@ def test_rag_reports_its_confidence_only_when_asked(tmp_path, logprob, expected)
     out = build_graph("rag").invoke(ask, context=make_context("rag", llm=model, store=store, corpus="wiki",
                                                               confidence=True))
     assert out["answer"] == "Christopher Nolan" and out["confidence"] == expected
+    assert out["answer_logprobs"] == (None if logprob is None else [logprob])
     plain = build_graph("rag").invoke(ask, context=make_context("rag", llm=model, store=store, corpus="wiki"))
     assert "confidence" not in plain
     store.close()
