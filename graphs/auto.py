@@ -26,7 +26,8 @@
   raised or ran out of budget falls back to it). Two answers that agree are marked so.
 
 Every step appends to `decisions` ({stage, action, reason, answer; rag's confidence when it reports one});
-`answered_by` names the stage whose answer stands. Both are in the output, the trace (`design`) and the eval records, and `mhqa report` counts them.
+`answered_by` names the stage whose answer stands. Both are in the output, the trace (`design`) and the eval
+records, and `mhqa report` counts them.
 With both a corpus and a graph, the first stage reads the corpus (as `rag` does) and the escalation is Omne.
 """
 
