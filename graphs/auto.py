@@ -13,7 +13,8 @@
   answer no evidence holds, or a graph entity the question does not name escalates; with `form_check`, so does an
   answer not of the form the question asks for (neither of its two options, or not yes/no to a yes-no question).
   With `min_confidence`, a supported answer the model gave a low probability escalates too (FLARE's signal: the
-  probability of the answer's least likely token, from the backend's token log-probabilities).
+  probability of the answer's least likely token, from the backend's token log-probabilities); with
+  `trust_confidence`, a graph answer the question does not name stops when the model is at least that sure of it.
   With `second_look` (on a corpus), a supported answer is looked at again before it stops: `rag` searches for the
   question with that answer added (the next hop's passages, when the answer is a bridge) and answers again; the
   two answers agreeing stops, differing escalates.
@@ -81,6 +82,10 @@ class AutoContext(AgentContext):
                                     "model gave the answer's least likely token) is below this escalates; 0 = off. "
                                     "Needs a backend with token log-probabilities (llama.cpp, OpenAI-compatible "
                                     "servers); without them the rule does not apply.")
+    trust_confidence: float = setting(0.0, help="On a graph, an answer in its facts that the question does not "
+                                      "name stops when the model's confidence in it is at least this (it escalates "
+                                      "otherwise, as the walk's to find); 0 = off. Log-probabilities as for "
+                                      "min_confidence.")
     budget: int = setting(12, help="Most model calls a question may take, all stages together (repairs "
                           "included); 0 = no cap. Below what the first stage and the design need, it is refused.")
 
@@ -120,8 +125,9 @@ def check_settings(ctx: AutoContext) -> None:
     """InvalidInput, in one line, for an unknown design, a design the sources cannot serve, or a budget below
     what the first stage and the design need. (No source at all is refused when the run starts: `mhqa eval`
     names its sources after checking the settings.)"""
-    if not 0.0 <= ctx.min_confidence <= 1.0:
-        raise InvalidInput(f"min_confidence is a probability, from 0 (off) to 1; got {ctx.min_confidence}")
+    for name in ("min_confidence", "trust_confidence"):
+        if not 0.0 <= getattr(ctx, name) <= 1.0:
+            raise InvalidInput(f"{name} is a probability, from 0 (off) to 1; got {getattr(ctx, name)}")
     if ctx.escalate_to not in ("auto", *DESIGNS):
         raise InvalidInput(f"escalate_to must be auto or one of {', '.join(DESIGNS)}, got {ctx.escalate_to!r}")
     design = design_for(ctx)
@@ -142,7 +148,7 @@ def stage_context(ctx: AutoContext, agent: str) -> Any:
 
     common = {f.name: getattr(ctx, f.name) for f in fields(AgentContext)}
     common["role_llms"] = {r: m for r, m in ctx.role_llms.items() if r in ROLES[agent]}
-    own = {"confidence": True} if agent == "rag" and ctx.min_confidence else {}
+    own = {"confidence": True} if agent == "rag" and (ctx.min_confidence or ctx.trust_confidence) else {}
     return context_schema(agent)(**common, **own)
 
 
@@ -206,23 +212,24 @@ _graphs: dict[str, CompiledStateGraph] = {}
 
 
 # -- the cheap answer and its judge ------------------------------------------------------------
-def supported(question: str, answer: str, first: dict, form_check: bool = False,
-              min_confidence: float = 0.0) -> tuple[bool, str]:
-    """(whether the first answer is supported by its own evidence, why); `form_check`, `min_confidence`: see
-    AutoContext."""
+def supported(question: str, answer: str, first: dict, form_check: bool = False, min_confidence: float = 0.0,
+              trust_confidence: float = 0.0) -> tuple[bool, str]:
+    """(whether the first answer is supported by its own evidence, why); `form_check`, `min_confidence`,
+    `trust_confidence`: see AutoContext."""
     if not answer:
         return False, "no answer"
     if is_no_answer(answer):
         return False, "a refusal"
     if not grounded(answer, [first.get("context") or ""]):
         return False, "not in its evidence"
-    said = words(answer)
+    said, sure = words(answer), first.get("confidence")
     if str(first.get("source", "")).startswith("graph:") and said not in ("yes", "no") \
             and f" {said} " not in f" {words(question)} ":
+        if trust_confidence and sure is not None and sure >= trust_confidence:
+            return True, "a graph answer the model is sure of"
         return False, "a graph answer the question does not name"  # the end of a chain: the walk's to find
     if form_check and not of_the_asked_form(question, said):
         return False, "not of the form the question asks"
-    sure = first.get("confidence")
     if min_confidence and sure is not None and sure < min_confidence:
         return False, "the model is unsure of it"
     return True, "found in its evidence"
@@ -272,8 +279,8 @@ def first(state: AutoState, config: RunnableConfig, runtime: Runtime[AutoContext
     cap = ctx.budget - reserve - look_again if ctx.budget else 0
     output, calls, error = run_stage("rag", ctx, _inputs(state), config, cap, output_keys=RAG_KEYS)
     answer = output.get("answer") or ""
-    ok, why = supported(state["question"], answer, output, ctx.form_check, ctx.min_confidence) if not error \
-        else (False, error)
+    ok, why = supported(state["question"], answer, output, ctx.form_check, ctx.min_confidence,
+                        ctx.trust_confidence) if not error else (False, error)
     action = ("look again" if look_again else "stop") if ok else "escalate"
     sure = {"confidence": output["confidence"]} if output.get("confidence") is not None else {}
     decisions = [{"stage": "rag", "action": action, "reason": why, "answer": answer, **sure}]

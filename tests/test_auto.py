@@ -117,9 +117,25 @@ def test_with_min_confidence_an_unsure_answer_escalates(store, logprob, min_conf
     assert out["stages"][0].get("confidence") == confidence
 
 
+@pytest.mark.parametrize("logprob, action, reason", [
+    (-0.05, "stop", "a graph answer the model is sure of"),  # e^-0.05 = 0.95 >= 0.9
+    (-0.5, "escalate", "a graph answer the question does not name")])  # 0.61: the walk's to find
+def test_with_trust_confidence_a_graph_answer_the_model_is_sure_of_stops(store, logprob, reason, action):
+    models = roles("London")  # in the facts shown, not named by the question
+    models["answer"].logprob = logprob
+    out = run(store, models, corpus=None, graph="kg", escalate_to="opera", trust_confidence=0.9)
+    assert (out["decisions"][0]["action"], out["decisions"][0]["reason"]) == (action, reason)
+    paris = roles("Paris")  # in no fact shown: sure or not, it escalates
+    paris["answer"].logprob = -0.01
+    out = run(store, paris, corpus=None, graph="kg", escalate_to="opera", trust_confidence=0.9)
+    assert out["decisions"][0]["reason"] == "not in its evidence"
+
+
 def test_min_confidence_is_a_probability():
     with pytest.raises(InvalidInput, match="min_confidence is a probability"):
         make_context("auto", llm="fake", corpus="wiki", min_confidence=1.5)
+    with pytest.raises(InvalidInput, match="trust_confidence is a probability"):
+        make_context("auto", llm="fake", graph="kg", trust_confidence=-0.1)
 
 
 def looks(first: str, second: str) -> dict:
