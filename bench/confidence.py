@@ -69,7 +69,7 @@ def report(args: argparse.Namespace, env: str) -> list[str]:
     return out
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", action="append", choices=sorted(DEV_ENVIRONMENTS), required=True)
     parser.add_argument("--start", type=int, default=0)
@@ -77,8 +77,16 @@ def main() -> None:
     parser.add_argument("--llm", default="llamacpp:qwen2.5-coder-1.5b")
     parser.add_argument("--results", type=Path, default=R.RESULTS_DIR)
     parser.add_argument("--data", type=Path, default=DATA)
-    args = parser.parse_args()
-    print("\n".join(line for env in args.env for line in report(args, env)))
+    return parser
+
+
+def reports(args: argparse.Namespace) -> str:
+    """The tables of each environment of `args`, from the committed records (runs no model)."""
+    return "\n".join(line for env in args.env for line in report(args, env)).strip()
+
+
+def main() -> None:
+    print(reports(arguments().parse_args()))
 
 
 if __name__ == "__main__":

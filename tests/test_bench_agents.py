@@ -458,3 +458,20 @@ def test_what_auto_did_counts_the_judge_of_a_second_look():
     assert "| hotpot | `auto:second_look=true` | 4 | 2 (100.0) | 2 (50.0) | 1 (0.0; 0 agree with rag) | 1 (50.0) |" \
         in table and "opera" not in table
     assert "the two answers differ 1, not in its evidence 1" in table
+
+
+def test_the_confidence_report_says_how_well_confidence_splits_right_from_wrong(summary_args, monkeypatch):
+    import confidence
+
+    monkeypatch.setattr(confidence, "asked_ids", bench.asked_ids)
+    write_run(summary_args, "hotpot", "rag:confidence=true",
+              [r | {"confidence": c} for r, c in zip(scored("hotpot", [1, 0, 1, 0]), [0.9, 0.2, 0.95, 0.4])])
+    summary_args.env = ["hotpot"]
+    lines = confidence.reports(summary_args).splitlines()
+    assert lines[0] == ("hotpot, questions 0-3: 4 answers with a confidence, rag F1 50.0, right (F1 >= 0.5) 2, "
+                        "AUROC 1.00")
+    assert "| 0.5 | 2 | 0.0 | 100.0 |" in lines and "| 0.95 | 3 | 33.3 | 100.0 |" in lines
+    assert confidence.auroc([0.5, 0.5], [True, False]) == 0.5 and confidence.auroc([0.9], [True]) is None
+    command = f"python bench/confidence.py --env hotpot --start 0 --limit 4 --llm {LLM}"
+    block = bench.generated(command, summary_args.results)
+    assert block.splitlines() == lines  # a generated block of docs/benchmarks.md
