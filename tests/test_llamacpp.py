@@ -17,7 +17,9 @@ from mhqa_graph.errors import ChecksumMismatch, ModelError, ModelNotInstalled
 from mhqa_graph.models import factory, packs
 from mhqa_graph.models.factory import load_chat_model
 from mhqa_graph.models.llamacpp import LlamaCppChatModel
+from mhqa_graph.models.logprobs import answer_logprobs, confidence
 from mhqa_graph.models.packs import PACKS, Pack, pack_installed
+from mhqa_graph.replies import answer_reply
 
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,6 +160,14 @@ def test_smollm2_llamacpp_generates(monkeypatch, tmp_path):
     assert "5" not in stopped.content and stopped.response_metadata["finish_reason"] == "stop"
     capped = model.invoke("Write a long story about a dragon.", max_new_tokens=5)
     assert capped.usage_metadata["output_tokens"] == 5 and capped.response_metadata["finish_reason"] == "length"
+
+    ask = [HumanMessage("What is the capital of France? Reply as <answer>city</answer>.")]  # log-probabilities
+    grammar = answer_reply("answer", think=False).gbnf()
+    plain, scored = model.invoke(ask, grammar=grammar), model.invoke(ask, grammar=grammar, logprobs=True)
+    assert scored.text == plain.text and "logprobs" not in plain.response_metadata  # the same reply either way
+    tokens = scored.response_metadata["logprobs"]["content"]
+    assert scored.text.startswith("".join(t["token"] for t in tokens))  # all but the last token, in order
+    assert all(t["logprob"] <= 0 for t in tokens) and 0 < confidence(answer_logprobs(scored)) <= 1
 
     small = load_chat_model("llamacpp:smollm2-135m?threads=1&ctx=96", max_new_tokens=8)
     long = [SystemMessage("Answer briefly."), HumanMessage("filler " * 300 + "What is 2 + 2?")]

@@ -1,24 +1,19 @@
-"""Token log-probabilities: the llama.cpp recorder, the answer's share of them, and rag's confidence."""
+"""Token log-probabilities: the llama.cpp recorder, the answer's share of them, and rag's confidence (a real
+llama.cpp reply's: tests/test_llamacpp.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import numpy as np
 import pytest
-from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.messages import AIMessage
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs.calls import gives_logprobs
 
-from mhqa_graph.models.factory import load_chat_model
 from mhqa_graph.models.llamacpp import LlamaCppChatModel
 from mhqa_graph.models.logprobs import TokenLogprobs, answer_logprobs, confidence
-from mhqa_graph.models.packs import pack_installed
-from mhqa_graph.replies import answer_reply
 from mhqa_graph.testing.fakes import FakeChatModel
-
-HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
 
 
 def scored(*tokens: tuple[str, float]) -> AIMessage:
@@ -70,21 +65,3 @@ def test_rag_reports_its_confidence_only_when_asked(tmp_path, logprob, expected)
     plain = build_graph("rag").invoke(ask, context=make_context("rag", llm=model, store=store, corpus="wiki"))
     assert "confidence" not in plain
     store.close()
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not HAS_LLAMA_CPP or not pack_installed("smollm2-135m"),
-                    reason="needs llama-cpp-python and the smollm2-135m pack")
-def test_llamacpp_gives_the_log_probabilities_of_a_constrained_reply(monkeypatch, tmp_path):
-    monkeypatch.setenv("MHQA_CACHE", str(tmp_path))
-    model = load_chat_model("llamacpp:smollm2-135m?threads=1&cache=0", max_new_tokens=24)
-    ask = [HumanMessage("What is the capital of France? Reply as <answer>city</answer>.")]
-    grammar = answer_reply("answer", think=False).gbnf()
-    plain = model.invoke(ask, grammar=grammar)
-    reply = model.invoke(ask, grammar=grammar, logprobs=True)
-    assert reply.text == plain.text and "logprobs" not in plain.response_metadata  # the same reply either way
-    tokens = reply.response_metadata["logprobs"]["content"]
-    assert reply.text.startswith("".join(t["token"] for t in tokens))  # all but the last token, in order
-    assert all(t["logprob"] <= 0 for t in tokens)
-    found = answer_logprobs(reply)
-    assert found and 0 < confidence(found) <= 1
