@@ -179,7 +179,7 @@ def test_schema_round_trips_through_json(store):
 # -- Mujica: parallel workers --------------------------------------------------------------------
 @pytest.mark.parametrize("entry", ["invoke", "ainvoke"])
 def test_mujica_parallel_worker_calls_are_all_recorded(store, entry):
-    planner, worker = mujica_models(latency=0.3)
+    planner, worker = mujica_models(latency=1.0)
     ctx = mujica_context(store, planner, worker)
     graph = build_graph("mujica")
     t = time.perf_counter()
@@ -187,7 +187,7 @@ def test_mujica_parallel_worker_calls_are_all_recorded(store, entry):
         out, trace = run_with_trace(graph, "mujica", "Capitals of France, Germany and Italy?", ctx)
     else:
         out, trace = asyncio.run(arun_with_trace(graph, "mujica", "Capitals of France, Germany and Italy?", ctx))
-    assert time.perf_counter() - t < 2 * 0.3  # the workers did run in parallel
+    assert time.perf_counter() - t < 2 * 1.0  # in parallel: three workers one after another take 3 s
     assert out["answer"] == trace.answer == "Paris, Berlin and Rome"
     assert [c.role for c in trace.llm_calls].count("worker") == 3 == len(worker.calls)
     assert [c.role for c in trace.llm_calls].count("planner") == 2
