@@ -143,7 +143,7 @@ def check_settings(ctx: AutoContext) -> None:
 
 def stage_context(ctx: AutoContext, agent: str) -> Any:
     """The context of the stage `agent`: auto's common settings, and the `role_llms` of its roles (`rag` reports
-    its confidence when `min_confidence` is set)."""
+    its confidence when `min_confidence` or `trust_confidence` is set)."""
     from . import ROLES, context_schema
 
     common = {f.name: getattr(ctx, f.name) for f in fields(AgentContext)}

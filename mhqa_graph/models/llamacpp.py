@@ -240,8 +240,8 @@ class LlamaCppChatModel(BaseChatModel):
                                                   stopping_criteria=stopping_when(abandoned),
                                                   logits_processor=_processors(recorder))
                 self._save()
-                if recorder is not None:
-                    decoding["logprobs"] = {"content": recorder.content(lambda i: self._llm.detokenize([i]))}
+                scored = {} if recorder is None else {
+                    "logprobs": {"content": recorder.content(lambda i: self._llm.detokenize([i]))}}
             except (ValueError, RuntimeError) as exc:
                 raise ModelError(f"{self._name}: llama.cpp failed: {exc}") from exc
         choice, usage = out["choices"][0], out["usage"]
@@ -251,6 +251,6 @@ class LlamaCppChatModel(BaseChatModel):
             usage_metadata={"input_tokens": n_in, "output_tokens": n_out, "total_tokens": n_in + n_out,
                             "input_token_details": {"cache_read": reused}},
             response_metadata={"model_name": self._name, "finish_reason": choice["finish_reason"] or "stop",
-                               "truncated_tokens": cut, **decoding, **cache_error},
+                               "truncated_tokens": cut, **decoding, **cache_error, **scored},
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
