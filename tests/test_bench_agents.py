@@ -249,7 +249,12 @@ def test_targets_say_met_or_missed_and_by_how_much(summary_args):
     why = [["NoProgress"], ["NoProgress"], ["NoProgress", "RoundCap"], None]  # the last from before `forced_by`
     write_run(summary_args, "pq2h", "mujica", [r | {"health": {"forced": 1} | ({"forced_by": w} if w else {})}
                                                for r, w in zip(scored("pq2h", [0, 0, 0, 0]), why)])
-    write_run(summary_args, "pq2h", "auto", scored("pq2h", [1, 0, 0, 0.6]))  # +40: above omne
+    rag_stage = [{"stage": "rag", "calls": 1, "seconds": 1.5}]  # its own rag stage: half its 3 s
+    escalated = {"decisions": [{"stage": "rag", "action": "escalate"}, {"stage": "omne", "action": "answer"}],
+                 "stages": rag_stage}
+    write_run(summary_args, "pq2h", "auto", [r | {"route": escalated if i else {"decisions": [{"action": "stop"}],
+                                                                                "stages": rag_stage}}
+                                             for i, r in enumerate(scored("pq2h", [1, 0, 0, 0.6]))])  # +40: above omne
     write_run(summary_args, "hotpot", "rag", scored("hotpot", [1, 0, 0, 0], calls=1, repaired=1))
     write_run(summary_args, "hotpot", "opera", scored("hotpot", [1, 0, 0, 0.2]))  # +5
     write_run(summary_args, "hotpot", "auto", scored("hotpot", [1, 0, 0, 0.2], calls=3))  # +5
@@ -262,14 +267,17 @@ def test_targets_say_met_or_missed_and_by_how_much(summary_args):
     assert rows[3].endswith("over 4 questions in 4 clusters (by 25.0) |")
     assert rows[4].startswith("| `auto` ≥ `rag` + 5, pooled over the text environments | **met** | +5.0 [")
     assert rows[5] == ("| `auto`: at most 2.5× `rag`'s LLM calls and 3× its seconds | **met** | mean over 2 "
-                       "environments: 2.50× calls, 1.00× seconds; pq2h 2.00× / 1.00×, hotpot 3.00× / 1.00× |")
+                       "environments: 2.50× calls, 1.50× seconds (against its own `rag` stage's in 1, `rag`'s run "
+                       "elsewhere); pq2h 2.00× / 2.00× (3 of 4 escalated, 2.0 calls each), hotpot 3.00× / 1.00× |")
+    # hotpot's records hold no route: its seconds are against rag's run
     assert rows[6] == ("| every design ≥ `rag` on each KG environment | **met** | met 3 of 3 measured; met: "
                        "opera on pq2h +10.0 (by 10.0), mujica on pq2h +0.0 (by 0.0), omne on pq2h +25.0 (by 25.0) |")
     assert rows[7] == ("| the best design ≥ `rag` + 5 on each text environment | **met** | met 1 of 1 measured; "
                        "met: opera on hotpot +5.0 (by 0.0) |")
     assert rows[8] == ("| Mujica: forced answers ≤ 25% of questions | **missed** | "
                        "pq2h 4 of 4 (NoProgress 3, RoundCap 1, not recorded 1) |")
-    assert rows[9] == "| OPERA: one-sub-goal plans on two-hop PathQuestion ≤ 20% | **missed** | pq2h 4 of 4 |"
+    assert rows[9] == ("| OPERA: one-sub-goal plans on two-hop PathQuestion ≤ 20% | **missed** | "
+                       "pq2h 4 of 4 (answered wrong 4) |")
     # on hotpot rag answered a format repair on each of its 4 questions: 4 of 4 calls
     assert rows[10].startswith("| no malformed runs; repairs ≤ 1% of calls (each run) | **missed** | "
                                "malformed runs: 0 of 32 questions; format-repair calls: rag 4 of 8, opera 0 of 16, "
