@@ -329,7 +329,7 @@ def reconcile(state: AutoState) -> dict:
     design = state["stages"][-1]
     said, before = design.get("answer") or "", state["answer"]
     if said and not is_no_answer(said):
-        agree = bool(before) and normalize_answer(said) == normalize_answer(before)
+        agree = same_answer(said, before)
         reason = "agrees with rag" if agree else ("rag had none" if not before else "differs from rag")
         return {"answer": said, "error": design.get("error"), "answered_by": design["stage"],
                 "decisions": [{"stage": design["stage"], "action": "answer", "reason": reason, "answer": said}]}

@@ -88,6 +88,13 @@ def test_on_a_graph_only_an_answer_the_question_names_stops(store, question, ans
         assert out["decisions"][0]["reason"] == "a graph answer the question does not name"
 
 
+@pytest.mark.parametrize("final, reason", [("London", "agrees with rag"), ("London, England", "agrees with rag"),
+                                           ("Paris", "differs from rag")])
+def test_the_design_agreeing_with_rag_is_marked_as_same_answer_judges(store, final, reason):
+    out = run(store, roles("London", final=final), corpus=None, graph="kg", escalate_to="opera")
+    assert out["answer"] == final and out["decisions"][-1]["reason"] == reason
+
+
 @pytest.mark.parametrize("question, answer, form_check, action", [
     ("Who directed Inception, Christopher Nolan or London?", "Inception", False, "stop"),  # in its evidence
     ("Who directed Inception, Christopher Nolan or London?", "Inception", True, "escalate"),  # neither option
