@@ -671,9 +671,9 @@ def _rag_stage_seconds(cell: dict) -> float | None:
 def _escalated(cell: dict) -> str:
     """" (55 of 60 escalated, 5.9 calls each)": where auto's cost goes; "" when its records hold no route."""
     routes = [r for r in cell["records"].values() if (r.get("route") or {}).get("decisions")]
-    up = [r for r in routes if any(d.get("action") == "escalate" for d in r["route"]["decisions"])]
     if not routes:
         return ""
+    up = [r for r in routes if _judged(r).get("action") == "escalate"]
     each = f", {_mean([r.get('llm_calls') or 0 for r in up]):.1f} calls each" if up else ""
     return f" ({len(up)} of {len(routes)} escalated{each})"
 
@@ -762,9 +762,15 @@ def routes_table(by_env: dict[str, dict]) -> str | None:
                       "|---|---|---|---|---|---|---|---|", *rows]) + "\n"
 
 
+def _judged(record: dict) -> dict:
+    """auto's judgement of its first answer: the record's first decision that stops or escalates ({} if none)."""
+    return next((d for d in (record.get("route") or {}).get("decisions") or []
+                 if d.get("action") in ("stop", "escalate")), {})
+
+
 def _route_row(env: str, variant: str, recs: list[dict]) -> str:
     decisions = [(r.get("route") or {}).get("decisions") or [] for r in recs]
-    judged = [next((x for x in d if x.get("action") in ("stop", "escalate")), {}) for d in decisions]
+    judged = [_judged(r) for r in recs]
     stopped = [r for r, j in zip(recs, judged) if j.get("action") == "stop"]
     escalated = [(r, d) for r, d, j in zip(recs, decisions, judged) if j.get("action") == "escalate"]
     took = [r for r, d in escalated if d[-1].get("action") == "answer"]
