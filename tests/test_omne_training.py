@@ -273,6 +273,37 @@ def test_tool_result_tokens_get_no_gradient(config, monkeypatch):
     assert torch.all(grad[mask == 0] == 0) and torch.all(grad[mask == 1] != 0)
 
 
+@pytest.mark.parametrize("forced_masked", [True, False])
+def test_a_groups_update_is_unchanged_by_tokens_the_grammar_forced(config, monkeypatch, forced_masked):
+    """On-policy: two groups whose episodes differ only in the last token of each completion, marked forced
+    (env_mask 0, as `ForcedTokens` marks a token the grammar left alone), give the same parameter update. Were
+    forced tokens scored as the policy's own (mask 1, the off-policy update), the updates would differ."""
+    trainer = OmneTrainer(dataclasses.replace(config, model=ModelConfig(name="tiny", lora=False)))
+    script(trainer.model, trainer.tokenizer, monkeypatch)
+    with open_store(config.rollout.store) as store:
+        env = OmneEnvironment(config.rollout, store)
+        grpo = trainer.grpo_trainer(1, env)
+        row = env.dataset()[0]
+        inputs = grpo._generate_and_score_completions([dict(row), dict(row)])
+    assert inputs["advantages"].abs().min() > 0
+    last = inputs["completion_mask"].sum(dim=1) - 1  # each completion's last token (completions are right-padded)
+    rows = torch.arange(len(last))
+    inputs["tool_mask"][rows, last] = 0 if forced_masked else 1
+    other = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    other["completion_ids"][rows, last] = (other["completion_ids"][rows, last] + 1) % trainer.model.config.vocab_size
+    grpo.model.train()
+    grpo.current_gradient_accumulation_steps = 1  # set by the training loop otherwise
+
+    def update(batch: dict) -> dict[str, torch.Tensor]:
+        grpo.model.zero_grad()
+        grpo.compute_loss(grpo.model, batch).backward()
+        return {n: p.grad.clone() for n, p in grpo.model.named_parameters() if p.grad is not None}
+
+    first, second = update(inputs), update(other)
+    same = all(torch.allclose(first[n], second[n], atol=1e-7) for n in first)
+    assert same is forced_masked
+
+
 def test_a_group_of_episodes_is_sampled_with_the_trainers_settings(config):
     """The tiny policy's own generation config is greedy; a GRPO group of one question must still be sampled at
     GRPOConfig's temperature, or its episodes are identical and every advantage is 0."""
