@@ -345,6 +345,43 @@ def test_expert_completion_anchors_its_group_and_is_trained_on_when_asked(tmp_pa
     assert out["num_items_in_batch"].item() == sampled.item() + (len(expert_ids) if gradient else 0)
 
 
+
+def test_the_expert_sample_works_with_vllms_sampling_logprobs(tmp_path, monkeypatch):
+    """With `use_vllm` TRL gets each sampled token's log-probability from vLLM and corrects for the mismatch
+    with the trainer's policy (importance sampling). The expert completion was not sampled: its tokens get NaN
+    (not None, which `torch.tensor` refuses), which TRL reads as ratio 1, so the group scores and its loss is
+    finite. TRL's vLLM client is stood in for."""
+    model, tokenizer = tiny_model_and_tokenizer(seed=5)
+    prompt = [{"role": "user", "content": "Who directed Inception?"}]
+    expert = '{"subgoals": ["Who directed Inception?"]}'
+    group = 2
+    args = grpo_args(MAPGRPOConfig(grpo={"num_generations": group, "per_device_train_batch_size": group,
+                                         "max_steps": 1, "max_completion_length": 8}), tmp_path, expert_slot=True)
+    trainer = ExpertGRPOTrainer(model, reward_funcs=[lambda completions, **_: [1.0] * len(completions)], args=args,
+                                train_dataset=Dataset.from_list([{"prompt": prompt}]), processing_class=tokenizer,
+                                experts={prompt_key(prompt): expert})
+
+    class StandInVLLM:  # TRL's vLLM client: per prompt row, token ids and each token's top log-probabilities
+        def sync_weights(self) -> None:
+            pass
+
+        def generate(self, prompts, images, num_generations, profiler):
+            ids = [tokenizer("Nolan", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+                   for _ in prompts]
+            return None, ids, [[[-0.5]] * len(seq) for seq in ids], None
+
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True
+    trainer.vllm_generation, trainer._last_loaded_step = StandInVLLM(), 0
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    out = trainer._generate_and_score_completions([{"prompt": prompt}] * (group + 1))
+    sampled = out["sampling_per_token_logps"]
+    assert torch.isnan(sampled[group]).all() and not torch.isnan(sampled[:group]).any()  # the expert: last place
+    assert torch.all(out["importance_sampling_ratio"][group] == 1)
+    loss = trainer.compute_loss(trainer.model, out)
+    assert torch.isfinite(loss)
+
+
 # -- end to end ----------------------------------------------------------------------------------
 def log_entries(out: Path) -> list[dict]:
     return read_log(out / "log.jsonl")
