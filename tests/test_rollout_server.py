@@ -2,13 +2,15 @@
 (training/serving.py): a real llama-server on loopback over the smollm2-135m pack with a PEFT LoRA on its
 transformers form, exported as a llama.cpp adapter before each phase; the server started again when the
 adapter changes, K questions decoded at once, the same server reached as `openai:`, the typed error for a
-policy `server` cannot serve, and vLLM's adapter loading against a stand-in HTTP server. The real-server
+policy `server` cannot serve, and vLLM's adapter loading against a stand-in HTTP server, and the vLLM server
+the trainer starts itself (a stand-in `vllm` program). The real-server
 tests skip only when the llama-server binary is not built (see tests/test_llama_server.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import threading
 import time
 import urllib.request
@@ -22,13 +24,13 @@ torch = pytest.importorskip("torch")
 
 from mhqa_graph.training.configs import ModelConfig, RolloutConfig, load_config  # noqa: E402
 from mhqa_graph.training.mygo import MyGOConfig  # noqa: E402
-from mhqa_graph.training.policy import load_model, policy_chat_model  # noqa: E402
+from mhqa_graph.training.policy import load_model, policy_chat_model, policy_source  # noqa: E402
 from mhqa_graph.training.rollouts import rollouts  # noqa: E402
 from mhqa_graph.training.serving import POLICY_SERVER, NotServable, load_lora_adapter, served_policy  # noqa: E402
 from test_eval import write_dataset  # noqa: E402
 from test_llama_server import _gone, real  # noqa: E402
 
-from mhqa_graph.errors import InvalidInput, ModelError  # noqa: E402
+from mhqa_graph.errors import InvalidInput, ModelError, ModelNotInstalled  # noqa: E402
 from mhqa_graph.export import OPERA_ROLES  # noqa: E402
 from mhqa_graph.models import server as srv  # noqa: E402
 
@@ -149,7 +151,7 @@ def test_server_needs_a_chat_pack_policy_with_a_lora_adapter(tmp_path):
     with pytest.raises(NotServable):  # when the config is read, before any model loads
         load_config(MyGOConfig, yaml)
     with pytest.raises(InvalidInput, match="in_process, server.* or openai:<url>#<model>"):
-        ModelConfig(rollout_llm="vllm")
+        ModelConfig(rollout_llm="sglang")
     with pytest.raises(ModelError, match="sets its own slots"):
         ModelConfig(name="smollm2-135m", rollout_llm="server?slots=4")
     with pytest.raises(InvalidInput, match="rollout_concurrency must be a positive integer"):
@@ -220,3 +222,95 @@ def test_a_server_without_load_inplace_reloads_and_one_without_the_endpoint_says
     endpoints.refuse = [(400, '{"message": "max_lora_rank 8 < 16"}')]
     with pytest.raises(ModelError, match="refused to load the adapter 'policy-default'.*max_lora_rank"):
         load_lora_adapter(url, "policy-default", tmp_path)
+
+
+STAND_IN_VLLM = """#!{python}
+import json, os, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+args, record = sys.argv[1:], os.environ["STAND_IN_RECORD"]
+
+def note(entry):
+    with open(record, "a") as f:
+        f.write(json.dumps(entry) + "\\n")
+
+note({{"args": args, "updating": os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+       "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}})
+if os.environ.get("STAND_IN_FAIL"):
+    print("ValueError: Free memory on device is less than the desired GPU memory utilization", flush=True)
+    sys.exit(1)
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+
+    def do_POST(self):
+        note({{"path": self.path, "body": json.loads(self.rfile.read(int(self.headers["Content-Length"])))}})
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"Success")
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(args[args.index("--port") + 1])), Handler).serve_forever()
+"""
+
+
+@pytest.fixture
+def stand_in_vllm(tmp_path, monkeypatch):
+    """A `vllm` program that notes its command line and environment and answers /health and the adapter
+    endpoints; the notes are returned."""
+    program = tmp_path / "vllm"
+    program.write_text(STAND_IN_VLLM.format(python=sys.executable), encoding="utf-8")
+    program.chmod(0o755)
+    record = tmp_path / "record.jsonl"
+    monkeypatch.setenv("MHQA_VLLM", str(program))
+    monkeypatch.setenv("STAND_IN_RECORD", str(record))
+    yield lambda: [json.loads(line) for line in record.read_text().splitlines()]
+    POLICY_SERVER.stop()
+
+
+def test_the_trainer_starts_vllm_with_its_share_of_the_gpu_and_loads_the_adapter_each_phase(stand_in_vllm,
+                                                                                          tmp_path):
+    config = ModelConfig(name="tiny", lora_r=12, rollout_llm="vllm?memory=0.25&ctx=4096", rollout_concurrency=16)
+    model, _ = load_model(config)
+    adapters = {"policy": "default", "answer": None}
+    first = served_policy(model, config, tmp_path / "iter1", adapters, 0.7, 32)
+    second = served_policy(model, config, tmp_path / "iter2", adapters, 0.0, 32)
+    notes = stand_in_vllm()
+    starts = [n for n in notes if "args" in n]
+    assert len(starts) == 1  # one server for both phases: the adapter is loaded into it, not restarted
+    args = starts[0]["args"]
+    value = {flag: args[i + 1] for i, flag in enumerate(args[:-1]) if flag.startswith("--")}
+    assert args[:2] == ["serve", policy_source("tiny")[0]] and "--enable-lora" in args
+    assert (value["--max-lora-rank"], value["--gpu-memory-utilization"], value["--max-model-len"],
+            value["--served-model-name"], value["--host"]) == ("16", "0.25", "4096", "policy", "127.0.0.1")
+    assert starts[0]["updating"] == "True"
+    loads = [(n["path"], n["body"]["lora_name"], n["body"]["lora_path"]) for n in notes if "path" in n]
+    assert loads == [("/v1/load_lora_adapter", "policy-default", str((tmp_path / phase / "peft").resolve()))
+                     for phase in ("iter1", "iter2")]
+    assert (tmp_path / "iter2" / "peft" / "adapter_config.json").is_file()
+    url = f"http://127.0.0.1:{value['--port']}/v1"
+    for served in (first, second):
+        assert {k: (m.model_name, m.openai_api_base) for k, m in served.items()} == {
+            "policy": ("policy-default", url), "answer": ("policy", url)}
+
+
+def test_vllm_that_cannot_start_or_serve_says_why(stand_in_vllm, tmp_path, monkeypatch):
+    config = ModelConfig(name="tiny", rollout_llm="vllm")
+    model, _ = load_model(config)
+    monkeypatch.setenv("STAND_IN_FAIL", "1")
+    with pytest.raises(ModelError, match="(?s)vllm serve exited while starting.*less than the desired GPU memory"):
+        served_policy(model, config, tmp_path / "iter1", {"policy": "default"}, 0.0, 8)
+    monkeypatch.setenv("MHQA_VLLM", str(tmp_path / "nowhere"))
+    with pytest.raises(ModelNotInstalled, match=r"pip install 'mhqa-graph\[vllm\]'"):
+        served_policy(model, config, tmp_path / "iter1", {"policy": "default"}, 0.0, 8)
+    with pytest.raises(NotServable, match="lora: false"):
+        ModelConfig(name="tiny", lora=False, rollout_llm="vllm")
+    for bad in ("vllm?memory=1.5", "vllm?memory=half", "vllm?slots=4"):
+        with pytest.raises(InvalidInput, match="vllm's"):
+            ModelConfig(name="tiny", rollout_llm=bad)
+    with pytest.raises(InvalidInput, match="largest LoRA rank vLLM serves"):
+        ModelConfig(name="tiny", lora_r=1024, rollout_llm="vllm")

@@ -19,25 +19,39 @@ questions in flight (the eval runner's `concurrency`).
   Omne, `<model>-plan` ... for MAPGRPO's roles), replacing the one loaded before under that name; calls then
   ask for it, and base-model calls for `<model>`. vLLM serves this with `--enable-lora`, a `--max-lora-rank`
   of at least `lora_r` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`, reading the folder from the same disk.
+- `vllm[?memory=F&ctx=N]`: the trainer starts that vLLM server itself (`VLLMServer`, one per process, on the
+  process's GPU): `vllm serve` over the policy's base model with LoRA enabled (a `--max-lora-rank` of at
+  least `lora_r`, runtime adapter loading), `memory` its share of the GPU (`--gpu-memory-utilization`, 0.3 by
+  default: the trainer keeps the rest) and `ctx` its context (`--max-model-len`; the model's own by default).
+  Before each phase the adapters are saved and loaded into it as with `openai:` and `rollout_load_adapter`.
+  A LoRA policy only: full fine-tuning would need the server's weights replaced every step (TRL's `use_vllm`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from mhqa_graph.errors import InvalidInput, ModelError
+from mhqa_graph.errors import InvalidInput, ModelError, ModelNotInstalled
+from mhqa_graph.models.server import LlamaServer
 
-from .devices import on_main_process
+from .devices import on_main_process, policy_device
 from .lora_gguf import write_lora_gguf
 
-IN_PROCESS, SERVER, OPENAI = "in_process", "server", "openai:"
+IN_PROCESS, SERVER, OPENAI, VLLM = "in_process", "server", "openai:", "vllm"
 LOAD_TIMEOUT_S = 600.0  # a load_lora_adapter request: the server reads the adapter from disk
+VLLM_MEMORY = 0.3  # vLLM's default share of the GPU when the trainer starts it
+VLLM_STARTUP_S = 1800.0  # vLLM loads the model, compiles and captures CUDA graphs before /health answers
+VLLM_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's --max-lora-rank accepts
+VLLM_MAX_LORAS = 4  # adapters in one batch: MAPGRPO's three roles, and one to spare
 
 
 class NotServable(InvalidInput):
@@ -52,10 +66,10 @@ def check_rollout_llm(config: Any) -> None:
     from mhqa_graph.models.packs import PACKS
 
     llm = config.rollout_llm
-    if not isinstance(llm, str) or not (llm == IN_PROCESS or llm.partition("?")[0] == SERVER
+    if not isinstance(llm, str) or not (llm == IN_PROCESS or llm.partition("?")[0] in (SERVER, VLLM)
                                         or llm.startswith(OPENAI)):
-        raise InvalidInput(f"model.rollout_llm must be in_process, server[?threads=N&ctx=N&cache=MB] or "
-                           f"openai:<url>#<model>, got {llm!r}")
+        raise InvalidInput(f"model.rollout_llm must be in_process, server[?threads=N&ctx=N&cache=MB], "
+                           f"vllm[?memory=F&ctx=N] or openai:<url>#<model>, got {llm!r}")
     if isinstance(config.rollout_concurrency, bool) or not isinstance(config.rollout_concurrency, int) \
             or config.rollout_concurrency < 1:
         raise InvalidInput(f"model.rollout_concurrency must be a positive integer, got {config.rollout_concurrency!r}")
@@ -67,6 +81,13 @@ def check_rollout_llm(config: Any) -> None:
                            "to load")
     if llm.startswith(OPENAI):
         check_chat_spec(llm)
+    elif llm.partition("?")[0] == VLLM:
+        vllm_options(llm)
+        vllm_rank(config.lora_r)
+        if not config.lora:
+            raise NotServable("model.rollout_llm: vllm serves the base model with the LoRA adapter under training "
+                              "loaded before each phase; a fully fine-tuned policy (lora: false) needs rollout_llm: "
+                              "in_process (or TRL's use_vllm for MAPGRPO's completions)")
     elif llm != IN_PROCESS:
         server_options(llm)
         packs = ", ".join(n for n, p in PACKS.items() if p.kind == "chat")
@@ -91,6 +112,77 @@ def server_options(llm: str) -> dict[str, int]:
     return options
 
 
+def vllm_options(llm: str) -> dict[str, Any]:
+    """`memory` and `ctx` of `vllm?memory=F&ctx=N` (InvalidInput for another option or a bad value)."""
+    options = dict(urllib.parse.parse_qsl(llm.partition("?")[2], keep_blank_values=True))
+    if unknown := sorted(set(options) - {"memory", "ctx"}):
+        raise InvalidInput(f"model.rollout_llm: vllm's options are memory and ctx, got {', '.join(unknown)}")
+    try:
+        memory, ctx = float(options.get("memory", VLLM_MEMORY)), int(options.get("ctx", 0))
+    except ValueError:
+        raise InvalidInput(f"model.rollout_llm: vllm's memory is a fraction and ctx a number of tokens, got "
+                           f"{llm!r}") from None
+    if not 0 < memory < 1 or ctx < 0:
+        raise InvalidInput(f"model.rollout_llm: vllm's memory is its share of the GPU, between 0 and 1 (the "
+                           f"trainer keeps the rest), and ctx at least 0; got {llm!r}")
+    return {"memory": memory, "ctx": ctx}
+
+
+def vllm_rank(lora_r: int) -> int:
+    """The smallest `--max-lora-rank` vLLM accepts that holds an adapter of rank `lora_r`."""
+    rank = next((r for r in VLLM_RANKS if r >= lora_r), None)
+    if rank is None:
+        raise InvalidInput(f"model.lora_r {lora_r} is above the largest LoRA rank vLLM serves ({VLLM_RANKS[-1]})")
+    return rank
+
+
+class VLLMServer(LlamaServer):
+    """`vllm serve` over the policy's base model on 127.0.0.1, started by the trainer (`rollout_llm: vllm`), with
+    LoRA adapters loaded at runtime (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`), `memory` of its GPU and the context
+    `ctx` (0: the model's). `device` is the GPU it sees (`CUDA_VISIBLE_DEVICES`; None: this process's). The
+    binary is `$MHQA_VLLM`, else `vllm` on the PATH. Its lifecycle is LlamaServer's: a free port, `/health`,
+    a ModelError with the log's last lines when it cannot start."""
+
+    program: ClassVar[str] = "vllm serve"
+
+    def __init__(self, model: str, lora_rank: int, memory: float = VLLM_MEMORY, ctx: int = 0,
+                 device: str | None = None, binary: str | None = None,
+                 startup_timeout: float = VLLM_STARTUP_S) -> None:
+        super().__init__(model, name="policy", binary=binary, startup_timeout=startup_timeout)
+        self.lora_rank, self.memory, self.ctx, self.device = lora_rank, memory, ctx, device
+
+    def _prepare(self) -> tuple[Path, Path]:
+        binary = self.binary or os.environ.get("MHQA_VLLM") or shutil.which("vllm")
+        if not binary or not Path(binary).is_file():
+            raise ModelNotInstalled("model.rollout_llm: vllm runs `vllm serve`, which is not installed here: pip "
+                                    "install 'mhqa-graph[vllm]' on a CUDA machine, or set MHQA_VLLM to the binary")
+        return Path(binary), Path(self.model)
+
+    def _args(self, prepared: tuple[Path, Path]) -> list[str]:
+        binary, _ = prepared
+        args = [str(binary), "serve", self.model, "--served-model-name", self.name, "--host", "127.0.0.1",
+                "--port", str(self.port), "--enable-lora", "--max-lora-rank", str(self.lora_rank),
+                "--max-loras", str(VLLM_MAX_LORAS), "--gpu-memory-utilization", str(self.memory)]
+        return args + (["--max-model-len", str(self.ctx)] if self.ctx else [])
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
+        if self.device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.device
+        return env
+
+
+def process_gpu() -> str | None:
+    """The GPU this process's policy is on, as `CUDA_VISIBLE_DEVICES` names it for a child process (None on the
+    CPU)."""
+    device = policy_device()
+    if device.type != "cuda":
+        return None
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    index = device.index or 0
+    return visible[index] if index < len(visible) else str(index)
+
+
 def file_digest(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -100,23 +192,20 @@ def file_digest(path: Path) -> str:
 
 
 class PolicyServer:
-    """The trainer's llama-server: a pack's GGUF with the policy's adapter files, started on first use and
-    started again whenever the pack, the slots or the adapters' contents change (one server at a time)."""
+    """The trainer's server (llama-server or vLLM), started on first use and started again whenever its key
+    changes (one server at a time): for llama-server the pack, the slots and the adapters' contents, which it
+    reads only when it starts; for vLLM the model and its settings (adapters are loaded into it)."""
 
     def __init__(self) -> None:
         self.server: Any = None
         self.key: tuple = ()
 
-    def serve(self, pack: str, slots: int, files: list[Path], **options: int) -> Any:
-        """The running server of `pack` with `slots` slots, the adapter `files` (ids 0, 1, ... in order) and
-        the other LlamaServer `options`."""
-        from mhqa_graph.models.server import LlamaServer
-
-        key = (pack, slots, tuple(file_digest(f) for f in files), tuple(sorted(options.items())))
+    def serve(self, key: tuple, make: Callable[[], LlamaServer]) -> Any:
+        """The running server of `key`, made by `make()` and started when there is none."""
         if self.server is not None and self.server.alive and key == self.key:
             return self.server
         self.stop()
-        server = LlamaServer(pack, slots=slots, lora_path=[str(f) for f in files], **options)
+        server = make()
         server.start()
         self.server, self.key = server, key
         return server
@@ -140,11 +229,14 @@ def served_policy(model: Any, config: Any, folder: str | Path, adapters: Mapping
     check_rollout_llm(config)
     names = sorted({a for a in adapters.values() if a is not None})
     kwargs = {"temperature": temperature, "max_new_tokens": max_new_tokens}
-    if not config.rollout_llm.startswith(OPENAI):
+    kind = config.rollout_llm.partition("?")[0]
+    if kind == SERVER:
         files = [Path(folder) / f"{name}.gguf" for name in names]
         on_main_process(lambda: [write_lora_gguf(model, f, n) for f, n in zip(files, names)])
-        server = POLICY_SERVER.serve(config.name, config.rollout_concurrency, files,
-                                     **server_options(config.rollout_llm))
+        slots, options = config.rollout_concurrency, server_options(config.rollout_llm)
+        key = (config.name, slots, tuple(file_digest(f) for f in files), tuple(sorted(options.items())))
+        server = POLICY_SERVER.serve(key, lambda: LlamaServer(config.name, slots=slots,
+                                                              lora_path=[str(f) for f in files], **options))
 
         def scales(adapter: str | None) -> dict[str, Any]:
             lora = [{"id": i, "scale": float(name == adapter)} for i, name in enumerate(names)]
@@ -154,19 +246,36 @@ def served_policy(model: Any, config: Any, folder: str | Path, adapters: Mapping
         return {label: server.chat_model(**kwargs, **seed, **scales(a)) for label, a in adapters.items()}
     from mhqa_graph.models.factory import load_chat_model
 
-    base_url, _, served = config.rollout_llm[len(OPENAI):].partition("#")
-    if not config.rollout_load_adapter:
-        return {label: load_chat_model(config.rollout_llm, **kwargs) for label in adapters}
     root = Path(folder).resolve() / "peft"
-    on_main_process(lambda: load_adapters(model, base_url, served, names, root))
-    return {label: load_chat_model(f"{OPENAI}{base_url}#{served}-{a}" if a else config.rollout_llm, **kwargs)
+    if kind == VLLM:  # a server per process, on its GPU: the main process saves the adapters, each loads them
+        from .policy import policy_source
+
+        options, rank, gpu = vllm_options(config.rollout_llm), vllm_rank(config.lora_r), process_gpu()
+        source = policy_source(config.name)[0]
+        server = POLICY_SERVER.serve((VLLM, source, rank, gpu, tuple(sorted(options.items()))),
+                                     lambda: VLLMServer(source, rank, device=gpu, **options))
+        on_main_process(lambda: save_adapters(model, names, root))
+        base_url, served = server.base_url, server.name
+        load_adapters(base_url, served, names, root)
+    else:
+        base_url, _, served = config.rollout_llm[len(OPENAI):].partition("#")
+        if not config.rollout_load_adapter:
+            return {label: load_chat_model(config.rollout_llm, **kwargs) for label in adapters}
+        on_main_process(lambda: load_adapters(base_url, served, save_adapters(model, names, root), root))
+    return {label: load_chat_model(f"{OPENAI}{base_url}#{served}" + (f"-{a}" if a else ""), **kwargs)
             for label, a in adapters.items()}
 
 
-def load_adapters(model: Any, base_url: str, served: str, names: list[str], root: Path) -> None:
-    """Save each adapter of `names` under `root` (PEFT's layout: "default" at the root, another in its own
-    folder) and load it into the server at `base_url` as `<served>-<adapter>`."""
+def save_adapters(model: Any, names: list[str], root: Path) -> list[str]:
+    """Save each adapter of `names` under `root` in PEFT's layout ("default" at the root, another in its own
+    folder); returns `names`."""
     model.save_pretrained(str(root), selected_adapters=names)
+    return names
+
+
+def load_adapters(base_url: str, served: str, names: list[str], root: Path) -> None:
+    """Load each adapter of `names`, saved under `root` by `save_adapters`, into the server at `base_url` as
+    `<served>-<adapter>`."""
     for name in names:
         load_lora_adapter(base_url, f"{served}-{name}", root if name == "default" else root / name)
 

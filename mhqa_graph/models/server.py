@@ -128,6 +128,8 @@ class LlamaServer:
     still reuses the prefix of its previous call). `start()` waits for `/health`; a server that cannot start,
     or has died when asked, raises LlamaServerError with the last lines of its log."""
 
+    program: ClassVar[str] = "llama-server"  # in messages
+
     def __init__(self, model: str | Path, slots: int = 1, n_ctx: int = 0, n_threads: int = 0,
                  lora_path: str | Sequence[str] = (), prompt_cache_mb: int = DEFAULT_CACHE_MB,
                  name: str = "", binary: str | Path | None = None,
@@ -154,18 +156,10 @@ class LlamaServer:
         """Start the server and wait until it answers `/health`; returns self. Idempotent."""
         if self.alive:
             return self
-        binary = Path(self.binary) if self.binary else find_binary()
-        if not binary.is_file():
-            raise LlamaServerNotInstalled(f"no llama-server at {binary}; {INSTALL_HINT}")
-        gguf = gguf_path(self.model) if self.model in PACKS else Path(self.model).expanduser()
-        if not gguf.is_file():
-            raise ModelError(f"llama-server: no GGUF file at {str(gguf)!r}")
-        for path in self.lora_paths:
-            if not Path(path).is_file():
-                raise ModelError(f"llama-server: no LoRA adapter file at {path!r}")
+        args = self._prepare()
         for attempt in range(3):  # another process may take the free port before the server binds it
             self.port = _free_port()
-            self._spawn(binary, gguf)
+            self._spawn(self._args(args), self._env())
             try:
                 self._wait_ready()
                 return self
@@ -175,20 +169,41 @@ class LlamaServer:
                     raise
         return self
 
-    def _spawn(self, binary: Path, gguf: Path) -> None:
+    def _prepare(self) -> tuple[Path, Path]:
+        """What every start needs, checked: the binary and the GGUF file."""
+        binary = Path(self.binary) if self.binary else find_binary()
+        if not binary.is_file():
+            raise LlamaServerNotInstalled(f"no llama-server at {binary}; {INSTALL_HINT}")
+        gguf = gguf_path(self.model) if self.model in PACKS else Path(self.model).expanduser()
+        if not gguf.is_file():
+            raise ModelError(f"llama-server: no GGUF file at {str(gguf)!r}")
+        for path in self.lora_paths:
+            if not Path(path).is_file():
+                raise ModelError(f"llama-server: no LoRA adapter file at {path!r}")
+        return binary, gguf
+
+    def _args(self, prepared: tuple[Path, Path]) -> list[str]:
+        binary, gguf = prepared
         args = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(self.port),
                 "--alias", self.name, "-np", str(self.slots), "-c", str(self.n_ctx * self.slots),
                 "-t", str(self.n_threads), "-tb", str(self.n_threads), "--cache-ram", str(self.prompt_cache_mb),
                 "--jinja", "--reasoning-format", "none", "--no-webui"]  # a reply's <think> stays in its text
         for path in self.lora_paths:
             args += ["--lora", str(path)]
-        fd, log = tempfile.mkstemp(prefix="mhqa-llama-server-", suffix=".log")
+        return args
+
+    def _env(self) -> dict[str, str] | None:
+        """The server's environment (None: this process's)."""
+        return None
+
+    def _spawn(self, args: list[str], env: dict[str, str] | None) -> None:
+        fd, log = tempfile.mkstemp(prefix=f"mhqa-{self.program.split()[0]}-", suffix=".log")
         self._log_path = Path(log)
         try:
             self._proc = _spawner.submit(subprocess.Popen, args, stdin=subprocess.DEVNULL, stdout=fd, stderr=fd,
-                                         start_new_session=True, preexec_fn=_die_with_parent).result()
+                                         env=env, start_new_session=True, preexec_fn=_die_with_parent).result()
         except OSError as exc:
-            raise LlamaServerError(f"cannot run {binary}: {exc}") from exc
+            raise LlamaServerError(f"cannot run {args[0]}: {exc}") from exc
         finally:
             os.close(fd)
         _live.add(self)
@@ -197,7 +212,7 @@ class LlamaServer:
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self._proc is None or self._proc.poll() is not None:
-                raise LlamaServerError(f"llama-server exited while starting ({self._status()})", self.log_tail())
+                raise LlamaServerError(f"{self.program} exited while starting ({self._status()})", self.log_tail())
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as reply:
                     if reply.status == 200:
@@ -205,7 +220,7 @@ class LlamaServer:
             except (urllib.error.URLError, OSError):  # not listening yet, or 503 while it loads the model
                 pass
             time.sleep(0.1)
-        raise LlamaServerError(f"llama-server did not answer /health within {self.startup_timeout:.0f} s",
+        raise LlamaServerError(f"{self.program} did not answer /health within {self.startup_timeout:.0f} s",
                                self.log_tail())
 
     def stop(self) -> None:
@@ -258,7 +273,7 @@ class LlamaServer:
     def check(self) -> None:
         """LlamaServerError with the log's last lines if the server is not running."""
         if not self.alive:
-            raise LlamaServerError(f"llama-server for {self.name} is not running ({self._status()})",
+            raise LlamaServerError(f"{self.program} for {self.name} is not running ({self._status()})",
                                    self.log_tail())
 
     def chat_model(self, **kwargs: Any) -> LlamaServerChatModel:
