@@ -207,7 +207,8 @@ class MyGOTrainer:
         if cfg.warmup_run:
             return read_records(cfg.warmup_run)
         teacher = str(cfg.warmup_teacher)
-        return rollouts(cfg.rollout, teacher, self.out / "warmup_rollouts" / teacher_folder(teacher))
+        return rollouts(cfg.rollout, teacher, self.out / "warmup_rollouts" / teacher_folder(teacher),
+                        concurrency=cfg.model.rollout_concurrency)  # a teacher served with slots uses them
 
     def train(self) -> dict[str, Any]:
         cfg = self.config
