@@ -74,6 +74,8 @@ def test_the_adapter_and_the_untrained_policy_answer_the_other_slice(run, tmp_pa
     logged = [json.loads(line) for line in (records / "log.jsonl").read_text().splitlines()]
     assert [e.get("after") for e in logged if e["event"] == "dev"] == [UNTRAINED, "stage1"]
     assert list(dev_runs(records)) == [UNTRAINED, "stage1"]  # what `training/runs.py` tables
+    again = ev.evaluate("omne", config, adapter, start=2, limit=2, name="stage1", records=records, only=UNTRAINED)
+    assert list(again) == [UNTRAINED] and again[UNTRAINED]["dev_reused"]  # one of the two, read back
 
 
 def test_a_bad_adapter_or_slice_is_refused(run, tmp_path):

@@ -48,9 +48,10 @@ def load_adapter(model: Any, folder: Path, lora_r: int) -> None:
 
 
 def evaluate(method: str, config_path: Path, adapter: Path, start: int, limit: int, name: str, records: Path,
-             out: Path | None = None) -> dict[str, dict[str, Any]]:
+             out: Path | None = None, only: str | None = None) -> dict[str, dict[str, Any]]:
     """Dev metrics of the untrained policy and of `adapter` on questions `start`..`start+limit` of the config's dev
-    file, their records in `records`, the runs under `out` (default: the config's output_dir + "-eval")."""
+    file, their records in `records`, the runs under `out` (default: the config's output_dir + "-eval"). `only`
+    ("untrained" or "adapter") makes one of the two runs, e.g. each in its own process."""
     if method not in TRAINERS or method == "mapgrpo":
         raise InvalidInput(f"evaluate serves one adapter: mygo or omne, got {method!r}")
     if name == UNTRAINED:
@@ -69,7 +70,7 @@ def evaluate(method: str, config_path: Path, adapter: Path, start: int, limit: i
                           "limit": limit})
     model, tokenizer = load_model(config.model)
     metrics = {}
-    for run in (UNTRAINED, name):
+    for run in {None: (UNTRAINED, name), UNTRAINED: (UNTRAINED,), "adapter": (name,)}[only]:
         if run == name:
             load_adapter(model, adapter, config.model.lora_r)
         metrics[run] = policy_dev(config.rollout, dev, model, tokenizer, out, run, config.model)
@@ -88,9 +89,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name", required=True, help="the adapter's run, e.g. stage1 or iter1")
     parser.add_argument("--records", type=Path, required=True, help="the folder to commit the records in")
     parser.add_argument("--out", type=Path, help="the run folders (default: the config's output_dir + '-eval')")
+    parser.add_argument("--only", choices=[UNTRAINED, "adapter"], help="make one of the two runs")
     args = parser.parse_args(argv)
     for run, values in evaluate(args.method, args.config, args.adapter, args.start, args.limit, args.name,
-                                args.records, args.out).items():
+                                args.records, args.out, args.only).items():
         print(run, {k: values[k] for k in ("dev_f1", "dev_em", "dev_llm_calls", "dev_df1", "dev_df1_low",
                                            "dev_df1_high") if k in values})
 
