@@ -12,8 +12,8 @@
   X's husband?" answered with the husband): finding the end is the walk's work. An empty answer, a refusal, an
   answer no evidence holds, or a graph entity the question does not name escalates; with `form_check`, so does an
   answer not of the form the question asks for (neither of its two options, or not yes/no to a yes-no question).
-  With `min_confidence`, a supported answer the model gave a low probability escalates too (FLARE's signal: the
-  probability of the answer's least likely token, from the backend's token log-probabilities); with
+  A supported answer the model gave a low probability (below `min_confidence`, 0.5) escalates too (FLARE's signal:
+  the probability of the answer's least likely token, from the backend's token log-probabilities); with
   `trust_confidence`, a graph answer the question does not name stops when the model is at least that sure of it.
   With `second_look` (on a corpus), a supported answer is looked at again before it stops: `rag` searches for the
   question with that answer added (the next hop's passages, when the answer is a bridge) and answers again; the
@@ -78,14 +78,16 @@ class AutoContext(AgentContext):
     second_look: bool = setting(False, help="On a corpus, a supported first answer is checked by a second rag call "
                                 "over the passages found for the question with that answer added: the two answers "
                                 "agreeing stops, differing escalates (one more call a question).")
-    min_confidence: float = setting(0.0, help="A supported first answer whose confidence (the probability the "
+    min_confidence: float = setting(0.5, help="A supported first answer whose confidence (the probability the "
                                     "model gave the answer's least likely token) is below this escalates; 0 = off. "
                                     "Needs a backend with token log-probabilities (llama.cpp, OpenAI-compatible "
-                                    "servers); without them the rule does not apply.")
+                                    "servers); without them the rule does not apply. 0.5 was read on HotpotQA "
+                                    "questions 0-59 with qwen2.5-coder-1.5b (docs/benchmarks.md).")
     trust_confidence: float = setting(0.0, help="On a graph, an answer in its facts that the question does not "
                                       "name stops when the model's confidence in it is at least this (it escalates "
                                       "otherwise, as the walk's to find); 0 = off. Log-probabilities as for "
-                                      "min_confidence.")
+                                      "min_confidence. Off by default: at 0.9 it cost F1 on PQ-2H with "
+                                      "qwen2.5-coder-1.5b (docs/benchmarks.md).")
     budget: int = setting(12, help="Most model calls a question may take, all stages together (repairs "
                           "included); 0 = no cap. Below what the first stage and the design need, it is refused.")
 

@@ -113,11 +113,12 @@ def test_with_form_check_an_answer_not_of_the_asked_form_escalates(store, questi
     (-0.1, 0.5, "stop", 0.9048),  # e^-0.1 = 0.90: sure enough
     (-1.0, 0.5, "escalate", 0.3679),  # e^-1 = 0.37: unsure
     (-1.0, 0.0, "stop", None),  # the rule is off, and rag is not asked for log-probabilities
-    (None, 0.5, "stop", None)])  # a backend without log-probabilities: the rule does not apply
+    (None, 0.5, "stop", None),  # a backend without log-probabilities: the rule does not apply
+    (-1.0, "default", "escalate", 0.3679)])  # on by default
 def test_with_min_confidence_an_unsure_answer_escalates(store, logprob, min_confidence, action, confidence):
     models = roles("London")
     models["answer"].logprob = logprob
-    out = run(store, models, min_confidence=min_confidence)
+    out = run(store, models, **({} if min_confidence == "default" else {"min_confidence": min_confidence}))
     first = out["decisions"][0]
     assert first["action"] == action and first.get("confidence") == confidence
     assert first["reason"] == ("the model is unsure of it" if action == "escalate" else "found in its evidence")
