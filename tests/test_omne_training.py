@@ -244,14 +244,19 @@ def test_a_changing_template_stops_training(config, monkeypatch):
             env.episode(trainer.model, tok, next(iter(env.questions)), budget=1024)
 
 
-def test_tool_result_tokens_get_no_gradient(config, monkeypatch):
+def scored_group(config, monkeypatch) -> tuple:
+    """A fully fine-tuned tiny policy's GRPO trainer and one scored group of two scripted episodes of one question."""
     trainer = OmneTrainer(dataclasses.replace(config, model=ModelConfig(name="tiny", lora=False)))
     script(trainer.model, trainer.tokenizer, monkeypatch)
     with open_store(config.rollout.store) as store:
         env = OmneEnvironment(config.rollout, store)
         grpo = trainer.grpo_trainer(1, env)
         row = env.dataset()[0]
-        inputs = grpo._generate_and_score_completions([dict(row), dict(row)])
+        return trainer, grpo, grpo._generate_and_score_completions([dict(row), dict(row)])
+
+
+def test_tool_result_tokens_get_no_gradient(config, monkeypatch):
+    _, grpo, inputs = scored_group(config, monkeypatch)
     assert inputs["advantages"].abs().min() > 0  # one right and one wrong answer in the group
     mask = inputs["completion_mask"] * inputs["tool_mask"]
     assert (inputs["tool_mask"] == 0).any()
@@ -278,13 +283,7 @@ def test_a_groups_update_is_unchanged_by_tokens_the_grammar_forced(config, monke
     """On-policy: two groups whose episodes differ only in the last token of each completion, marked forced
     (env_mask 0, as `ForcedTokens` marks a token the grammar left alone), give the same parameter update. Were
     forced tokens scored as the policy's own (mask 1, the off-policy update), the updates would differ."""
-    trainer = OmneTrainer(dataclasses.replace(config, model=ModelConfig(name="tiny", lora=False)))
-    script(trainer.model, trainer.tokenizer, monkeypatch)
-    with open_store(config.rollout.store) as store:
-        env = OmneEnvironment(config.rollout, store)
-        grpo = trainer.grpo_trainer(1, env)
-        row = env.dataset()[0]
-        inputs = grpo._generate_and_score_completions([dict(row), dict(row)])
+    trainer, grpo, inputs = scored_group(config, monkeypatch)
     assert inputs["advantages"].abs().min() > 0
     last = inputs["completion_mask"].sum(dim=1) - 1  # each completion's last token (completions are right-padded)
     rows = torch.arange(len(last))
