@@ -314,3 +314,20 @@ def test_vllm_that_cannot_start_or_serve_says_why(stand_in_vllm, tmp_path, monke
             ModelConfig(name="tiny", rollout_llm=bad)
     with pytest.raises(InvalidInput, match="largest LoRA rank vLLM serves"):
         ModelConfig(name="tiny", lora_r=1024, rollout_llm="vllm")
+
+
+def test_vllm_runs_on_the_process_gpu_without_the_trainers_launch_variables(monkeypatch):
+    from mhqa_graph.training import serving
+
+    monkeypatch.setattr(serving, "policy_device", lambda: torch.device("cuda", 1))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert serving.process_gpu() == "6"  # the second GPU this process sees is the machine's GPU 6
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert serving.process_gpu() == "1"
+    monkeypatch.setattr(serving, "policy_device", lambda: torch.device("cpu"))
+    assert serving.process_gpu() is None
+    for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(name, value)
+    env = serving.VLLMServer("policy-folder", 16, device="6")._env()
+    assert env["CUDA_VISIBLE_DEVICES"] == "6" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert not {"RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT"} & set(env) and env["PATH"]

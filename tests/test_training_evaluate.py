@@ -19,24 +19,26 @@ from mhqa_graph.training.dev import UNTRAINED  # noqa: E402
 from mhqa_graph.training.omne import OmneConfig  # noqa: E402
 from mhqa_graph.training.policy import load_model  # noqa: E402
 from mhqa_graph.training.runs import dev_runs  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 from test_omne_training import YAML, wiki_row  # noqa: E402
 
 from mhqa_graph.errors import DevSliceError, InvalidInput  # noqa: E402
 from mhqa_graph.eval.records import SUFFIX, load  # noqa: E402
+from mhqa_graph.models.adapters import WEIGHTS  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture
 def run(tmp_path) -> tuple[Path, Path]:
-    """An Omne learning run's config (questions 0-1 train, 2-3 are the other dev slice) and a trained adapter."""
+    """An Omne learning run's config (questions 0-1 train, 2 is its dev slice, 3-4 another) and a trained adapter."""
     data = tmp_path / "dev_evidences.json"
-    data.write_text(json.dumps([wiki_row(str(i)) for i in range(4)]))
+    data.write_text(json.dumps([wiki_row(str(i)) for i in range(5)]))
     cfg = load_config(OmneConfig, YAML)
     rollout = dataclasses.replace(cfg.rollout, path=str(data), store=f"embedded://{tmp_path}/s?embedder=hash",
                                   start=0, limit=2, max_new_tokens=16, context={"max_rounds": 2})
     cfg = dataclasses.replace(cfg, model=ModelConfig(name="tiny", lora_r=4), rollout=rollout,
-                              dev=DevConfig(path=str(data), start=0, limit=2, min_questions=1),
+                              dev=DevConfig(path=str(data), start=2, limit=1, min_questions=1),
                               output_dir=str(tmp_path / "runs" / "learn" / "omne"))
     config = tmp_path / "omne.yaml"
     config.write_text(yaml.safe_dump(dataclasses.asdict(cfg)), encoding="utf-8")
@@ -64,17 +66,16 @@ def test_the_adapter_and_the_untrained_policy_answer_the_other_slice(run, tmp_pa
 
     monkeypatch.setattr(ev, "policy_dev", spy)
     records = tmp_path / "docs" / "fresh"
-    metrics = ev.evaluate("omne", config, adapter, start=2, limit=2, name="stage1", records=records)
+    metrics = ev.evaluate("omne", config, adapter, start=3, limit=2, name="stage1", records=records)
     assert list(metrics) == [UNTRAINED, "stage1"] and "dev_df1" in metrics["stage1"]
-    saved, _ = load_model(ModelConfig(name="tiny", lora_r=4))
-    ev.load_adapter(saved, adapter, 4)
-    assert seen[UNTRAINED] == (0.0, 2, 2) and seen["stage1"] == (pytest.approx(lora_b(saved)), 2, 2)
+    saved = sum(float(abs(w).sum()) for k, w in load_file(str(adapter / WEIGHTS)).items() if "lora_B" in k)
+    assert seen[UNTRAINED] == (0.0, 3, 2) and seen["stage1"] == (pytest.approx(saved, rel=1e-5), 3, 2)
     for name in (UNTRAINED, "stage1"):
-        assert [r["id"] for r in load(records / f"{name}{SUFFIX}")] == ["2", "3"]
+        assert [r["id"] for r in load(records / f"{name}{SUFFIX}")] == ["3", "4"]
     logged = [json.loads(line) for line in (records / "log.jsonl").read_text().splitlines()]
     assert [e.get("after") for e in logged if e["event"] == "dev"] == [UNTRAINED, "stage1"]
     assert list(dev_runs(records)) == [UNTRAINED, "stage1"]  # what `training/runs.py` tables
-    again = ev.evaluate("omne", config, adapter, start=2, limit=2, name="stage1", records=records, only=UNTRAINED)
+    again = ev.evaluate("omne", config, adapter, start=3, limit=2, name="stage1", records=records, only=UNTRAINED)
     assert list(again) == [UNTRAINED] and again[UNTRAINED]["dev_reused"]  # one of the two, read back
 
 
@@ -83,12 +84,16 @@ def test_a_bad_adapter_or_slice_is_refused(run, tmp_path):
     records = tmp_path / "docs" / "fresh"
     with pytest.raises(DevSliceError, match="share"):  # the training questions are no fresh slice
         ev.evaluate("omne", config, adapter, start=0, limit=2, name="stage1", records=records)
+    with pytest.raises(DevSliceError, match="share 1 with the run's own dev slice"):  # nor its own dev slice
+        ev.evaluate("omne", config, adapter, start=2, limit=2, name="stage1", records=records)
     with pytest.raises(InvalidInput, match="one adapter: mygo or omne"):
-        ev.evaluate("mapgrpo", config, adapter, start=2, limit=2, name="stage1", records=records)
+        ev.evaluate("mapgrpo", config, adapter, start=3, limit=2, name="stage1", records=records)
     with pytest.raises(InvalidInput, match="no PEFT adapter"):
-        ev.evaluate("omne", config, tmp_path, start=2, limit=2, name="stage1", records=records)
+        ev.evaluate("omne", config, tmp_path, start=3, limit=2, name="stage1", records=records)
     with pytest.raises(InvalidInput, match="run without the adapter"):
-        ev.evaluate("omne", config, adapter, start=2, limit=2, name=UNTRAINED, records=records)
-    model, _ = load_model(ModelConfig(name="tiny", lora_r=8))
-    with pytest.raises(InvalidInput, match="rank-4 adapter; the config's model.lora_r is 8"):
-        ev.load_adapter(model, adapter, 8)
+        ev.evaluate("omne", config, adapter, start=3, limit=2, name=UNTRAINED, records=records)
+    for other in (ModelConfig(name="tiny", lora_r=8), ModelConfig(name="tiny", lora_r=4, lora_alpha=8),
+                  ModelConfig(name="tiny", lora_r=4, target_modules=["q_proj"])):
+        model, _ = load_model(other)
+        with pytest.raises(InvalidInput, match="holds an adapter of"):
+            ev.load_adapter(model, adapter, other)

@@ -23,28 +23,34 @@ from pathlib import Path
 from typing import Any
 
 from mhqa_graph.training import TRAINERS
-from mhqa_graph.training.configs import load_config
+from mhqa_graph.training.configs import ModelConfig, load_config
 from mhqa_graph.training.dev import UNTRAINED, check_disjoint, policy_dev
 from mhqa_graph.training.logs import LOG, write_log
 from mhqa_graph.training.policy import load_model
 
-from mhqa_graph.errors import InvalidInput
+from mhqa_graph.errors import DevSliceError, InvalidInput
+from mhqa_graph.eval.runner import load_questions
+from mhqa_graph.models.adapters import WEIGHTS
 
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
-
-def load_adapter(model: Any, folder: Path, lora_r: int) -> None:
-    """The PEFT adapter saved in `folder` into `model`'s "default" adapter (same rank and targets)."""
+def load_adapter(model: Any, folder: Path, config: ModelConfig) -> None:
+    """The PEFT adapter saved in `folder` into `model`'s "default" adapter, which `config` made: InvalidInput
+    unless the two agree on rank, alpha and target modules and every weight of one has its place in the other."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    settings = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
-    if settings.get("r") != lora_r:
-        raise InvalidInput(f"{folder} holds a rank-{settings.get('r')} adapter; the config's model.lora_r is {lora_r}")
-    loaded = set_peft_model_state_dict(model, load_file(str(folder / ADAPTER_WEIGHTS)))
-    if loaded.unexpected_keys:
-        raise InvalidInput(f"{folder} does not fit the config's policy: {loaded.unexpected_keys[0]} and "
-                           f"{len(loaded.unexpected_keys) - 1} more weights have no place in it")
+    saved = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    ours = {"r": config.lora_r, "lora_alpha": config.lora_alpha, "target_modules": sorted(config.target_modules)}
+    theirs = {"r": saved.get("r"), "lora_alpha": saved.get("lora_alpha"),
+              "target_modules": sorted(saved.get("target_modules") or [])}
+    if ours != theirs or saved.get("use_rslora") or saved.get("use_dora"):
+        raise InvalidInput(f"{folder} holds an adapter of {theirs}; the config's model makes {ours}")
+    weights = load_file(str(folder / WEIGHTS))
+    loaded = set_peft_model_state_dict(model, weights)
+    lora = {k for k in loaded.missing_keys if "lora_" in k}
+    if loaded.unexpected_keys or lora:
+        raise InvalidInput(f"{folder} does not fit the config's policy: {len(loaded.unexpected_keys)} of its weights "
+                           f"have no place in it and {len(lora)} of its LoRA weights are not in the folder")
 
 
 def evaluate(method: str, config_path: Path, adapter: Path, start: int, limit: int, name: str, records: Path,
@@ -56,8 +62,8 @@ def evaluate(method: str, config_path: Path, adapter: Path, start: int, limit: i
         raise InvalidInput(f"evaluate serves one adapter: mygo or omne, got {method!r}")
     if name == UNTRAINED:
         raise InvalidInput(f"--name {UNTRAINED!r} is the run without the adapter; name the adapter's run otherwise")
-    if not (adapter / ADAPTER_WEIGHTS).is_file():
-        raise InvalidInput(f"{adapter} holds no PEFT adapter ({ADAPTER_WEIGHTS})")
+    if not (adapter / WEIGHTS).is_file():
+        raise InvalidInput(f"{adapter} holds no PEFT adapter ({WEIGHTS})")
     module, config_cls, _ = TRAINERS[method]
     config = load_config(getattr(importlib.import_module(f"mhqa_graph.training.{module}"), config_cls), config_path)
     if not config.model.lora:
@@ -65,6 +71,12 @@ def evaluate(method: str, config_path: Path, adapter: Path, start: int, limit: i
     out = out or Path(f"{config.output_dir}-eval")
     dev = dataclasses.replace(config.dev, start=start, limit=limit, records=str(records))
     check_disjoint(config.rollout, dev)
+    if config.dev.path:  # the run's own dev slice is where its decisions were read: not fresh
+        used = {q.id for q in load_questions(config.rollout.dataset, config.dev.path, config.dev.limit,
+                                             config.dev.start)}
+        if shared := [q.id for q in load_questions(config.rollout.dataset, dev.path, limit, start) if q.id in used]:
+            raise DevSliceError(f"questions {start}-{start + limit - 1} share {len(shared)} with the run's own dev "
+                                f"slice (from #{config.dev.start}), e.g. {shared[0]!r}: pick questions it did not see")
     out.mkdir(parents=True, exist_ok=True)
     write_log(out / LOG, {"event": "evaluate", "config": str(config_path), "adapter": str(adapter), "start": start,
                           "limit": limit})
@@ -72,7 +84,7 @@ def evaluate(method: str, config_path: Path, adapter: Path, start: int, limit: i
     metrics = {}
     for run in {None: (UNTRAINED, name), UNTRAINED: (UNTRAINED,), "adapter": (name,)}[only]:
         if run == name:
-            load_adapter(model, adapter, config.model.lora_r)
+            load_adapter(model, adapter, config.model)
         metrics[run] = policy_dev(config.rollout, dev, model, tokenizer, out, run, config.model)
         write_log(out / LOG, {"event": "dev", "after": run, **metrics[run]})
     shutil.copyfile(out / LOG, records / LOG)  # with this run's dev line

@@ -13,17 +13,13 @@ llama.cpp's converter writes them, so their B matrices get the same row permutat
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 from mhqa_graph.errors import ModelError
+from mhqa_graph.models.adapters import GGUF_NAMES, LORA_KEY, write_adapter_gguf
 
 ARCHITECTURES = ("qwen2", "llama")  # transformers model_type == GGUF general.architecture
-GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down"}
-_KEY = re.compile(r"layers\.(\d+)\.(\w+\.\w+)\.lora_([AB])\.weight$")
 
 
 def supports(model: Any, adapter: str | None = None) -> bool:
@@ -50,7 +46,7 @@ def adapter_tensors(model: Any, adapter: str | None = None) -> dict[str, Any]:
                 "self_attn.k_proj": getattr(config, "num_key_value_heads", None) or config.num_attention_heads}
     tensors = {}
     for key, value in get_peft_model_state_dict(model, adapter_name=adapter or model.active_adapter).items():
-        match = _KEY.search(key)
+        match = LORA_KEY.search(key)
         if not match or match.group(2) not in GGUF_NAMES:
             raise ModelError(f"no GGUF name for the LoRA tensor {key!r}; targets: {', '.join(GGUF_NAMES)}")
         layer, module, which = match.groups()
@@ -64,23 +60,9 @@ def adapter_tensors(model: Any, adapter: str | None = None) -> dict[str, Any]:
 def write_lora_gguf(model: Any, path: str | Path, adapter: str | None = None) -> Path:
     """Write `model`'s LoRA `adapter` (default: the active one) to `path` as a llama.cpp adapter; ModelError
     if it can't be."""
-    import gguf
-
     if not supports(model, adapter):
         raise ModelError("only a plain LoRA adapter over a Qwen2 or llama model can be written as a GGUF "
                          "adapter")
     adapter = adapter or model.active_adapter
-    config = model.peft_config[adapter]
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(path), model.config.model_type)
-    writer.add_string("general.type", "adapter")
-    writer.add_string("adapter.type", "lora")
-    writer.add_float32("adapter.lora.alpha", float(config.lora_alpha))
-    for name, array in sorted(adapter_tensors(model, adapter).items()):
-        writer.add_tensor(name, array)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_adapter_gguf(Path(path), model.config.model_type, float(model.peft_config[adapter].lora_alpha),
+                              adapter_tensors(model, adapter))

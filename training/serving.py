@@ -19,12 +19,13 @@ questions in flight (the eval runner's `concurrency`).
   Omne, `<model>-plan` ... for MAPGRPO's roles), replacing the one loaded before under that name; calls then
   ask for it, and base-model calls for `<model>`. vLLM serves this with `--enable-lora`, a `--max-lora-rank`
   of at least `lora_r` and `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`, reading the folder from the same disk.
-- `vllm[?memory=F&ctx=N]`: the trainer starts that vLLM server itself (`VLLMServer`, one per process, on the
-  process's GPU): `vllm serve` over the policy's base model with LoRA enabled (a `--max-lora-rank` of at
+- `vllm[?memory=F&ctx=N]`: the trainer starts that vLLM server itself (`VLLMServer`, on the main process's
+  GPU; every process calls it): `vllm serve` over the policy's base model with LoRA enabled (a `--max-lora-rank` of at
   least `lora_r`, runtime adapter loading), `memory` its share of the GPU (`--gpu-memory-utilization`, 0.3 by
   default: the trainer keeps the rest) and `ctx` its context (`--max-model-len`; the model's own by default).
   Before each phase the adapters are saved and loaded into it as with `openai:` and `rollout_load_adapter`.
   A LoRA policy only: full fine-tuning would need the server's weights replaced every step (TRL's `use_vllm`).
+  Through `openai:` and `vllm` the replies are not constrained by the agents' grammars (no grammar is sent).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ VLLM_MEMORY = 0.3  # vLLM's default share of the GPU when the trainer starts it
 VLLM_STARTUP_S = 1800.0  # vLLM loads the model, compiles and captures CUDA graphs before /health answers
 VLLM_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's --max-lora-rank accepts
 VLLM_MAX_LORAS = 4  # adapters in one batch: MAPGRPO's three roles, and one to spare
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                    "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")  # a trainer's launch, not vLLM's
 
 
 class NotServable(InvalidInput):
@@ -88,6 +91,7 @@ def check_rollout_llm(config: Any) -> None:
             raise NotServable("model.rollout_llm: vllm serves the base model with the LoRA adapter under training "
                               "loaded before each phase; a fully fine-tuned policy (lora: false) needs rollout_llm: "
                               "in_process (or TRL's use_vllm for MAPGRPO's completions)")
+        vllm_binary()
     elif llm != IN_PROCESS:
         server_options(llm)
         packs = ", ".join(n for n, p in PACKS.items() if p.kind == "chat")
@@ -152,11 +156,7 @@ class VLLMServer(LlamaServer):
         self.lora_rank, self.memory, self.ctx, self.device = lora_rank, memory, ctx, device
 
     def _prepare(self) -> tuple[Path, Path]:
-        binary = self.binary or os.environ.get("MHQA_VLLM") or shutil.which("vllm")
-        if not binary or not Path(binary).is_file():
-            raise ModelNotInstalled("model.rollout_llm: vllm runs `vllm serve`, which is not installed here: pip "
-                                    "install 'mhqa-graph[vllm]' on a CUDA machine, or set MHQA_VLLM to the binary")
-        return Path(binary), Path(self.model)
+        return Path(self.binary or vllm_binary()), Path(self.model)
 
     def _args(self, prepared: tuple[Path, Path]) -> list[str]:
         binary, _ = prepared
@@ -166,10 +166,38 @@ class VLLMServer(LlamaServer):
         return args + (["--max-model-len", str(self.ctx)] if self.ctx else [])
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True")
+        """This process's environment without a distributed launch's variables (vLLM would read them as its
+        own), with runtime LoRA loading on and the GPU it is to use."""
+        env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES}
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         if self.device is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.device
         return env
+
+    def chat_model(self, **kwargs: Any) -> Any:
+        """A chat model on this server (OpenAI-compatible; replies are not constrained by the agents' grammars)."""
+        from mhqa_graph.models.factory import load_chat_model
+
+        return load_chat_model(f"{OPENAI}{self.base_url}#{self.name}", **kwargs)
+
+
+def vllm_server(config: Any) -> VLLMServer:
+    """The running vLLM server of `config` (`rollout_llm: vllm...`), started when there is none."""
+    from .policy import policy_source
+
+    options, rank, gpu = vllm_options(config.rollout_llm), vllm_rank(config.lora_r), process_gpu()
+    source = policy_source(config.name)[0]
+    return POLICY_SERVER.serve((VLLM, source, rank, gpu, tuple(sorted(options.items()))),
+                               lambda: VLLMServer(source, rank, device=gpu, **options))
+
+
+def vllm_binary() -> str:
+    """The `vllm` program: `$MHQA_VLLM`, else `vllm` on the PATH; ModelNotInstalled if there is none."""
+    binary = os.environ.get("MHQA_VLLM") or shutil.which("vllm")
+    if not binary or not Path(binary).is_file():
+        raise ModelNotInstalled("model.rollout_llm: vllm runs `vllm serve`, which is not installed here: pip "
+                                "install 'mhqa-graph[vllm]' on a CUDA machine, or set MHQA_VLLM to the binary")
+    return binary
 
 
 def process_gpu() -> str | None:
@@ -247,16 +275,13 @@ def served_policy(model: Any, config: Any, folder: str | Path, adapters: Mapping
     from mhqa_graph.models.factory import load_chat_model
 
     root = Path(folder).resolve() / "peft"
-    if kind == VLLM:  # a server per process, on its GPU: the main process saves the adapters, each loads them
-        from .policy import policy_source
+    if kind == VLLM:  # one server, the main process's, on its GPU: it saves and loads the adapters, all call it
+        def start_and_load() -> tuple[str, str]:
+            server = vllm_server(config)
+            load_adapters(server.base_url, server.name, save_adapters(model, names, root), root)
+            return server.base_url, server.name
 
-        options, rank, gpu = vllm_options(config.rollout_llm), vllm_rank(config.lora_r), process_gpu()
-        source = policy_source(config.name)[0]
-        server = POLICY_SERVER.serve((VLLM, source, rank, gpu, tuple(sorted(options.items()))),
-                                     lambda: VLLMServer(source, rank, device=gpu, **options))
-        on_main_process(lambda: save_adapters(model, names, root))
-        base_url, served = server.base_url, server.name
-        load_adapters(base_url, served, names, root)
+        base_url, served = on_main_process(start_and_load, share=True)
     else:
         base_url, _, served = config.rollout_llm[len(OPENAI):].partition("#")
         if not config.rollout_load_adapter:

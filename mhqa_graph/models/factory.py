@@ -28,6 +28,7 @@ from langchain_core.language_models import BaseChatModel
 
 from ..embeddings import Embedder, load_embedder
 from ..errors import ModelError, ModelNotInstalled
+from .adapters import shipped_adapter
 from .packs import PACKS, check_chat_pack, gguf_path, pack_installed, pack_path
 
 CHAT_PREFERENCE = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", "smollm2-135m")
@@ -60,7 +61,7 @@ def check_chat_spec(spec: Any, model: str = "") -> None:
     elif scheme == "hf" and rest:
         _hf_location(rest)
     elif scheme == "llamacpp":
-        ref, options = _llamacpp_options(rest)
+        ref, options = _llamacpp_options(rest, write=False)
         _llamacpp_ref(ref)
         if "slots" in options:
             if importlib.util.find_spec("langchain_openai") is None:
@@ -137,12 +138,16 @@ def _openai(rest: str, **kwargs: Any) -> BaseChatModel:
     return ChatOpenAI(base_url=base_url, model=model, api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"), **kwargs)
 
 
-def _llamacpp_options(rest: str) -> tuple[str, dict[str, int | str]]:
-    """The model reference and the LlamaCppChatModel fields of '<ref>[?threads=N&ctx=N&cache=MB&lora=<file>]'."""
+def _llamacpp_options(rest: str, write: bool = True) -> tuple[str, dict[str, int | str]]:
+    """The model reference and the LlamaCppChatModel fields of '<ref>[?threads=N&ctx=N&cache=MB&lora=<file>]'
+    (`lora` may also name a shipped adapter, models/adapters.py: its GGUF file, written unless `write` is False)."""
     ref, _, query = rest.partition("?")
     options: dict[str, int | str] = {}
     for key, value in parse_qsl(query, keep_blank_values=True, separator="&"):
         if key in LLAMACPP_FILE_OPTIONS:
+            if key == "lora" and not Path(value).expanduser().is_file() and not value.endswith(".gguf"):  # a name
+                options[LLAMACPP_FILE_OPTIONS[key]] = str(shipped_adapter(value, ref, write))
+                continue
             if not Path(value).expanduser().is_file():
                 raise ModelError(f"llamacpp: {key} must name an existing file, got {value!r}")
             options[LLAMACPP_FILE_OPTIONS[key]] = str(Path(value).expanduser())

@@ -109,6 +109,14 @@ def _die_with_parent() -> None:
         _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """`sig` to the server's process group (it leads its own session), so its children get it too."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):  # the group is gone
+        pass
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -224,16 +232,17 @@ class LlamaServer:
                                self.log_tail())
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL after STOP_TIMEOUT_S; removes its log. Idempotent."""
+        """SIGTERM to its process group, then SIGKILL after STOP_TIMEOUT_S; removes its log. Idempotent."""
         proc, self._proc = self._proc, None
         if proc is not None:
             if proc.poll() is None:
-                proc.terminate()
+                _signal_group(proc, signal.SIGTERM)
                 try:
                     proc.wait(STOP_TIMEOUT_S)
                 except subprocess.TimeoutExpired:
-                    proc.kill()
+                    _signal_group(proc, signal.SIGKILL)
                     proc.wait()
+            _signal_group(proc, signal.SIGKILL)  # what the server started and left behind (vLLM's engine)
         if self._log_path is not None:
             self._log_path.unlink(missing_ok=True)
             self._log_path = None

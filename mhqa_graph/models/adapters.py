@@ -1,0 +1,123 @@
+"""LoRA adapters this project trained and ships, loadable by name: `llamacpp:<pack>?lora=<name>`.
+
+Each is a PEFT adapter folder in `mhqa_graph/adapters/<name>/` (float16 weights: to evaluate or continue training,
+e.g. `training/evaluate.py`), trained over one chat pack. llama.cpp reads a GGUF adapter, written from those
+weights once into the model cache (`<cache>/adapters/<name>-<digest>.gguf`) as llama.cpp's
+`convert_lora_to_gguf.py` would write it. Only an adapter that beat its untrained base on a fresh dev slice, with
+its interval above 0 and its records committed, is shipped: see `docs/runs.md`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelError, ModelNotInstalled
+from .packs import cache_dir
+
+FOLDER = Path(__file__).resolve().parent.parent / "adapters"
+WEIGHTS = "adapter_model.safetensors"
+LORA_KEY = re.compile(r"layers\.(\d+)\.(\w+\.\w+)\.lora_([AB])\.weight$")  # a PEFT LoRA tensor: layer, module, A/B
+GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down"}  # PEFT's module names -> the GGUF tensors they adapt
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class ShippedAdapter:
+    name: str
+    base: str  # the chat pack it was trained over (a Qwen2 one: its GGUF tensors are named as GGUF_NAMES says)
+    what: str  # one line: the design, the data and what it gained, with where the records are
+
+    @property
+    def folder(self) -> Path:
+        return FOLDER / self.name
+
+
+ADAPTERS: dict[str, ShippedAdapter] = {}
+
+
+def shipped_adapter(name: str, base: str, write: bool = True) -> Path:
+    """The GGUF adapter file of the shipped adapter `name` for llama.cpp over the pack `base`, written on first use
+    (`write=False`: only checked, and its PEFT weights file returned). ModelError for an unknown name or another
+    base."""
+    adapter = ADAPTERS.get(name)
+    if adapter is None:
+        known = ", ".join(ADAPTERS) or "none"
+        raise ModelError(f"llamacpp: lora must name an existing .gguf file or a shipped adapter ({known}), got "
+                         f"{name!r}")
+    if base != adapter.base:
+        raise ModelError(f"the adapter {name!r} was trained over {adapter.base}; it cannot be put over {base!r}")
+    weights = adapter.folder / WEIGHTS
+    if not weights.is_file():
+        raise ModelError(f"the adapter {name!r} has no weights at {weights} (an install without package data?)")
+    if not write:
+        return weights
+    path = cache_dir() / "adapters" / f"{name}-{_digest(weights, weights.stat().st_mtime_ns)}.gguf"
+    with _lock:
+        if not path.is_file():
+            write_gguf(adapter.folder, path)
+    return path
+
+
+@functools.cache
+def _digest(path: Path, mtime_ns: int) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def write_gguf(folder: Path, path: Path) -> Path:
+    """The PEFT LoRA adapter in `folder` (over a Qwen2 model) as a llama.cpp adapter at `path`."""
+    try:
+        from safetensors.numpy import load_file
+    except ImportError:
+        raise ModelNotInstalled("a shipped adapter is written for llama.cpp from safetensors weights; "
+                                "pip install 'mhqa-graph[models]'") from None
+    settings = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    if settings.get("use_rslora") or settings.get("use_dora"):
+        raise ModelError(f"{folder}: only a plain LoRA adapter can be written for llama.cpp")
+    tensors = {}
+    for key, value in load_file(str(folder / WEIGHTS)).items():
+        match = LORA_KEY.search(key)
+        if not match or match.group(2) not in GGUF_NAMES:
+            raise ModelError(f"{folder}: no GGUF name for the LoRA tensor {key!r}")
+        layer, module, which = match.groups()
+        tensors[f"blk.{layer}.{GGUF_NAMES[module]}.weight.lora_{which.lower()}"] = value
+    return write_adapter_gguf(path, "qwen2", float(settings["lora_alpha"]), tensors)
+
+
+def write_adapter_gguf(path: Path, architecture: str, alpha: float, tensors: dict[str, Any]) -> Path:
+    """`tensors` (GGUF name -> numpy array) as a llama.cpp LoRA adapter file at `path` (what llama.cpp's
+    `convert_lora_to_gguf.py` writes), written to a temporary file beside it and moved into place."""
+    try:
+        import gguf
+    except ImportError:
+        raise ModelNotInstalled("a LoRA adapter is written for llama.cpp with gguf; pip install 'mhqa-graph[models]'"
+                                ) from None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".partial")
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(partial, architecture)
+        writer.add_string("general.type", "adapter")
+        writer.add_string("adapter.type", "lora")
+        writer.add_float32("adapter.lora.alpha", alpha)
+        for name, array in sorted(tensors.items()):
+            writer.add_tensor(name, array)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(partial, path)
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return path
