@@ -1,9 +1,10 @@
 """LoRA adapters this project trained and ships, loadable by name: `llamacpp:<pack>?lora=<name>`.
 
-Each is a PEFT adapter folder in `mhqa_graph/adapters/<name>/` (float16 weights: to evaluate or continue training,
-e.g. `training/evaluate.py`), trained over one chat pack. llama.cpp reads a GGUF adapter, written from those
-weights once into the model cache (`<cache>/adapters/<name>-<digest>.gguf`) as llama.cpp's
-`convert_lora_to_gguf.py` would write it. Only an adapter that beat its untrained base on a fresh dev slice, with
+Each is a PEFT adapter folder in `mhqa_graph/adapters/<name>/` (its float32 weights as trained: to evaluate or
+continue training, e.g. `training/evaluate.py`), trained over one chat pack. llama.cpp reads a GGUF adapter, written
+from those weights once into the model cache (`<cache>/adapters/<name>-<digest>.gguf`) as llama.cpp's
+`convert_lora_to_gguf.py` would write it: tensor for tensor the file the measurement used (float16 would change a
+near-tied token: 1 of 8 first replies differed). Only an adapter that beat its untrained base on a fresh dev slice, with
 its interval above 0 and its records committed, is shipped: see `docs/runs.md`.
 """
 
@@ -43,7 +44,12 @@ class ShippedAdapter:
         return FOLDER / self.name
 
 
-ADAPTERS: dict[str, ShippedAdapter] = {}
+ADAPTERS = {a.name: a for a in (
+    ShippedAdapter("omne-pq2h", "qwen2.5-coder-0.5b",
+                   "Omne's tool loop on the PathQuestion 2-hop KG: template SFT then 12 stage-1 GRPO steps "
+                   "(docs/runs/omne-templates-pq2h); F1 14.4 -> 26.4 on questions 100-199, +12.0 [+1.4, +23.2] "
+                   "(docs/runs/omne-templates-pq2h-fresh)"),
+)}
 
 
 def shipped_adapter(name: str, base: str, write: bool = True) -> Path:
