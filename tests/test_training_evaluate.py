@@ -52,7 +52,7 @@ def run(tmp_path) -> tuple[Path, Path]:
 
 
 def lora_b(model) -> float:
-    return sum(float(w.abs().sum()) for n, w in model.named_parameters() if "lora_B" in n)
+    return sum(float(w.detach().abs().sum()) for n, w in model.named_parameters() if "lora_B" in n)
 
 
 def test_the_adapter_and_the_untrained_policy_answer_the_other_slice(run, tmp_path, monkeypatch):
