@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mhqa_graph.errors import ModelError
-from mhqa_graph.models.adapters import GGUF_NAMES, LORA_KEY, write_adapter_gguf
+from mhqa_graph.models.adapters import gguf_tensor, write_adapter_gguf
 
 ARCHITECTURES = ("qwen2", "llama")  # transformers model_type == GGUF general.architecture
 
@@ -46,11 +46,7 @@ def adapter_tensors(model: Any, adapter: str | None = None) -> dict[str, Any]:
                 "self_attn.k_proj": getattr(config, "num_key_value_heads", None) or config.num_attention_heads}
     tensors = {}
     for key, value in get_peft_model_state_dict(model, adapter_name=adapter or model.active_adapter).items():
-        match = LORA_KEY.search(key)
-        if not match or match.group(2) not in GGUF_NAMES:
-            raise ModelError(f"no GGUF name for the LoRA tensor {key!r}; targets: {', '.join(GGUF_NAMES)}")
-        layer, module, which = match.groups()
-        name = f"blk.{layer}.{GGUF_NAMES[module]}.weight.lora_{which.lower()}"
+        name, module, which = gguf_tensor(key)
         tensors[name] = value.detach().float().cpu().numpy()
         if config.model_type == "llama" and which == "B" and module in permuted:
             tensors[name] = permute_heads(tensors[name], permuted[module])

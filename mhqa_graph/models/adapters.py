@@ -80,6 +80,16 @@ def _digest(path: Path, mtime_ns: int) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def gguf_tensor(key: str) -> tuple[str, str, str]:
+    """The GGUF name of the PEFT LoRA tensor `key`, with its module and which matrix it is (A or B); ModelError
+    when it adapts a module with no GGUF name."""
+    match = LORA_KEY.search(key)
+    if not match or match.group(2) not in GGUF_NAMES:
+        raise ModelError(f"no GGUF name for the LoRA tensor {key!r}; targets: {', '.join(GGUF_NAMES)}")
+    layer, module, which = match.groups()
+    return f"blk.{layer}.{GGUF_NAMES[module]}.weight.lora_{which.lower()}", module, which
+
+
 def write_gguf(folder: Path, path: Path) -> Path:
     """The PEFT LoRA adapter in `folder` (over a Qwen2 model) as a llama.cpp adapter at `path`."""
     try:
@@ -90,13 +100,7 @@ def write_gguf(folder: Path, path: Path) -> Path:
     settings = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
     if settings.get("use_rslora") or settings.get("use_dora"):
         raise ModelError(f"{folder}: only a plain LoRA adapter can be written for llama.cpp")
-    tensors = {}
-    for key, value in load_file(str(folder / WEIGHTS)).items():
-        match = LORA_KEY.search(key)
-        if not match or match.group(2) not in GGUF_NAMES:
-            raise ModelError(f"{folder}: no GGUF name for the LoRA tensor {key!r}")
-        layer, module, which = match.groups()
-        tensors[f"blk.{layer}.{GGUF_NAMES[module]}.weight.lora_{which.lower()}"] = value
+    tensors = {gguf_tensor(key)[0]: value for key, value in load_file(str(folder / WEIGHTS)).items()}
     return write_adapter_gguf(path, "qwen2", float(settings["lora_alpha"]), tensors)
 
 
