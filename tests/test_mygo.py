@@ -282,10 +282,43 @@ def test_a_warmup_teacher_rolls_out_the_training_questions_once(tmp_path):
     config = tiny_config(tmp_path, warmup_teacher=teacher)
     trainer = MyGOTrainer(config)
     records = trainer.warmup_records()
-    folder = Path(config.output_dir) / "warmup_rollouts" / teacher_folder(teacher)
+    folder = Path(config.output_dir) / "warmup_rollouts" / teacher_folder(teacher, config.rollout, config.model.seed)
     assert len(records) == 6 and (folder / "sample1" / "results.jsonl").is_file()  # 3 questions x 2 samples
     assert sorted(r["id"] for r in kept(records, 1.0)) == ["y1", "y1", "y2", "y2"]  # y3's gold is "no"
     stamp = (folder / "sample0" / "results.jsonl").stat().st_mtime_ns
     assert len(trainer.warmup_records()) == 6 and (folder / "sample0" / "results.jsonl").stat().st_mtime_ns == stamp
     with pytest.raises(InvalidInput, match="not both"):
         tiny_config(tmp_path, warmup_teacher=teacher, warmup_run=str(folder)).__post_init__()
+
+
+def test_a_teacher_samples_as_the_rollouts_do_with_a_seed_per_sample(tmp_path, monkeypatch):
+    """The teacher answers at `rollout.temperature` (not its greedy default, which would make every sample the
+    same), sample j's calls seeded from seed + j·SAMPLE_SEEDS, each sample's model made when it is rolled out;
+    another temperature or seed is another folder."""
+    from mhqa_graph.training.rollouts import SAMPLE_SEEDS
+
+    import mhqa_graph.models.factory as factory
+    from mhqa_graph.testing.fakes import FakeChatModel
+
+    made = []
+
+    def load(spec, **kwargs):
+        made.append(kwargs)
+        return FakeChatModel(responses=[f"<answer>{'yes' if len(made) == 1 else 'no'}</answer>"])
+
+    monkeypatch.setattr(factory, "load_chat_model", load)
+    teacher = "llamacpp:qwen2.5-coder-1.5b?slots=2"
+    config = tiny_config(tmp_path, warmup_teacher=teacher, model=dataclasses.replace(tiny_config(tmp_path).model,
+                                                                                     seed=7))
+    config.rollout.temperature = 0.8
+    records = MyGOTrainer(config).warmup_records()
+    assert [(m["temperature"], m["seed"]) for m in made] == [(0.8, 7), (0.8, 7 + SAMPLE_SEEDS)]
+    assert {r["prediction"] for r in records if r["sample"] == 0} == {"yes"}
+    assert {r["prediction"] for r in records if r["sample"] == 1} == {"no"}  # the samples differ
+    folder = teacher_folder(teacher, config.rollout, 7)
+    assert folder != teacher_folder(teacher, config.rollout, 8)
+    assert folder != teacher_folder(teacher, dataclasses.replace(config.rollout, temperature=0.7), 7)
+    made.clear()
+    config.rollout.temperature, config.output_dir = 0.0, str(tmp_path / "greedy")
+    MyGOTrainer(config).warmup_records()
+    assert [(m["temperature"], m["seed"]) for m in made] == [(0.0, None), (0.0, None)]  # greedy: unseeded

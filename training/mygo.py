@@ -47,7 +47,7 @@ from .dev import (
 )
 from .devices import on_main_process, precision_args
 from .logs import LOG, jsonl_log, plot_curve, read_log, write_log
-from .policy import load_model, policy_chat_model, save_policy, teacher_folder
+from .policy import load_model, policy_chat_model, save_policy, teacher_folder, teacher_models
 from .rewards import keep, next_tau
 from .rollouts import rollouts
 
@@ -206,8 +206,9 @@ class MyGOTrainer:
         cfg = self.config
         if cfg.warmup_run:
             return read_records(cfg.warmup_run)
-        teacher = str(cfg.warmup_teacher)
-        return rollouts(cfg.rollout, teacher, self.out / "warmup_rollouts" / teacher_folder(teacher),
+        teacher, seed = str(cfg.warmup_teacher), cfg.model.seed
+        return rollouts(cfg.rollout, teacher_models(teacher, cfg.rollout, seed),
+                        self.out / "warmup_rollouts" / teacher_folder(teacher, cfg.rollout, seed),
                         concurrency=cfg.model.rollout_concurrency)  # a teacher served with slots uses them
 
     def train(self) -> dict[str, Any]:

@@ -53,7 +53,7 @@ from .configs import DevConfig, ModelConfig, RolloutConfig
 from .dev import GUARDS_OFF, check_disjoint, policy_dev, publish_final, untrained_runs
 from .devices import on_main_process, precision_args
 from .logs import LOG, jsonl_log, plot_curve, read_log, write_log
-from .policy import load_model, policy_chat_model, save_policy, teacher_folder
+from .policy import load_model, policy_chat_model, save_policy, teacher_folder, teacher_models
 from .rewards import OmneRewardConfig, format_reward, omne_reward, repetition_penalty, tool_calls
 from .rollouts import rollout_store, rollouts
 
@@ -560,7 +560,8 @@ class OmneTrainer:
         """Where the SFT rollouts go: `sft_rollouts/teacher-<spec>-<hash>`, one folder per teacher, or
         `sft_rollouts/policy`."""
         teacher = self.config.teacher
-        return self.out / "sft_rollouts" / (teacher_folder(teacher) if teacher else "policy")
+        rollout, seed = self.config.rollout, self.config.model.seed
+        return self.out / "sft_rollouts" / (teacher_folder(teacher, rollout, seed) if teacher else "policy")
 
     def sft_rollouts(self) -> list[dict[str, Any]]:
         """The eval records of the SFT rollouts. A teacher's are kept in its own folder: a later training into
@@ -572,13 +573,14 @@ class OmneTrainer:
             llm = policy_chat_model(self.model, self.tokenizer, cfg.model, out, cfg.rollout.temperature,
                                     cfg.rollout.max_new_tokens)
             return rollouts(cfg.rollout, llm, out, force_new=True, concurrency=cfg.model.rollout_concurrency)
+        teacher = teacher_models(cfg.teacher, cfg.rollout, cfg.model.seed)
         try:
-            return rollouts(cfg.rollout, cfg.teacher, out)
+            return rollouts(cfg.rollout, teacher, out)
         except RunMismatch:
             message = f"{out} held the teacher's rollouts with other rollout settings; started them afresh"
             warnings.warn(message, stacklevel=2)
             write_log(self.out / LOG, {"event": "rollouts_restarted", "message": message})
-            return rollouts(cfg.rollout, cfg.teacher, out, force_new=True)
+            return rollouts(cfg.rollout, teacher, out, force_new=True)
 
     def _sft(self, stage: int, log: Any, state: dict[str, Any]) -> Any:
         from datasets import Dataset

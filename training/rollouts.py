@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,28 +16,40 @@ from mhqa_graph.eval.report import RESULTS, read_records
 from .configs import RolloutConfig
 from .devices import on_main_process, world_size
 
+SAMPLE_SEEDS = 1_000_000  # sample j of a PerSample model seeds its calls from seed + j·SAMPLE_SEEDS
+
+
+@dataclass(frozen=True)
+class PerSample:
+    """A chat model for each sample: `make(j)` gives sample j's, made when that sample is rolled out (a teacher
+    whose calls are seeded per sample, so the samples differ and each one can be made on its own)."""
+
+    make: Callable[[int], Any]
+
 
 def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: dict[str, Any] | None = None,
              force_new: bool = False, concurrency: int = 1) -> list[dict[str, Any]]:
-    """Run the agent `config.samples` times over the questions with `llm` (a chat model or spec), `concurrency`
-    questions in flight, and return the eval records (each with its trace, em, f1 and `sample`). Sample j is the
-    resumable eval run `out_dir/sample{j}`, so an interrupted rollout continues where it stopped; RunMismatch if
-    it holds a run with another model spec or settings. `force_new` starts every sample folder afresh."""
+    """Run the agent `config.samples` times over the questions with `llm` (a chat model or spec for every sample,
+    or a `PerSample`), `concurrency` questions in flight, and return the eval records (each with its trace, em, f1
+    and `sample`). Sample j is the resumable eval run `out_dir/sample{j}`, so an interrupted rollout continues where
+    it stopped; RunMismatch if it holds a run with another model spec or settings. `force_new` starts every sample
+    folder afresh."""
     from mhqa_graph.eval import run_eval
 
     model = getattr(llm, "_model", None)
     if model is not None:
         model.eval()
-    overrides = {**config.context, "llm": llm, "max_new_tokens": config.max_new_tokens,
-                 **({"role_llms": role_llms} if role_llms else {})}
     folders = [Path(out_dir) / f"sample{j}" for j in range(config.samples)]
 
     def run() -> None:
-        for out in folders:
-            run_eval(config.agent, config.dataset, config.path, llm, config.store, out, limit=config.limit,
+        for j, out in enumerate(folders):
+            sample_llm = llm.make(j) if isinstance(llm, PerSample) else llm
+            overrides = {**config.context, "llm": sample_llm, "max_new_tokens": config.max_new_tokens,
+                         **({"role_llms": role_llms} if role_llms else {})}
+            run_eval(config.agent, config.dataset, config.path, sample_llm, config.store, out, limit=config.limit,
                      start=config.start, concurrency=concurrency, context_overrides=overrides, progress=False,
                      force_new=force_new)
-            check_policy_faults([llm, *(role_llms or {}).values()], out)
+            check_policy_faults([sample_llm, *(role_llms or {}).values()], out)
 
     on_main_process(run)  # under several processes the main one rolls out, the others read its records
     return [r | {"sample": j} for j, out in enumerate(folders) for r in read_records(out / RESULTS)]
