@@ -154,6 +154,9 @@ def test_server_needs_a_chat_pack_policy_with_a_lora_adapter(tmp_path):
         ModelConfig(rollout_llm="sglang")
     with pytest.raises(ModelError, match="sets its own slots"):
         ModelConfig(name="smollm2-135m", rollout_llm="server?slots=4")
+    for adapter in ("omne-pq2h", str(tmp_path / "absent.gguf")):  # a shipped name or a file: said as plainly
+        with pytest.raises(ModelError, match="adapter \\(the one under training\\)"):
+            ModelConfig(name="smollm2-135m", rollout_llm=f"server?lora={adapter}")
     with pytest.raises(InvalidInput, match="rollout_concurrency must be a positive integer"):
         ModelConfig(rollout_concurrency=0)
     with pytest.raises(ModelError, match="base url and a model"):

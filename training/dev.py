@@ -51,15 +51,18 @@ def check_disjoint(rollout: RolloutConfig, dev: DevConfig) -> None:
                             f"{dev.min_questions} are needed for a dev F1 whose interval says something "
                             "(dev.limit, or dev.min_questions for a test)")
     train = load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)
+    if shared := shared_questions(held, train):
+        raise DevSliceError(f"the training slice ({rollout.path} from #{rollout.start}) and the dev slice ({dev.path} "
+                            f"from #{dev.start}) share {len(shared)} question(s), e.g. {shared[0]!r}")
 
+
+def shared_questions(held: list[Any], other: list[Any]) -> list[str]:
+    """The ids of `other`'s questions that are also in `held`, by id or by text (case and spacing aside)."""
     def norm(text: str) -> str:
         return " ".join(text.lower().split())
 
     ids, texts = {q.id for q in held}, {norm(q.question) for q in held}
-    shared = [q.id for q in train if q.id in ids or norm(q.question) in texts]
-    if shared:
-        raise DevSliceError(f"the training slice ({rollout.path} from #{rollout.start}) and the dev slice ({dev.path} "
-                            f"from #{dev.start}) share {len(shared)} question(s), e.g. {shared[0]!r}")
+    return [q.id for q in other if q.id in ids or norm(q.question) in texts]
 
 
 def dev_metrics(records: list[dict[str, Any]], untrained: list[dict[str, Any]] | None = None) -> dict[str, Any]:

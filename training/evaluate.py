@@ -24,7 +24,7 @@ from typing import Any
 
 from mhqa_graph.training import TRAINERS
 from mhqa_graph.training.configs import ModelConfig, load_config
-from mhqa_graph.training.dev import UNTRAINED, check_disjoint, policy_dev
+from mhqa_graph.training.dev import UNTRAINED, check_disjoint, policy_dev, shared_questions
 from mhqa_graph.training.logs import LOG, write_log
 from mhqa_graph.training.policy import load_model
 
@@ -72,9 +72,8 @@ def evaluate(method: str, config_path: Path, adapter: Path, start: int, limit: i
     dev = dataclasses.replace(config.dev, start=start, limit=limit, records=str(records))
     check_disjoint(config.rollout, dev)
     if config.dev.path:  # the run's own dev slice is where its decisions were read: not fresh
-        used = {q.id for q in load_questions(config.rollout.dataset, config.dev.path, config.dev.limit,
-                                             config.dev.start)}
-        if shared := [q.id for q in load_questions(config.rollout.dataset, dev.path, limit, start) if q.id in used]:
+        used = load_questions(config.rollout.dataset, config.dev.path, config.dev.limit, config.dev.start)
+        if shared := shared_questions(used, load_questions(config.rollout.dataset, dev.path, limit, start)):
             raise DevSliceError(f"questions {start}-{start + limit - 1} share {len(shared)} with the run's own dev "
                                 f"slice (from #{config.dev.start}), e.g. {shared[0]!r}: pick questions it did not see")
     out.mkdir(parents=True, exist_ok=True)

@@ -109,11 +109,11 @@ def server_options(llm: str) -> dict[str, int]:
     """The LlamaServer settings of `server?threads=N&ctx=N&cache=MB` (ModelError for another option)."""
     from mhqa_graph.models.factory import _llamacpp_options
 
-    options = _llamacpp_options(f"?{llm.partition('?')[2]}")[1]
-    if {"slots", "lora_path"} & set(options):
-        raise ModelError("model.rollout_llm: server sets its own slots (rollout_concurrency) and adapter; its "
-                         f"options are threads, ctx and cache, got {llm!r}")
-    return options
+    query = llm.partition("?")[2]
+    if {"slots", "lora"} & {key for key, _ in urllib.parse.parse_qsl(query, keep_blank_values=True)}:
+        raise ModelError("model.rollout_llm: server sets its own slots (rollout_concurrency) and adapter (the one "
+                         f"under training); its options are threads, ctx and cache, got {llm!r}")
+    return _llamacpp_options(f"?{query}")[1]
 
 
 def vllm_options(llm: str) -> dict[str, Any]:
