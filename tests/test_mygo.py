@@ -16,7 +16,7 @@ from mhqa_graph.training import TRAINERS  # noqa: E402
 from mhqa_graph.training.configs import DevConfig, load_config  # noqa: E402
 from mhqa_graph.training.dev import check_disjoint  # noqa: E402
 from mhqa_graph.training.mygo import MyGOConfig, MyGOTrainer, kept, sft_rows, worker_rounds  # noqa: E402
-from mhqa_graph.training.policy import teacher_folder  # noqa: E402
+from mhqa_graph.training.rollouts import teacher_folder  # noqa: E402
 from test_eval import scripted, write_dataset  # noqa: E402
 
 from mhqa_graph.errors import InvalidInput  # noqa: E402
@@ -322,3 +322,43 @@ def test_a_teacher_samples_as_the_rollouts_do_with_a_seed_per_sample(tmp_path, m
     config.rollout.temperature, config.output_dir = 0.0, str(tmp_path / "greedy")
     MyGOTrainer(config).warmup_records()
     assert [(m["temperature"], m["seed"]) for m in made] == [(0.0, None), (0.0, None)]  # greedy: unseeded
+
+
+def test_a_teachers_rollouts_are_committed_and_read_back_on_another_machine(tmp_path, monkeypatch):
+    """With a run's `dev.records`, a teacher's rollouts are published there in full (the SFT reads their traces);
+    a run on another machine (no local folder, or one stopped earlier) reads them back and asks the teacher
+    nothing more; records of another questions file are refused."""
+    from mhqa_graph.training.rollouts import teacher_rollouts
+
+    import mhqa_graph.models.factory as factory
+    from mhqa_graph.errors import TrainingError
+    from mhqa_graph.testing.fakes import FakeChatModel
+
+    models = []
+
+    def load(spec, **kwargs):
+        models.append(FakeChatModel(responses=["<answer>yes</answer>"]))
+        return models[-1]
+
+    monkeypatch.setattr(factory, "load_chat_model", load)
+    rollout, teacher, committed = tiny_config(tmp_path).rollout, "llamacpp:qwen2.5-coder-1.5b", tmp_path / "docs"
+    made = teacher_rollouts(rollout, teacher, 0, tmp_path / "here", committed)
+    shared = committed / teacher_folder(teacher, rollout, 0)
+    assert sorted(p.name for p in shared.iterdir()) == ["sample0.jsonl.gz", "sample0.run.json", "sample1.jsonl.gz",
+                                                       "sample1.run.json"]
+    asked = sum(len(m.calls) for m in models)
+    assert asked >= 6
+    elsewhere = tmp_path / "elsewhere"  # another machine: sample 1 stopped after one question, sample 0 absent
+    partial = elsewhere / shared.name / "sample1"
+    partial.mkdir(parents=True)
+    lines = (tmp_path / "here" / shared.name / "sample1" / "results.jsonl").read_text().splitlines()
+    (partial / "results.jsonl").write_text(lines[0] + "\n")
+    shutil.copyfile(tmp_path / "here" / shared.name / "sample1" / "run.json", partial / "run.json")
+    again = teacher_rollouts(rollout, teacher, 0, elsewhere, committed)
+    assert sum(len(m.calls) for m in models) == asked  # the teacher was not asked again
+    key = lambda r: (r["sample"], r["id"], r["prediction"], len(r["trace"]["llm_calls"]))  # noqa: E731
+    assert sorted(map(key, again)) == sorted(map(key, made))
+    other = tmp_path / "other.jsonl"
+    other.write_text(Path(rollout.path).read_text() + "\n")
+    with pytest.raises(TrainingError, match="another questions file"):
+        teacher_rollouts(dataclasses.replace(rollout, path=str(other)), teacher, 0, tmp_path / "third", committed)

@@ -47,9 +47,9 @@ from .dev import (
 )
 from .devices import on_main_process, precision_args
 from .logs import LOG, jsonl_log, plot_curve, read_log, write_log
-from .policy import load_model, policy_chat_model, save_policy, teacher_folder, teacher_models
+from .policy import load_model, policy_chat_model, save_policy
 from .rewards import keep, next_tau
-from .rollouts import rollouts
+from .rollouts import rollouts, teacher_rollouts
 
 SFT_DEFAULTS: dict[str, Any] = {"learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 1,
                                 "gradient_accumulation_steps": 4, "max_length": 2048, "logging_steps": 1,
@@ -206,10 +206,9 @@ class MyGOTrainer:
         cfg = self.config
         if cfg.warmup_run:
             return read_records(cfg.warmup_run)
-        teacher, seed = str(cfg.warmup_teacher), cfg.model.seed
-        return rollouts(cfg.rollout, teacher_models(teacher, cfg.rollout, seed),
-                        self.out / "warmup_rollouts" / teacher_folder(teacher, cfg.rollout, seed),
-                        concurrency=cfg.model.rollout_concurrency)  # a teacher served with slots uses them
+        committed = Path(cfg.dev.records) / "warmup_rollouts" if cfg.dev.records else None
+        return teacher_rollouts(cfg.rollout, str(cfg.warmup_teacher), cfg.model.seed, self.out / "warmup_rollouts",
+                                committed, concurrency=cfg.model.rollout_concurrency)  # a served teacher uses slots
 
     def train(self) -> dict[str, Any]:
         cfg = self.config

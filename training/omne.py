@@ -53,9 +53,9 @@ from .configs import DevConfig, ModelConfig, RolloutConfig
 from .dev import GUARDS_OFF, check_disjoint, policy_dev, publish_final, untrained_runs
 from .devices import on_main_process, precision_args
 from .logs import LOG, jsonl_log, plot_curve, read_log, write_log
-from .policy import load_model, policy_chat_model, save_policy, teacher_folder, teacher_models
+from .policy import load_model, policy_chat_model, save_policy
 from .rewards import OmneRewardConfig, format_reward, omne_reward, repetition_penalty, tool_calls
-from .rollouts import rollout_store, rollouts
+from .rollouts import rollout_store, rollouts, teacher_folder, teacher_rollouts
 
 STAGES = {1: "grpo", 2: "sft", 3: "grpo"}
 SUMMARY_KEYS = ("stage", "kind", "steps", "stopped")  # of a stage in train()'s summary (and its checkpoint state)
@@ -557,30 +557,33 @@ class OmneTrainer:
         return rows
 
     def sft_rollout_dir(self) -> Path:
-        """Where the SFT rollouts go: `sft_rollouts/teacher-<spec>-<hash>`, one folder per teacher, or
-        `sft_rollouts/policy`."""
-        teacher = self.config.teacher
-        rollout, seed = self.config.rollout, self.config.model.seed
-        return self.out / "sft_rollouts" / (teacher_folder(teacher, rollout, seed) if teacher else "policy")
+        """Where the SFT rollouts go: `sft_rollouts/teacher-<spec>-<hash>`, one folder per teacher and sampling,
+        or `sft_rollouts/policy`."""
+        cfg = self.config
+        return self.out / "sft_rollouts" / (teacher_folder(cfg.teacher, cfg.rollout, cfg.model.seed) if cfg.teacher
+                                            else "policy")
 
     def sft_rollouts(self) -> list[dict[str, Any]]:
-        """The eval records of the SFT rollouts. A teacher's are kept in its own folder: a later training into
-        the same output_dir with that teacher and the same rollout settings reuses them (resuming an
-        interrupted run), another teacher never touches them, and other rollout settings start the folder
-        afresh with a warning. The policy's are started afresh every time: they are of this training's weights."""
+        """The eval records of the SFT rollouts. A teacher's are kept in its own folder (and with `dev.records`
+        published there, and read back on another machine): a later training into the same output_dir with that
+        teacher and the same rollout settings reuses them (resuming an interrupted run), another teacher never
+        touches them, and other rollout settings start the folder afresh with a warning. The policy's are started
+        afresh every time: they are of this training's weights."""
         cfg, out = self.config, self.sft_rollout_dir()
+        concurrency = cfg.model.rollout_concurrency
         if not cfg.teacher:
             llm = policy_chat_model(self.model, self.tokenizer, cfg.model, out, cfg.rollout.temperature,
                                     cfg.rollout.max_new_tokens)
-            return rollouts(cfg.rollout, llm, out, force_new=True, concurrency=cfg.model.rollout_concurrency)
-        teacher = teacher_models(cfg.teacher, cfg.rollout, cfg.model.seed)
+            return rollouts(cfg.rollout, llm, out, force_new=True, concurrency=concurrency)
+        committed = Path(cfg.dev.records) / "sft_rollouts" if cfg.dev.records else None
         try:
-            return rollouts(cfg.rollout, teacher, out)
+            return teacher_rollouts(cfg.rollout, cfg.teacher, cfg.model.seed, out.parent, committed, concurrency)
         except RunMismatch:
             message = f"{out} held the teacher's rollouts with other rollout settings; started them afresh"
             warnings.warn(message, stacklevel=2)
             write_log(self.out / LOG, {"event": "rollouts_restarted", "message": message})
-            return rollouts(cfg.rollout, teacher, out, force_new=True)
+            return teacher_rollouts(cfg.rollout, cfg.teacher, cfg.model.seed, out.parent, committed, concurrency,
+                                    force_new=True)
 
     def _sft(self, stage: int, log: Any, state: dict[str, Any]) -> Any:
         from datasets import Dataset

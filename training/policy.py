@@ -3,20 +3,17 @@ served to the agent graphs as a chat model (in memory, or through llama.cpp with
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from mhqa_graph.errors import InvalidInput, ModelError, ModelNotFound, ModelNotInstalled
 from mhqa_graph.models.chat import TransformersChatModel, model_device
 
-from .configs import ModelConfig, RolloutConfig
+from .configs import ModelConfig
 from .devices import on_main_process, policy_device, policy_dtype
 from .lora_gguf import supports, write_lora_gguf
-from .rollouts import SAMPLE_SEEDS, PerSample
 from .serving import served_policy
 
 
@@ -181,26 +178,6 @@ def chat_model_for(model: Any, tokenizer: Any, temperature: float = 0.0, max_new
     sampled calls (call n: seed + n)."""
     return TransformersChatModel.from_loaded(model, tokenizer, model_name=name, temperature=temperature,
                                              max_new_tokens=max_new_tokens, seed=seed)
-
-
-def teacher_folder(spec: str, rollout: RolloutConfig, seed: int) -> str:
-    """The folder name of a teacher's rollouts: its spec made path-safe (cut short) and a hash of the whole spec,
-    the sampling temperature and the seed, so two teachers, or one sampled otherwise, never share a folder."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", spec)[:40].strip("-.")
-    sampling = f"{spec}\ntemperature={rollout.temperature}\nseed={seed}"
-    return f"teacher-{slug}-{hashlib.sha256(sampling.encode('utf-8')).hexdigest()[:10]}"
-
-
-def teacher_models(spec: str, rollout: RolloutConfig, seed: int) -> PerSample:
-    """A teacher's chat models, sampling as the policy's rollouts do: at `rollout.temperature`, sample j's call n
-    seeded with seed + j·SAMPLE_SEEDS + n (greedy and unseeded at temperature 0)."""
-    from mhqa_graph.models.factory import load_chat_model
-
-    def make(j: int) -> Any:
-        return load_chat_model(spec, temperature=rollout.temperature, max_new_tokens=rollout.max_new_tokens,
-                               seed=seed + j * SAMPLE_SEEDS if rollout.temperature > 0 else None)
-
-    return PerSample(make)
 
 
 def save_policy(model: Any, tokenizer: Any, path: str | Path) -> str:

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -11,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from mhqa_graph.errors import TrainingError
+from mhqa_graph.eval import records as compact_records
 from mhqa_graph.eval.report import RESULTS, read_records
+from mhqa_graph.eval.runner import MANIFEST, file_digest
 
 from .configs import RolloutConfig
 from .devices import on_main_process, world_size
@@ -53,6 +59,75 @@ def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: di
 
     on_main_process(run)  # under several processes the main one rolls out, the others read its records
     return [r | {"sample": j} for j, out in enumerate(folders) for r in read_records(out / RESULTS)]
+
+
+def teacher_folder(spec: str, rollout: RolloutConfig, seed: int) -> str:
+    """The folder name of a teacher's rollouts: its spec made path-safe (cut short) and a hash of the whole spec,
+    the sampling temperature and the seed, so two teachers, or one sampled otherwise, never share a folder."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", spec)[:40].strip("-.")
+    sampling = f"{spec}\ntemperature={rollout.temperature}\nseed={seed}"
+    return f"teacher-{slug}-{hashlib.sha256(sampling.encode('utf-8')).hexdigest()[:10]}"
+
+
+def teacher_models(spec: str, rollout: RolloutConfig, seed: int) -> PerSample:
+    """A teacher's chat models, sampling as the policy's rollouts do: at `rollout.temperature`, sample j's call n
+    seeded with seed + j·SAMPLE_SEEDS + n (greedy and unseeded at temperature 0)."""
+    from mhqa_graph.models.factory import load_chat_model
+
+    def make(j: int) -> Any:
+        return load_chat_model(spec, temperature=rollout.temperature, max_new_tokens=rollout.max_new_tokens,
+                               seed=seed + j * SAMPLE_SEEDS if rollout.temperature > 0 else None)
+
+    return PerSample(make)
+
+
+def teacher_rollouts(config: RolloutConfig, teacher: str, seed: int, out_dir: Path, committed: Path | None,
+                     concurrency: int = 1, force_new: bool = False) -> list[dict[str, Any]]:
+    """`rollouts` of a teacher (`teacher_models`) into `out_dir/teacher_folder(...)`. With `committed` (a run's
+    `dev.records`), they are first read back from `committed/<that folder>` where this machine has fewer
+    (`restore_rollouts`), and published there when done, so a run resumed elsewhere does not make them again."""
+    folder = out_dir / teacher_folder(teacher, config, seed)
+    shared = committed / folder.name if committed else None
+    if shared and not force_new:
+        on_main_process(lambda: restore_rollouts(shared, folder, config.path))
+    records = rollouts(config, teacher_models(teacher, config, seed), folder, concurrency=concurrency,
+                       force_new=force_new)
+    if shared:
+        on_main_process(lambda: publish_rollouts(folder, shared))
+    return records
+
+
+def publish_rollouts(folder: Path, committed: Path) -> None:
+    """Each sample run of `folder` as files to commit in `committed`: `sample<j>.jsonl.gz`, its records in full (the
+    SFT reads their traces) sorted by id and gzip'd without a timestamp, and `sample<j>.run.json`, what it is a run
+    of. A run on another machine reads them back with `restore_rollouts`."""
+    for sample in sorted(folder.glob("sample*")):
+        if (sample / RESULTS).is_file() and (sample / MANIFEST).is_file():
+            compact_records.write(committed / f"{sample.name}{compact_records.SUFFIX}", read_records(sample / RESULTS))
+            shutil.copyfile(sample / MANIFEST, committed / f"{sample.name}.{MANIFEST}")
+
+
+def restore_rollouts(committed: Path, folder: Path, path: str | Path) -> list[str]:
+    """The sample runs `publish_rollouts` wrote to `committed`, written into `folder` where it holds fewer records
+    (none, or a run stopped earlier), so that a run on another machine resumes from them; their questions file is
+    `path` here (same bytes, another place is fine). Returns the samples restored."""
+    restored = []
+    for file in sorted(committed.glob(f"sample*{compact_records.SUFFIX}")):
+        name = file.name.removesuffix(compact_records.SUFFIX)
+        records, target = compact_records.load(file), folder / name
+        manifest = json.loads((committed / f"{name}.{MANIFEST}").read_text(encoding="utf-8"))
+        if manifest.get("file_sha256") != file_digest(path):
+            raise TrainingError(f"{file} holds rollouts of another questions file than {path}")
+        if (target / RESULTS).is_file() and len(read_records(target / RESULTS)) >= len(records):
+            continue
+        target.mkdir(parents=True, exist_ok=True)
+        (target / MANIFEST).write_text(json.dumps(manifest | {"file": str(Path(path).resolve())}, ensure_ascii=False,
+                                                  indent=2), encoding="utf-8")
+        tmp = target / f"{RESULTS}.tmp"
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+        os.replace(tmp, target / RESULTS)
+        restored.append(name)
+    return restored
 
 
 def check_policy_faults(models: Iterable[Any], folder: Path | None = None) -> None:
