@@ -107,27 +107,26 @@ def publish_rollouts(folder: Path, committed: Path) -> None:
             shutil.copyfile(sample / MANIFEST, committed / f"{sample.name}.{MANIFEST}")
 
 
-def restore_rollouts(committed: Path, folder: Path, path: str | Path) -> list[str]:
-    """The sample runs `publish_rollouts` wrote to `committed`, written into `folder` where it holds fewer records
-    (none, or a run stopped earlier), so that a run on another machine resumes from them; their questions file is
-    `path` here (same bytes, another place is fine). Returns the samples restored."""
-    restored = []
+def restore_rollouts(committed: Path, folder: Path, path: str | Path) -> None:
+    """The sample runs `publish_rollouts` wrote to `committed`, merged into `folder` where they add questions (to
+    none, or to a run stopped earlier; a question this machine answered keeps its answer), so that a run on another
+    machine resumes from them; their questions file is `path` here (same bytes, another place is fine)."""
     for file in sorted(committed.glob(f"sample*{compact_records.SUFFIX}")):
         name = file.name.removesuffix(compact_records.SUFFIX)
-        records, target = compact_records.load(file), folder / name
+        target = folder / name
         manifest = json.loads((committed / f"{name}.{MANIFEST}").read_text(encoding="utf-8"))
         if manifest.get("file_sha256") != file_digest(path):
             raise TrainingError(f"{file} holds rollouts of another questions file than {path}")
-        if (target / RESULTS).is_file() and len(read_records(target / RESULTS)) >= len(records):
+        local = read_records(target / RESULTS) if (target / RESULTS).is_file() else []
+        merged = {r["id"]: r for r in compact_records.load(file)} | {r["id"]: r for r in local}
+        if len(merged) == len(local):
             continue
         target.mkdir(parents=True, exist_ok=True)
         (target / MANIFEST).write_text(json.dumps(manifest | {"file": str(Path(path).resolve())}, ensure_ascii=False,
                                                   indent=2), encoding="utf-8")
         tmp = target / f"{RESULTS}.tmp"
-        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in merged.values()), encoding="utf-8")
         os.replace(tmp, target / RESULTS)
-        restored.append(name)
-    return restored
 
 
 def check_policy_faults(models: Iterable[Any], folder: Path | None = None) -> None:
