@@ -6,6 +6,7 @@ and on, in one run: prompt tokens prefilled, wall time and whether the greedy re
     python bench/serving.py --parallel                        # Mujica's worker rounds: llama-server, N slots vs 1
     python bench/serving.py --runs bench/out/runs/llamacpp_qwen2.5-coder-1.5b/pq2h   # no model: reuse in eval traces
     python bench/serving.py --eval pq2h,hotpot --start 100 --limit 20   # whole evals, cache off and on side by side
+    python bench/serving.py --backends qwen2.5-coder-0.5b --record bench/results/serving-backends.json
 
 Each agent's transcripts (several questions each) run in recorded order through a freshly loaded model,
 once with `cache=0` (llama.cpp reuses the previous call's prefix only) and once with the default prefix
@@ -28,6 +29,11 @@ table from finished runs.
 many slots as the largest round has workers (decoded together in one batch): wall time and whether the
 greedy replies are the same. They need not be: how calls share a batch changes the arithmetic, and with it
 a near tie between two tokens (with several slots, even two runs of the same command may differ).
+
+`--backends PACK` replays the `--calls` longest recorded calls (all agents) through llama.cpp (`llamacpp:PACK`, one
+thread) and through transformers (the pack's weights, as a training run's policy is served without llama.cpp), one
+after the other in one run: seconds per call for each, the ratio, and the replies that are the same (llama.cpp's Q4
+weights are not transformers' float32 ones, so they need not be). `--record FILE` also writes the row as JSON.
 """
 
 from __future__ import annotations
@@ -95,7 +101,7 @@ def replay(spec: str, calls: list[dict]) -> dict:
         reply = ask(model, call)
         usage = reply.usage_metadata
         prompt += usage["input_tokens"]
-        prefilled += usage["input_tokens"] - usage["input_token_details"]["cache_read"]
+        prefilled += usage["input_tokens"] - usage.get("input_token_details", {}).get("cache_read", 0)
         replies.append(reply.text)
     return {"seconds": time.perf_counter() - started, "prompt": prompt, "prefilled": prefilled, "replies": replies}
 
@@ -126,6 +132,27 @@ def parallel(args: argparse.Namespace, sep: str) -> None:
     print(f"| rounds | worker calls | s, 1 slot | s, {slots} slots | speed-up | same replies |\n"
           f"|---|---|---|---|---|---|\n| {len(rounds)} | {calls} | {one['seconds']:.1f} | {many['seconds']:.1f} | "
           f"{one['seconds'] / many['seconds']:.2f}x | {same}/{calls} |")
+
+
+def backends(args: argparse.Namespace) -> None:
+    """The longest recorded calls through llama.cpp and through transformers (see the module docstring)."""
+    calls = sorted((c for agent_calls in transcript_calls(args.recorded, set()).values() for c in agent_calls),
+                   key=lambda c: -len(prompt_text(c)))[:args.calls]
+    if not calls:
+        raise SystemExit(f"no recorded calls in {args.recorded}")
+    runs = {"llamacpp": replay(f"llamacpp:{args.backends}?threads=1", calls), "transformers": replay(args.backends,
+                                                                                                    calls)}
+    row = {"pack": args.backends, "calls": len(calls), "prompt_tokens": runs["llamacpp"]["prompt"] / len(calls),
+           "reply_tokens": sum(c["output_tokens"] for c in calls) / len(calls),
+           **{f"s_{k}": run["seconds"] / len(calls) for k, run in runs.items()},
+           "same_replies": sum(a == b for a, b in zip(runs["llamacpp"]["replies"], runs["transformers"]["replies"]))}
+    row["ratio"] = row["s_transformers"] / row["s_llamacpp"]
+    print("| pack | calls | prompt tokens/call | reply tokens/call | s/call llama.cpp | s/call transformers | ratio | "
+          f"same replies |\n|---|---|---|---|---|---|---|---|\n| {args.backends} | {len(calls)} | "
+          f"{row['prompt_tokens']:,.0f} | {row['reply_tokens']:.0f} | {row['s_llamacpp']:.1f} | "
+          f"{row['s_transformers']:.1f} | {row['ratio']:.1f}x | {row['same_replies']}/{len(calls)} |")
+    if args.record:
+        args.record.write_text(json.dumps(row, indent=2) + "\n", encoding="utf-8")
 
 
 def prompt_text(call: dict) -> str:
@@ -218,6 +245,9 @@ def main() -> None:
                                                                    "as many slots as workers vs one")
     parser.add_argument("--runs", type=Path, help="an environment's eval run folders (bench/out/runs/<llm>/<env>): "
                                                    "count the prefix reuse of their traced prompts, run no model")
+    parser.add_argument("--backends", metavar="PACK", help="recorded calls through llama.cpp and transformers")
+    parser.add_argument("--calls", type=int, default=4, help="with --backends: the longest recorded calls")
+    parser.add_argument("--record", type=Path, help="with --backends: write the row as JSON here")
     parser.add_argument("--slots", type=int, default=40, help="with --runs: recent prompts the cache holds")
     parser.add_argument("--eval", default="", help="comma-separated environments of bench/agents.py: whole evals "
                                                    "with the cache off and on, side by side")
@@ -232,6 +262,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs:
         return runs_reuse(args.runs, args.slots)
+    if args.backends:
+        return backends(args)
     sep = "&" if "?" in args.llm else "?"
     if args.eval:
         return eval_speed(args, sep)
