@@ -7,6 +7,7 @@ and on, in one run: prompt tokens prefilled, wall time and whether the greedy re
     python bench/serving.py --runs bench/out/runs/llamacpp_qwen2.5-coder-1.5b/pq2h   # no model: reuse in eval traces
     python bench/serving.py --eval pq2h,hotpot --start 100 --limit 20   # whole evals, cache off and on side by side
     python bench/serving.py --backends qwen2.5-coder-0.5b --record bench/results/serving-backends.json
+    python bench/serving.py --threads --load 4 --llm llamacpp:qwen2.5-coder-0.5b   # 1 thread vs all, on busy cores
 
 Each agent's transcripts (several questions each) run in recorded order through a freshly loaded model,
 once with `cache=0` (llama.cpp reuses the previous call's prefix only) and once with the default prefix
@@ -34,6 +35,10 @@ a near tie between two tokens (with several slots, even two runs of the same com
 thread) and through transformers (the pack's weights, as a training run's policy is served without llama.cpp), one
 after the other in one run: seconds per call for each, the ratio, and the replies that are the same (llama.cpp's Q4
 weights are not transformers' float32 ones, so they need not be). `--record FILE` also writes the row as JSON.
+
+`--threads` replays Mujica's worker rounds (as `--parallel`) through llama-server with 2 slots, once with one thread
+and once with a thread per core, while `--load` processes keep cores busy (as a trainer, a benchmark or the tests
+do beside a rollout): wall time for each and the ratio (`--record FILE` writes it as JSON).
 """
 
 from __future__ import annotations
@@ -155,6 +160,41 @@ def backends(args: argparse.Namespace) -> None:
         args.record.write_text(json.dumps(row, indent=2) + "\n", encoding="utf-8")
 
 
+def spin(stop) -> None:
+    """Keep one core busy until `stop` is set: the other work of a loaded machine."""
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+def threads(args: argparse.Namespace, sep: str) -> None:
+    """Worker rounds through 2 slots with 1 thread and with a thread per core, beside `--load` busy processes."""
+    import multiprocessing
+    import os
+
+    rounds = worker_rounds(transcript_calls(args.recorded, {"mujica"}).get("mujica", []))
+    if not rounds:
+        raise SystemExit(f"no Mujica round with several workers in {args.recorded}")
+    cores = len(os.sched_getaffinity(0))
+    stop = multiprocessing.Event()
+    busy = [multiprocessing.Process(target=spin, args=(stop,), daemon=True) for _ in range(args.load)]
+    for p in busy:
+        p.start()
+    try:
+        runs = {n: replay_rounds(f"{args.llm}{sep}slots=2&threads={n}", rounds) for n in (1, cores)}
+    finally:
+        stop.set()
+        for p in busy:
+            p.join()
+    calls, one, many = sum(len(r) for r in rounds), runs[1]["seconds"], runs[cores]["seconds"]
+    print(f"| cores | busy processes | rounds | worker calls | s, 1 thread | s, {cores} threads | ratio |\n"
+          f"|---|---|---|---|---|---|---|\n| {cores} | {args.load} | {len(rounds)} | {calls} | {one:.1f} | "
+          f"{many:.1f} | {many / one:.2f} |")
+    if args.record:
+        args.record.write_text(json.dumps({"llm": args.llm, "cores": cores, "load": args.load, "rounds": len(rounds),
+                                           "calls": calls, "s_1_thread": one, f"s_{cores}_threads": many,
+                                           "ratio": many / one}, indent=2) + "\n", encoding="utf-8")
+
+
 def prompt_text(call: dict) -> str:
     """A traced call's prompt as one string, in the layout of a chat template (roles, then contents)."""
     return "".join(f"<{m['role']}>\n{m['content']}\n" for m in call["messages"])
@@ -247,7 +287,9 @@ def main() -> None:
                                                    "count the prefix reuse of their traced prompts, run no model")
     parser.add_argument("--backends", metavar="PACK", help="recorded calls through llama.cpp and transformers")
     parser.add_argument("--calls", type=int, default=4, help="with --backends: the longest recorded calls")
-    parser.add_argument("--record", type=Path, help="with --backends: write the row as JSON here")
+    parser.add_argument("--record", type=Path, help="with --backends or --threads: write the row as JSON here")
+    parser.add_argument("--threads", action="store_true", help="llama-server with 1 thread vs one per core")
+    parser.add_argument("--load", type=int, default=0, help="with --threads: busy processes beside it")
     parser.add_argument("--slots", type=int, default=40, help="with --runs: recent prompts the cache holds")
     parser.add_argument("--eval", default="", help="comma-separated environments of bench/agents.py: whole evals "
                                                    "with the cache off and on, side by side")
@@ -269,6 +311,8 @@ def main() -> None:
         return eval_speed(args, sep)
     if args.parallel:
         return parallel(args, sep)
+    if args.threads:
+        return threads(args, sep)
     rows = ["| agent | calls | prompt tokens | prefilled, cache off | prefilled, cache on | s, off | s, on | "
             "speed-up | same replies |", "|---|---|---|---|---|---|---|---|---|"]
     for agent, calls in transcript_calls(args.recorded, set(filter(None, args.only.split(",")))).items():
