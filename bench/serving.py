@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import subprocess
 import sys
 import time
@@ -168,9 +170,6 @@ def spin(stop) -> None:
 
 def threads(args: argparse.Namespace, sep: str) -> None:
     """Worker rounds through 2 slots with 1 thread and with a thread per core, beside `--load` busy processes."""
-    import multiprocessing
-    import os
-
     rounds = worker_rounds(transcript_calls(args.recorded, {"mujica"}).get("mujica", []))
     if not rounds:
         raise SystemExit(f"no Mujica round with several workers in {args.recorded}")

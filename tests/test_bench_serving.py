@@ -57,3 +57,33 @@ def test_the_eval_speed_row_compares_the_questions_both_runs_answered():
     assert (row["pre_off"], row["pre_on"], row["pre_ratio"]) == (1800, 450, 0.25)
     assert (row["f1_off"], row["f1_on"]) == (50, 75)
     assert serving.speed_row(off, {}) is None
+
+
+def test_backends_and_threads_rows_are_per_call_ratios_and_recorded(tmp_path, capsys, monkeypatch):
+    """`--backends`: the longest calls, seconds per call through each backend and their ratio; `--threads`: the
+    worker rounds with one thread and with one per core; each row written with `--record`."""
+    calls = [{"messages": [{"role": "user", "content": "x" * n}], "stop": [], "output_tokens": 10} for n in (5, 50, 9)]
+    monkeypatch.setattr(serving, "transcript_calls", lambda folder, only: {"opera": calls})
+    seen = {}
+
+    def replay(spec, asked):
+        seen[spec] = [len(c["messages"][0]["content"]) for c in asked]
+        return {"seconds": 4.0 if spec.startswith("llamacpp:") else 10.0, "prompt": 100, "prefilled": 100,
+                "replies": ["a", "b"] if spec.startswith("llamacpp:") else ["a", "c"]}
+
+    monkeypatch.setattr(serving, "replay", replay)
+    args = serving.argparse.Namespace(backends="pack", calls=2, recorded=tmp_path, record=tmp_path / "b.json")
+    serving.backends(args)
+    assert seen == {"llamacpp:pack?threads=1": [50, 9], "pack": [50, 9]}  # the 2 longest, longest first
+    row = json.loads((tmp_path / "b.json").read_text())
+    assert (row["s_llamacpp"], row["s_transformers"], row["ratio"], row["same_replies"]) == (2.0, 5.0, 2.5, 1)
+    assert capsys.readouterr().out.strip().endswith("| 2.0 | 5.0 | 2.5x | 1/2 |")
+
+    workers = [{"messages": [{"role": "system", "content": serving.WORKER_SYSTEM}]}] * 2
+    monkeypatch.setattr(serving, "transcript_calls", lambda folder, only: {"mujica": workers})
+    monkeypatch.setattr(serving.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(serving, "replay_rounds", lambda spec, rounds: {"seconds": 3.0 if "threads=1" in spec else 6.0})
+    args = serving.argparse.Namespace(llm="llamacpp:m", load=1, recorded=tmp_path, record=tmp_path / "t.json")
+    serving.threads(args, "?")
+    row = json.loads((tmp_path / "t.json").read_text())
+    assert (row["cores"], row["load"], row["s_1_thread"], row["s_2_threads"], row["ratio"]) == (2, 1, 3.0, 6.0, 2.0)
