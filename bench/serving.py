@@ -174,6 +174,8 @@ def threads(args: argparse.Namespace, sep: str) -> None:
     if not rounds:
         raise SystemExit(f"no Mujica round with several workers in {args.recorded}")
     cores = len(os.sched_getaffinity(0))
+    if cores < 2:
+        raise SystemExit("--threads compares one thread with one per core: it needs 2 cores or more")
     stop = multiprocessing.Event()
     busy = [multiprocessing.Process(target=spin, args=(stop,), daemon=True) for _ in range(args.load)]
     for p in busy:

@@ -327,11 +327,10 @@ def test_a_teacher_samples_as_the_rollouts_do_with_a_seed_per_sample(tmp_path, m
 def test_a_teachers_rollouts_are_committed_and_read_back_on_another_machine(tmp_path, monkeypatch):
     """With a run's `dev.records`, a teacher's rollouts are published there in full (the SFT reads their traces);
     a run on another machine (no local folder, or one stopped earlier) reads them back and asks the teacher
-    nothing more; records of another questions file are refused."""
+    nothing more, not even loading it; records of another questions file are another run's, not read back."""
     from mhqa_graph.training.rollouts import teacher_rollouts
 
     import mhqa_graph.models.factory as factory
-    from mhqa_graph.errors import TrainingError
     from mhqa_graph.testing.fakes import FakeChatModel
 
     models = []
@@ -344,8 +343,9 @@ def test_a_teachers_rollouts_are_committed_and_read_back_on_another_machine(tmp_
     rollout, teacher, committed = tiny_config(tmp_path).rollout, "llamacpp:qwen2.5-coder-1.5b", tmp_path / "docs"
     made = teacher_rollouts(rollout, teacher, 0, tmp_path / "here", committed)
     shared = committed / teacher_folder(teacher, rollout, 0)
-    assert sorted(p.name for p in shared.iterdir()) == ["sample0.jsonl.gz", "sample0.run.json", "sample1.jsonl.gz",
-                                                       "sample1.run.json"]
+    assert sorted(p.name for p in shared.iterdir()) == ["made_with.json", "sample0.jsonl.gz", "sample0.run.json",
+                                                       "sample1.jsonl.gz", "sample1.run.json"]
+    assert json.loads((shared / "made_with.json").read_text()) == {"teacher": teacher, "temperature": 0.0}
     asked = sum(len(m.calls) for m in models)
     assert asked >= 6
     elsewhere = tmp_path / "elsewhere"  # another machine: sample 1 stopped after one question, sample 0 absent
@@ -354,11 +354,13 @@ def test_a_teachers_rollouts_are_committed_and_read_back_on_another_machine(tmp_
     lines = (tmp_path / "here" / shared.name / "sample1" / "results.jsonl").read_text().splitlines()
     (partial / "results.jsonl").write_text(lines[0] + "\n")
     shutil.copyfile(tmp_path / "here" / shared.name / "sample1" / "run.json", partial / "run.json")
+    loaded = len(models)
     again = teacher_rollouts(rollout, teacher, 0, elsewhere, committed)
-    assert sum(len(m.calls) for m in models) == asked  # the teacher was not asked again
+    assert sum(len(m.calls) for m in models) == asked and len(models) == loaded  # not asked again, nor loaded
     key = lambda r: (r["sample"], r["id"], r["prediction"], len(r["trace"]["llm_calls"]))  # noqa: E731
     assert sorted(map(key, again)) == sorted(map(key, made))
     other = tmp_path / "other.jsonl"
     other.write_text(Path(rollout.path).read_text() + "\n")
-    with pytest.raises(TrainingError, match="another questions file"):
-        teacher_rollouts(dataclasses.replace(rollout, path=str(other)), teacher, 0, tmp_path / "third", committed)
+    teacher_rollouts(dataclasses.replace(rollout, path=str(other)), teacher, 0, tmp_path / "third", committed)
+    assert sum(len(m.calls) for m in models) >= 2 * asked  # asked afresh, and published over the others
+    assert json.loads((shared / "sample0.run.json").read_text())["file"] == str(other.resolve())

@@ -46,12 +46,15 @@ def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: di
     if model is not None:
         model.eval()
     folders = [Path(out_dir) / f"sample{j}" for j in range(config.samples)]
+    settings = {**config.context, "max_new_tokens": config.max_new_tokens,
+                **({"role_llms": role_llms} if role_llms else {})}
 
     def run() -> None:
         for j, out in enumerate(folders):
+            if isinstance(llm, PerSample) and not force_new and finished(config, settings, out):
+                continue  # made earlier or restored: its model is not even loaded (a teacher's server not started)
             sample_llm = llm.make(j) if isinstance(llm, PerSample) else llm
-            overrides = {**config.context, "llm": sample_llm, "max_new_tokens": config.max_new_tokens,
-                         **({"role_llms": role_llms} if role_llms else {})}
+            overrides = {**settings, "llm": sample_llm}
             run_eval(config.agent, config.dataset, config.path, sample_llm, config.store, out, limit=config.limit,
                      start=config.start, concurrency=concurrency, context_overrides=overrides, progress=False,
                      force_new=force_new)
@@ -61,12 +64,34 @@ def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: di
     return [r | {"sample": j} for j, out in enumerate(folders) for r in read_records(out / RESULTS)]
 
 
+def finished(config: RolloutConfig, settings: dict[str, Any], out: Path) -> bool:
+    """Whether the run folder `out` is a run of `config` with these agent `settings` (its model aside) that holds a
+    record of every question of the slice."""
+    from mhqa_graph.eval.runner import load_questions, run_manifest
+
+    if not (out / MANIFEST).is_file() or not (out / RESULTS).is_file():
+        return False
+    recorded = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
+    expected = run_manifest(config.agent, config.dataset, config.path, "-",
+                            {k: v for k, v in settings.items() if v is not None})
+    if any(recorded.get(k) != v for k, v in expected.items() if k != "llm"):
+        return False
+    done = {r["id"] for r in read_records(out / RESULTS)}
+    return all(q.id in done for q in load_questions(config.dataset, config.path, config.limit, config.start))
+
+
+def teacher_sampling(spec: str, rollout: RolloutConfig, seed: int) -> dict[str, Any]:
+    """What a teacher's rollouts are made with: its spec, temperature and (when it samples) seed."""
+    return {"teacher": spec, "temperature": rollout.temperature, **({"seed": seed} if rollout.temperature > 0 else {})}
+
+
 def teacher_folder(spec: str, rollout: RolloutConfig, seed: int) -> str:
     """The folder name of a teacher's rollouts: its spec made path-safe (cut short) and a hash of the whole spec,
     the sampling temperature and the seed, so two teachers, or one sampled otherwise, never share a folder."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", spec)[:40].strip("-.")
-    sampling = f"{spec}\ntemperature={rollout.temperature}\nseed={seed}"
-    return f"teacher-{slug}-{hashlib.sha256(sampling.encode('utf-8')).hexdigest()[:10]}"
+    made_with = teacher_sampling(spec, rollout, seed)
+    key = "\n".join([spec, *(f"{k}={v}" for k, v in made_with.items() if k != "teacher")])
+    return f"teacher-{slug}-{hashlib.sha256(key.encode('utf-8')).hexdigest()[:10]}"
 
 
 def teacher_models(spec: str, rollout: RolloutConfig, seed: int) -> PerSample:
@@ -89,44 +114,57 @@ def teacher_rollouts(config: RolloutConfig, teacher: str, seed: int, out_dir: Pa
     folder = out_dir / teacher_folder(teacher, config, seed)
     shared = committed / folder.name if committed else None
     if shared and not force_new:
-        on_main_process(lambda: restore_rollouts(shared, folder, config.path))
+        on_main_process(lambda: restore_rollouts(shared, folder, config))
     records = rollouts(config, teacher_models(teacher, config, seed), folder, concurrency=concurrency,
                        force_new=force_new)
     if shared:
-        on_main_process(lambda: publish_rollouts(folder, shared))
+        on_main_process(lambda: publish_rollouts(folder, shared, config, teacher_sampling(teacher, config, seed)))
     return records
 
 
-def publish_rollouts(folder: Path, committed: Path) -> None:
-    """Each sample run of `folder` as files to commit in `committed`: `sample<j>.jsonl.gz`, its records in full (the
-    SFT reads their traces) sorted by id and gzip'd without a timestamp, and `sample<j>.run.json`, what it is a run
-    of. A run on another machine reads them back with `restore_rollouts`."""
-    for sample in sorted(folder.glob("sample*")):
+def publish_rollouts(folder: Path, committed: Path, config: RolloutConfig, made_with: dict[str, Any]) -> None:
+    """Each of `config`'s sample runs in `folder` as files to commit in `committed`: `sample<j>.jsonl.gz`, its
+    records in full (the SFT reads their traces) sorted by id and gzip'd without a timestamp, and
+    `sample<j>.run.json`, what it is a run of; `made_with.json` names the model (a run.json names its class only).
+    A run on another machine reads them back with `restore_rollouts`."""
+    for j in range(config.samples):
+        sample = folder / f"sample{j}"
         if (sample / RESULTS).is_file() and (sample / MANIFEST).is_file():
             compact_records.write(committed / f"{sample.name}{compact_records.SUFFIX}", read_records(sample / RESULTS))
             shutil.copyfile(sample / MANIFEST, committed / f"{sample.name}.{MANIFEST}")
+            (committed / "made_with.json").write_text(json.dumps(made_with, indent=2) + "\n", encoding="utf-8")
 
 
-def restore_rollouts(committed: Path, folder: Path, path: str | Path) -> None:
+def restore_rollouts(committed: Path, folder: Path, config: RolloutConfig) -> None:
     """The sample runs `publish_rollouts` wrote to `committed`, merged into `folder` where they add questions (to
     none, or to a run stopped earlier; a question this machine answered keeps its answer), so that a run on another
-    machine resumes from them; their questions file is `path` here (same bytes, another place is fine)."""
-    for file in sorted(committed.glob(f"sample*{compact_records.SUFFIX}")):
-        name = file.name.removesuffix(compact_records.SUFFIX)
-        target = folder / name
-        manifest = json.loads((committed / f"{name}.{MANIFEST}").read_text(encoding="utf-8"))
-        if manifest.get("file_sha256") != file_digest(path):
-            raise TrainingError(f"{file} holds rollouts of another questions file than {path}")
-        local = read_records(target / RESULTS) if (target / RESULTS).is_file() else []
-        merged = {r["id"]: r for r in compact_records.load(file)} | {r["id"]: r for r in local}
-        if len(merged) == len(local):
+    machine resumes from them. Only runs of `config` are read back: the same agent, dataset, settings and questions
+    file (by its bytes; another place is fine), and a local run of other settings is left as it is."""
+    this = {"agent": config.agent, "dataset": config.dataset, "file_sha256": file_digest(config.path)}
+    for j in range(config.samples):
+        name, target = f"sample{j}", folder / f"sample{j}"
+        file, manifest_file = committed / f"{name}{compact_records.SUFFIX}", committed / f"{name}.{MANIFEST}"
+        if not (file.is_file() and manifest_file.is_file()):
+            continue
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        local = json.loads((target / MANIFEST).read_text(encoding="utf-8")) if (target / MANIFEST).is_file() else None
+        if any(manifest.get(k) != v for k, v in this.items()) or (local and _without_file(local) !=
+                                                                    _without_file(manifest)):
+            continue  # another run's: this one makes its own (and publishes them over these)
+        records = read_records(target / RESULTS) if (target / RESULTS).is_file() else []
+        merged = {r["id"]: r for r in compact_records.load(file)} | {r["id"]: r for r in records}
+        if len(merged) == len(records):
             continue
         target.mkdir(parents=True, exist_ok=True)
-        (target / MANIFEST).write_text(json.dumps(manifest | {"file": str(Path(path).resolve())}, ensure_ascii=False,
-                                                  indent=2), encoding="utf-8")
+        (target / MANIFEST).write_text(json.dumps(manifest | {"file": str(Path(config.path).resolve())},
+                                                  ensure_ascii=False, indent=2), encoding="utf-8")
         tmp = target / f"{RESULTS}.tmp"
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in merged.values()), encoding="utf-8")
         os.replace(tmp, target / RESULTS)
+
+
+def _without_file(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in manifest.items() if k != "file"}
 
 
 def check_policy_faults(models: Iterable[Any], folder: Path | None = None) -> None:
