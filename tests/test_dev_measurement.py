@@ -428,6 +428,24 @@ def test_training_runs_tables_the_steps_of_the_log(tmp_path, capsys):
     assert "| analysis | 1 | 0.500 | 0.100 |  | 0.010 | 0.900 |" in printed and printed.count("| analysis |") == 2
 
 
+
+def test_training_runs_tables_a_teachers_committed_samples(tmp_path, capsys):
+    from mhqa_graph.training import runs
+
+    from mhqa_graph.eval.records import write
+
+    write(tmp_path / "untrained.jsonl.gz", [{"id": "q0", "f1": 0.0, "em": 0.0}])
+    teacher = tmp_path / "warmup_rollouts" / "teacher-x"
+    teacher.mkdir(parents=True)
+    (teacher / "made_with.json").write_text(json.dumps({"teacher": "llamacpp:big", "temperature": 0.8, "seed": 0}))
+    for j, ems in enumerate(([1, 0], [1, 1])):
+        write(teacher / f"sample{j}.jsonl.gz", [{"id": f"q{i}", "em": e, "f1": e / 2 + 0.25, "llm_calls": 3 + j}
+                                                for i, e in enumerate(ems)])
+    runs.main([str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "| llamacpp:big | 0.8 | sample0 | 2 | 1 | 50.0 | 3.00 |" in printed
+    assert "| llamacpp:big | 0.8 | sample1 | 2 | 2 | 75.0 | 4.00 |" in printed
+
 def test_another_run_reads_the_untrained_records_that_a_run_beside_it_committed(slices, tmp_path):
     """A run whose records folder has no untrained run (a control, say) takes the one committed beside it, in
     another run's folder, when the key is its own, and keeps a copy in its own folder."""

@@ -5,13 +5,15 @@ by question, with a 95% bootstrap interval over clusters (PathQuestion's gold pa
     python training/runs.py docs/runs/<run>                 # every dev run, in the order the log wrote them
     python training/runs.py docs/runs/<run> --pair warmup iter1 --pair untrained final_guards_none
 
-With the guards-off runs (`dev.guards_off`) it also prints the 2x2: untrained/trained x guards on/off; with
-`--steps`, the per-step rewards of the trainer's log.
+With the guards-off runs (`dev.guards_off`) it also prints the 2x2: untrained/trained x guards on/off; with a
+teacher's committed rollouts (MyGO's warm-up, Omne's SFT data), what each sample holds; with `--steps`, the per-step
+rewards of the trainer's log.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +117,23 @@ def steps(folder: Path) -> str:
     return "\n".join([head, "|" + "---|" * (2 + len(STEP_COLUMNS)), *rows])
 
 
+def teacher_samples(folder: Path) -> str:
+    """A teacher's committed rollouts (`training/rollouts.publish_rollouts`), a row per sample: questions, answers
+    with EM 1 (what MyGO's warm-up keeps), mean F1 and LLM calls; "" without any."""
+    rows = []
+    for made_with in sorted(folder.glob("*_rollouts/*/made_with.json")):
+        teacher = json.loads(made_with.read_text(encoding="utf-8"))
+        for file in sorted(made_with.parent.glob(f"sample*{SUFFIX}"), key=lambda f: natural(f.name)):
+            records, sample = load(file), file.name.removesuffix(SUFFIX)
+            exact = sum(r.get("em") == 1 for r in records)
+            rows.append(f"| {teacher.get('teacher')} | {teacher.get('temperature')} | {sample} | {len(records)} | "
+                        f"{exact} | {100 * mean(records, 'f1'):.1f} | {mean(records, 'llm_calls'):.2f} |")
+    if not rows:
+        return ""
+    head = "| teacher | temperature | sample | questions | EM 1 | F1 | LLM calls/q |\n|---|---|---|---|---|---|---|"
+    return "\n".join([head, *rows])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a learning run's committed records (DevConfig.records)")
@@ -132,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(runs, pairs, others))
     if square := two_by_two(runs):
         print("\n" + square)
+    if teachers := teacher_samples(args.folder):
+        print("\n" + teachers)
     if args.steps and (table_of_steps := steps(args.folder)):
         print("\n" + table_of_steps)
 
