@@ -22,7 +22,7 @@ from .configs import DevConfig, ModelConfig, RolloutConfig
 from .devices import on_main_process
 from .logs import LOG
 from .policy import policy_chat_model, policy_identity, serves_with_llamacpp
-from .rollouts import rollouts
+from .rollouts import question_ids, rollouts
 
 UNTRAINED = "untrained"  # the dev run of the policy before training
 
@@ -108,13 +108,6 @@ def untrained_folder(key: dict[str, Any], dev: DevConfig, output_dir: str | Path
     cache being `dev.cache` or `<output_dir>/../untrained`."""
     cache = Path(dev.cache) if dev.cache else Path(output_dir).parent / UNTRAINED
     return cache / f"{key['agent']}-{json_digest(key)}"
-
-
-def question_ids(rollout: RolloutConfig) -> list[str]:
-    """The ids of `rollout`'s questions, in order."""
-    from mhqa_graph.eval.runner import load_questions
-
-    return [q.id for q in load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)]
 
 
 def finished_records(rollout: RolloutConfig, folder: Path) -> list[dict[str, Any]] | None:

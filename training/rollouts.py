@@ -17,7 +17,7 @@ from typing import Any
 from mhqa_graph.errors import TrainingError
 from mhqa_graph.eval import records as compact_records
 from mhqa_graph.eval.report import RESULTS, read_records
-from mhqa_graph.eval.runner import MANIFEST, file_digest
+from mhqa_graph.eval.runner import MANIFEST
 
 from .configs import RolloutConfig
 from .devices import on_main_process, world_size
@@ -46,8 +46,7 @@ def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: di
     if model is not None:
         model.eval()
     folders = [Path(out_dir) / f"sample{j}" for j in range(config.samples)]
-    settings = {**config.context, "max_new_tokens": config.max_new_tokens,
-                **({"role_llms": role_llms} if role_llms else {})}
+    settings = rollout_settings(config, role_llms)
 
     def run() -> None:
         for j, out in enumerate(folders):
@@ -64,20 +63,42 @@ def rollouts(config: RolloutConfig, llm: Any, out_dir: str | Path, role_llms: di
     return [r | {"sample": j} for j, out in enumerate(folders) for r in read_records(out / RESULTS)]
 
 
+def question_ids(rollout: RolloutConfig) -> list[str]:
+    """The ids of `rollout`'s questions, in order."""
+    from mhqa_graph.eval.runner import load_questions
+
+    return [q.id for q in load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)]
+
+
+def rollout_settings(config: RolloutConfig, role_llms: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The agent settings `rollouts` gives every sample besides its model (`config.context`, the token budget and
+    the role models)."""
+    roles = {"role_llms": role_llms} if role_llms else {}
+    return {**config.context, "max_new_tokens": config.max_new_tokens, **roles}
+
+
+def rollout_manifest(config: RolloutConfig, settings: dict[str, Any]) -> dict[str, Any]:
+    """The run.json of a sample of `config`'s rollouts with these `settings`, without its model's entry."""
+    from mhqa_graph.eval.runner import run_manifest
+
+    manifest = run_manifest(config.agent, config.dataset, config.path, "-",
+                            {k: v for k, v in settings.items() if v is not None})
+    return {k: v for k, v in manifest.items() if k != "llm"}
+
+
+def _is_run(manifest: dict[str, Any], expected: dict[str, Any]) -> bool:
+    return all(manifest.get(k) == v for k, v in expected.items())
+
+
 def finished(config: RolloutConfig, settings: dict[str, Any], out: Path) -> bool:
     """Whether the run folder `out` is a run of `config` with these agent `settings` (its model aside) that holds a
     record of every question of the slice."""
-    from mhqa_graph.eval.runner import load_questions, run_manifest
-
     if not (out / MANIFEST).is_file() or not (out / RESULTS).is_file():
         return False
-    recorded = json.loads((out / MANIFEST).read_text(encoding="utf-8"))
-    expected = run_manifest(config.agent, config.dataset, config.path, "-",
-                            {k: v for k, v in settings.items() if v is not None})
-    if any(recorded.get(k) != v for k, v in expected.items() if k != "llm"):
+    if not _is_run(json.loads((out / MANIFEST).read_text(encoding="utf-8")), rollout_manifest(config, settings)):
         return False
     done = {r["id"] for r in read_records(out / RESULTS)}
-    return all(q.id in done for q in load_questions(config.dataset, config.path, config.limit, config.start))
+    return all(i in done for i in question_ids(config))
 
 
 def teacher_sampling(spec: str, rollout: RolloutConfig, seed: int) -> dict[str, Any]:
@@ -127,12 +148,13 @@ def publish_rollouts(folder: Path, committed: Path, config: RolloutConfig, made_
     records in full (the SFT reads their traces) sorted by id and gzip'd without a timestamp, and
     `sample<j>.run.json`, what it is a run of; `made_with.json` names the model (a run.json names its class only).
     A run on another machine reads them back with `restore_rollouts`."""
-    for j in range(config.samples):
-        sample = folder / f"sample{j}"
-        if (sample / RESULTS).is_file() and (sample / MANIFEST).is_file():
-            compact_records.write(committed / f"{sample.name}{compact_records.SUFFIX}", read_records(sample / RESULTS))
-            shutil.copyfile(sample / MANIFEST, committed / f"{sample.name}.{MANIFEST}")
-            (committed / "made_with.json").write_text(json.dumps(made_with, indent=2) + "\n", encoding="utf-8")
+    samples = [folder / f"sample{j}" for j in range(config.samples)]
+    made = [s for s in samples if (s / RESULTS).is_file() and (s / MANIFEST).is_file()]
+    for sample in made:
+        compact_records.write(committed / f"{sample.name}{compact_records.SUFFIX}", read_records(sample / RESULTS))
+        shutil.copyfile(sample / MANIFEST, committed / f"{sample.name}.{MANIFEST}")
+    if made:
+        (committed / "made_with.json").write_text(json.dumps(made_with, indent=2) + "\n", encoding="utf-8")
 
 
 def restore_rollouts(committed: Path, folder: Path, config: RolloutConfig) -> None:
@@ -140,31 +162,25 @@ def restore_rollouts(committed: Path, folder: Path, config: RolloutConfig) -> No
     none, or to a run stopped earlier; a question this machine answered keeps its answer), so that a run on another
     machine resumes from them. Only runs of `config` are read back: the same agent, dataset, settings and questions
     file (by its bytes; another place is fine), and a local run of other settings is left as it is."""
-    this = {"agent": config.agent, "dataset": config.dataset, "file_sha256": file_digest(config.path)}
+    expected = rollout_manifest(config, rollout_settings(config))
     for j in range(config.samples):
         name, target = f"sample{j}", folder / f"sample{j}"
         file, manifest_file = committed / f"{name}{compact_records.SUFFIX}", committed / f"{name}.{MANIFEST}"
         if not (file.is_file() and manifest_file.is_file()):
             continue
-        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8")) | {"file": expected["file"]}
         local = json.loads((target / MANIFEST).read_text(encoding="utf-8")) if (target / MANIFEST).is_file() else None
-        if any(manifest.get(k) != v for k, v in this.items()) or (local and _without_file(local) !=
-                                                                    _without_file(manifest)):
+        if not _is_run(manifest, expected) or (local and not _is_run(local, expected)):
             continue  # another run's: this one makes its own (and publishes them over these)
         records = read_records(target / RESULTS) if (target / RESULTS).is_file() else []
         merged = {r["id"]: r for r in compact_records.load(file)} | {r["id"]: r for r in records}
         if len(merged) == len(records):
             continue
         target.mkdir(parents=True, exist_ok=True)
-        (target / MANIFEST).write_text(json.dumps(manifest | {"file": str(Path(config.path).resolve())},
-                                                  ensure_ascii=False, indent=2), encoding="utf-8")
+        (target / MANIFEST).write_text(json.dumps(manifest, ensure_ascii=False, indent=2), encoding="utf-8")
         tmp = target / f"{RESULTS}.tmp"
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in merged.values()), encoding="utf-8")
         os.replace(tmp, target / RESULTS)
-
-
-def _without_file(manifest: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in manifest.items() if k != "file"}
 
 
 def check_policy_faults(models: Iterable[Any], folder: Path | None = None) -> None:
