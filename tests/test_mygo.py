@@ -176,6 +176,40 @@ def test_a_run_stopped_in_a_dev_run_makes_it_when_resumed(tmp_path, stop_at):
     assert [e for e in log if e.get("phase") == "iter1"] == steps  # not trained again
 
 
+def test_a_run_stopped_on_one_machine_resumes_on_another_from_its_committed_checkpoint(tmp_path, stop_at):
+    """Each saved iteration is published with the run's records (adapter, state, log; the newest only). A machine
+    with none of the run's folders resumes from it: iteration 1 is neither rolled out nor trained again."""
+    import torch
+
+    config = tiny_config(tmp_path, iterations=1)
+    records = tmp_path / "docs" / "runs" / "tiny"
+    config.dev = DevConfig(path=str(write_dataset(tmp_path / "dev.jsonl", DEV)), min_questions=2,
+                           records=str(records))
+    first = MyGOTrainer(config)
+    stop_at(first, "dev", "iter1")
+    with pytest.raises(KeyboardInterrupt):
+        first.train()
+    published = records / "checkpoint" / "iter1"
+    assert sorted(p.name for p in (records / "checkpoint").iterdir()) == ["iter1"]
+    assert json.loads((published / "state.json").read_text())["iteration"] == 1
+    assert (published / "adapter_model.safetensors").is_file() and (records / "log.jsonl").is_file()
+    trained = {n: p.detach().clone() for n, p in first.model.named_parameters()}
+    stopped_log = (Path(config.output_dir) / "log.jsonl").read_text()
+    shutil.rmtree(config.output_dir)  # another machine: only the committed files
+
+    second = MyGOTrainer(config)
+    assert second.resume() == 1
+    assert all(torch.equal(p, trained[n]) for n, p in second.model.named_parameters())
+    summary = MyGOTrainer(config).train()
+    assert [r["iteration"] for r in summary["iterations"]] == [1]  # its dev run only
+    log = [json.loads(line) for line in (Path(config.output_dir) / "log.jsonl").read_text().splitlines()]
+    assert [e for e in log if e.get("event") == "restored"][0]["checkpoint"].endswith("iter1")
+    assert (Path(config.output_dir) / "log.jsonl").read_text().startswith(stopped_log)  # the first machine's log
+    assert not (Path(config.output_dir) / "iter1" / "rollouts").exists()  # not rolled out again
+    rows = [e for e in log if "iteration" in e]
+    assert [r["iteration"] for r in rows] == [1] and rows[0]["trajectories"] == 6 and rows[0]["dev_questions"] == 2
+
+
 def test_a_warmup_stopped_between_steps_resumes_at_its_last_step(tmp_path, stop_training):
     """A warm-up SFT stopped after step 2 of 3 leaves checkpoint-2; the rerun trains step 3 only."""
     import mhqa_graph.training.mygo as mygo

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from .devices import is_main_process, on_main_process
-from .logs import write_log
+from .logs import LOG, write_log
 
 CHECKPOINT, STATE = "checkpoint", "state.json"
+PUBLISHED = "checkpoint"  # in a run's records folder: its newest stage checkpoint, `<stage>/` inside
 
 
 def save_checkpoint(model: Any, folder: Path, state: dict[str, Any]) -> None:
@@ -30,6 +31,46 @@ def save_checkpoint(model: Any, folder: Path, state: dict[str, Any]) -> None:
 def saved_checkpoints(out: Path, pattern: str) -> list[tuple[dict[str, Any], Path]]:
     """(state, checkpoint folder) of every checkpoint under `out` whose folder matches `pattern` (a glob)."""
     return [(json.loads(p.read_text(encoding="utf-8")), p.parent) for p in out.glob(f"{pattern}/{CHECKPOINT}/{STATE}")]
+
+
+def publish_checkpoint(folder: Path, records: str | None) -> None:
+    """The LoRA checkpoint `save_checkpoint` wrote in `folder`, with the log so far, copied to the run's records
+    folder (`dev.records`) as `checkpoint/<folder name>/`, replacing an older stage's: files to commit, from which a
+    run on another machine resumes (`restore_checkpoint`). Full weights are too large to commit and are not
+    published."""
+    source = folder / CHECKPOINT
+    if not records or not (source / "adapter_config.json").is_file():
+        return
+
+    def publish() -> None:
+        target = Path(records) / PUBLISHED
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(source, target / folder.name, ignore=shutil.ignore_patterns("README.md"))  # PEFT's blank card
+        if (log := folder.parent / LOG).is_file():
+            shutil.copyfile(log, Path(records) / LOG)
+
+    on_main_process(publish)
+
+
+def restore_checkpoint(records: str | None, out: Path) -> None:
+    """The checkpoint `publish_checkpoint` committed in `records`, copied to `out/<stage>/checkpoint` where this
+    machine has none of that stage, and the committed log to `out` where the local one is missing or an earlier
+    part of it, so that a run stopped on another machine resumes after the stage it committed."""
+    if not records:
+        return
+    log, local = Path(records) / LOG, out / LOG
+    for state in sorted(Path(records).glob(f"{PUBLISHED}/*/{STATE}")):
+        source, target = state.parent, out / state.parent.name / CHECKPOINT
+        if target.exists():
+            continue
+
+        def restore(source: Path = source, target: Path = target) -> None:
+            shutil.copytree(source, target)
+            if log.is_file() and (not local.is_file() or log.read_bytes().startswith(local.read_bytes())):
+                shutil.copyfile(log, local)
+            write_log(local, {"event": "restored", "checkpoint": str(source)})
+
+        on_main_process(restore)
 
 
 def load_checkpoint(model: Any, path: Path) -> None:

@@ -33,7 +33,15 @@ from typing import Any
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.export import mygo_rows, read_records, reward_of
 
-from .checkpoints import STEP_SAVES, load_checkpoint, save_checkpoint, saved_checkpoints, train_resuming
+from .checkpoints import (
+    STEP_SAVES,
+    load_checkpoint,
+    publish_checkpoint,
+    restore_checkpoint,
+    save_checkpoint,
+    saved_checkpoints,
+    train_resuming,
+)
 from .configs import DevConfig, ModelConfig, RolloutConfig
 from .dev import (
     GUARDS_OFF,
@@ -138,12 +146,14 @@ class MyGOTrainer:
 
     def save(self, k: int, row: dict[str, Any] | None = None) -> None:
         """The weights, τ and the metrics `row` of iteration `k` (0: the warm-up), in `iter{k}/checkpoint` (by the
-        main process)."""
+        main process), and published with the run's records."""
         save_checkpoint(self.model, self.out / f"iter{k}", {"iteration": k, "tau": self.tau, "row": row})
+        publish_checkpoint(self.out / f"iter{k}", self.config.dev.records)
 
     def resume(self) -> int:
-        """Load the last saved checkpoint (weights, τ and its metrics, kept in `saved_row`); returns its
-        iteration, -1 if there is none."""
+        """Load the last saved checkpoint, here or committed with the run's records (weights, τ and its metrics,
+        kept in `saved_row`); returns its iteration, -1 if there is none."""
+        restore_checkpoint(self.config.dev.records, self.out)
         saved = saved_checkpoints(self.out, "iter*")
         if not saved:
             return -1

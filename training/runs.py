@@ -3,7 +3,7 @@ dev run's F1, EM and LLM calls, and each run against the one before it and again
 by question, with a 95% bootstrap interval over clusters (PathQuestion's gold paths, else questions).
 
     python training/runs.py docs/runs/<run>                 # every dev run, in the order the log wrote them
-    python training/runs.py docs/runs/<run> --pair warmup iter1 --pair untrained final_guards_none
+    python training/runs.py docs/runs/<run> --pair iter0 iter1 --pair untrained final_guards_none
 
 With the guards-off runs (`dev.guards_off`) it also prints the 2x2: untrained/trained x guards on/off; with a
 teacher's committed rollouts (MyGO's warm-up, Omne's SFT data), what each sample holds; with `--steps`, the per-step
