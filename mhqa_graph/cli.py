@@ -458,9 +458,12 @@ def templates_cmd(
     limit: Annotated[int | None, typer.Option("--limit", help="Questions to try (default: the config's; "
                                                                "without a config, all).")] = None,
     think_weight: Annotated[float, typer.Option("--think-weight", help="Loss weight of <think> text.")] = 0.001,
+    rows: Annotated[bool, typer.Option("--rows/--no-rows", help="Write the dataset; --no-rows writes only the "
+                                                                 "records to commit (counts.json, outcomes).")] = True,
 ) -> None:
     """Omne template trajectories: real entity_matcher and node_info calls along each question's gold chain, as
-    sft rows (Omne's `sft_data`); prints how many questions yield one and why the others do not."""
+    sft rows (Omne's `sft_data`), with each question's outcome (`outcomes.jsonl.gz`, tabled by
+    `training/template_yield.py`); prints how many questions yield one and why the others do not."""
     import yaml
 
     from .training.configs import RolloutConfig, from_dict
@@ -470,7 +473,7 @@ def templates_cmd(
     rollout = from_dict(RolloutConfig, {**values, "agent": "omne"}, f"{config}: rollout" if config else "rollout")
     given = {"dataset": dataset, "path": str(path) if path else None, "store": store, "start": start, "limit": limit}
     rollout = dataclasses.replace(rollout, **{k: v for k, v in given.items() if v is not None})
-    counts = export_templates(rollout, out_dir, think_weight=think_weight)
+    counts = export_templates(rollout, out_dir, think_weight=think_weight, rows=rows)
     tried = sum(counts.values())
     out.print(f"templates: {counts['made']} of {tried} questions -> {out_dir}", highlight=False)
     for reason, n in counts.most_common():

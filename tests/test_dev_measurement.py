@@ -446,6 +446,23 @@ def test_training_runs_tables_a_teachers_committed_samples(tmp_path, capsys):
     assert "| llamacpp:big | 0.8 | sample0 | 2 | 1 | 50.0 | 3.00 |" in printed
     assert "| llamacpp:big | 0.8 | sample1 | 2 | 2 | 75.0 | 4.00 |" in printed
 
+
+def test_training_runs_tables_mygos_iterations_from_the_log(tmp_path, capsys):
+    from mhqa_graph.training import runs
+
+    from mhqa_graph.eval.records import write
+
+    write(tmp_path / "untrained.jsonl.gz", [{"id": "q0", "f1": 0.0, "em": 0.0}])
+    (tmp_path / "log.jsonl").write_text("\n".join(json.dumps(e) for e in [
+        {"phase": "warmup", "step": 1, "loss": 0.9},
+        {"iteration": 0, "warmup_rows": 99, "loss": 0.583, "dev_f1": 0.3},
+        {"iteration": 1, "tau": 0.5, "mean_reward": 0.337, "trajectories": 96, "with_workers": 90, "kept": 31,
+         "sft_rows": 123, "loss": 0.2, "failures": 0, "rollout_s": 1900.0, "sft_s": 2700.5, "dev_f1": 0.4}]) + "\n")
+    runs.main([str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert "| 0 |  |  |  |  |  |  | 99 | 0.583 |  |  |  |" in printed
+    assert "| 1 | 0.500 | 0.337 | 96 | 90 | 31 | 123 |  | 0.200 | 0 | 1900 | 2700 |" in printed
+
 def test_another_run_reads_the_untrained_records_that_a_run_beside_it_committed(slices, tmp_path):
     """A run whose records folder has no untrained run (a control, say) takes the one committed beside it, in
     another run's folder, when the key is its own, and keeps a copy in its own folder."""

@@ -207,3 +207,36 @@ def test_cli_exports_templates_as_sft_data(wiki, tmp_path):
     assert len(read_sft_data(str(out))) == len(read_sft_data(str(out / "sft.jsonl"))) == made
     assert made + sum(counts["skipped"].values()) == 10 and set(counts["skipped"]) <= set(SKIPS)
     assert all(f"skipped, {reason}: {n} (" in done.stdout for reason, n in counts["skipped"].items())
+
+
+def test_template_records_hold_each_questions_outcome_and_table_the_yield(pq, wiki, tmp_path, capsys):
+    """`--no-rows` writes only the records to commit; each question's outcome adds up to counts.json, and
+    training/template_yield.py tables them, by question type where a file has several."""
+    from mhqa_graph.training import template_yield
+    from mhqa_graph.training.omne_templates import OUTCOMES, export_templates
+
+    from mhqa_graph.errors import InvalidInput
+    from mhqa_graph.eval.records import load
+
+    for name, rollout in (("pq", pq), ("wiki", wiki)):
+        done = subprocess.run([sys.executable, "-m", "mhqa_graph.cli", "templates", "--dataset", rollout.dataset,
+                               "--path", rollout.path, "--store", rollout.store, "--limit", "10", "--no-rows",
+                               "--out", str(tmp_path / name)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert sorted(p.name for p in (tmp_path / name).iterdir()) == ["counts.json", OUTCOMES]
+    outcomes = load(tmp_path / "pq" / OUTCOMES)
+    assert [o["outcome"] for o in outcomes] == [MADE] * 8 + ["fact missing", "start not matched"]
+    assert len(outcomes) == len({o["id"] for o in outcomes}) == 10
+    wiki_outcomes = load(tmp_path / "wiki" / OUTCOMES)
+    counts = json.loads((tmp_path / "wiki" / "counts.json").read_text())
+    assert sum(o["outcome"] == MADE for o in wiki_outcomes) == counts[MADE]
+    assert export_templates(dataclasses.replace(wiki, limit=10), tmp_path / "again", rows=False) == Counter(
+        o["outcome"] for o in load(tmp_path / "wiki" / OUTCOMES))  # the same walk, the same outcomes
+
+    template_yield.main([str(tmp_path / "pq"), str(tmp_path / "wiki")])
+    printed = capsys.readouterr().out
+    assert "| `PQ-2H.txt` (pathquestion-2H-kb) | 10 | 8 (80%) | fact missing 1, start not matched 1 |" in printed
+    made_by_type = [line for line in printed.splitlines() if line.startswith("| `dev_evidences.json` |")]
+    assert len(made_by_type) >= 2 and sum(int(line.split("|")[4]) for line in made_by_type) == counts[MADE]
+    with pytest.raises(InvalidInput, match="outcomes"):
+        template_yield.main([str(tmp_path)])

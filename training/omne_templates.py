@@ -62,6 +62,7 @@ SKIPS = {
     "graph": "the graph ended otherwise than with the gold answer",
 }
 MADE = "made"
+OUTCOMES = "outcomes.jsonl.gz"  # beside counts.json: each question's outcome
 
 _RESPONSE = re.compile(r"<tool_response>\n(.*)\n</tool_response>", re.DOTALL)
 
@@ -273,25 +274,31 @@ def template_trajectory(item: QAItem, context: Any, graph_app: Any = None,
 
 
 def template_rows(items: Iterable[QAItem], context: Any, counts: Counter | None = None,
-                  think_weight: float = THINK_WEIGHT) -> Iterator[dict[str, Any]]:
+                  think_weight: float = THINK_WEIGHT,
+                  outcomes: list[dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:
     """The sft rows of the questions that yield a template trajectory; `counts` gets `made` and the skip
-    reasons."""
+    reasons, `outcomes` each question's (id, type, `made` or its skip reason)."""
     counts = Counter() if counts is None else counts
     graph_app = build_graph("omne")
     for item in items:
         try:
             row = template_trajectory(item, context, graph_app, think_weight)
         except NoTemplate as skip:
-            counts[skip.reason] += 1
-            continue
-        counts[MADE] += 1
-        yield row
+            outcome, row = skip.reason, None
+        else:
+            outcome = MADE
+        counts[outcome] += 1
+        if outcomes is not None:
+            outcomes.append({"id": item.id, "type": item.type, "outcome": outcome})
+        if row is not None:
+            yield row
 
 
-def rollout_templates(rollout: RolloutConfig, limit: int | None = None,
-                      think_weight: float = THINK_WEIGHT) -> tuple[list[dict[str, Any]], Counter]:
+def rollout_templates(rollout: RolloutConfig, limit: int | None = None, think_weight: float = THINK_WEIGHT,
+                      outcomes: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], Counter]:
     """Template rows for at most `limit` questions of the rollout slice (`path`, `start`, `limit`) over its
-    store (the file's graph ingested if missing), and the counts (`made` and skip reasons)."""
+    store (the file's graph ingested if missing), and the counts (`made` and skip reasons); `outcomes` gets each
+    question's (`template_rows`)."""
     if not rollout.path:
         raise InvalidInput("templates need rollout.path (the benchmark file of the questions)")
     items = load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)
@@ -301,7 +308,8 @@ def rollout_templates(rollout: RolloutConfig, limit: int | None = None,
             raise InvalidInput(f"{rollout.path} gives no knowledge graph as {rollout.dataset}; templates need a KG "
                                "dataset (2wiki evidences, pathquestion)")
         rows = []
-        for row in template_rows(items, template_context(store, env["graph"], rollout), counts, think_weight):
+        for row in template_rows(items, template_context(store, env["graph"], rollout), counts, think_weight,
+                                 outcomes):
             rows.append(row)
             if limit is not None and len(rows) >= limit:
                 break
@@ -309,19 +317,24 @@ def rollout_templates(rollout: RolloutConfig, limit: int | None = None,
 
 
 def export_templates(rollout: RolloutConfig, out: str | Path, limit: int | None = None,
-                     think_weight: float = THINK_WEIGHT) -> Counter:
+                     think_weight: float = THINK_WEIGHT, rows: bool = True) -> Counter:
     """Write the template rows as `mhqa export --format sft` does (`save_to_disk(out)` and `out/sft.jsonl`,
-    readable as Omne's `sft_data`); returns the counts."""
+    readable as Omne's `sft_data`; not with `rows=False`), and their records to commit: `counts.json` and
+    `outcomes.jsonl.gz`, each question's id, type and outcome (`made` or its skip reason), which
+    `training/template_yield.py` tables; returns the counts."""
+    from mhqa_graph.eval import records
     from mhqa_graph.export import _datasets
 
-    rows, counts = rollout_templates(rollout, limit, think_weight)
+    outcomes: list[dict[str, Any]] = []
+    made, counts = rollout_templates(rollout, limit, think_weight, outcomes)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if rows:
-        _datasets().Dataset.from_list(rows, features=_features("sft")).save_to_disk(str(out))
-        _write_jsonl(rows, out / "sft.jsonl")
+    if made and rows:
+        _datasets().Dataset.from_list(made, features=_features("sft")).save_to_disk(str(out))
+        _write_jsonl(made, out / "sft.jsonl")
     skipped = {reason: n for reason, n in counts.most_common() if reason != MADE}
     (out / "counts.json").write_text(json.dumps({"path": rollout.path, "graph": environment_name(
         rollout.dataset, rollout.path), "start": rollout.start, "limit": rollout.limit, MADE: counts[MADE],
         "skipped": skipped}, indent=1) + "\n")
+    records.write(out / OUTCOMES, outcomes)
     return counts

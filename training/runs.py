@@ -117,6 +117,27 @@ def steps(folder: Path) -> str:
     return "\n".join([head, "|" + "---|" * (2 + len(STEP_COLUMNS)), *rows])
 
 
+ITERATION_COLUMNS = (("tau", "τ"), ("mean_reward", "mean reward"), ("trajectories", "trajectories"),
+                     ("with_workers", "with workers"), ("kept", "kept"), ("sft_rows", "SFT chats"),
+                     ("warmup_rows", "WarmUp chats"), ("loss", "loss"), ("failures", "failed"),
+                     ("rollout_s", "rollouts s"), ("sft_s", "SFT s"))
+
+
+def iterations(folder: Path) -> str:
+    """MyGO's iteration lines of the trainer's log (τ, the batch's mean reward, what was kept and trained on, the
+    loss, the times), the WarmUp as iteration 0; "" without any."""
+    rows = []
+    for entry in read_log(folder / LOG):
+        if "iteration" in entry:
+            cells = [("" if (v := entry.get(key)) is None else f"{v:.0f}" if key.endswith("_s")
+                      else f"{v:.3f}" if isinstance(v, float) else str(v)) for key, _ in ITERATION_COLUMNS]
+            rows.append(f"| {entry['iteration']} | " + " | ".join(cells) + " |")
+    if not rows:
+        return ""
+    head = "| iteration | " + " | ".join(title for _, title in ITERATION_COLUMNS) + " |"
+    return "\n".join([head, "|" + "---|" * (1 + len(ITERATION_COLUMNS)), *rows])
+
+
 def teacher_samples(folder: Path) -> str:
     """A teacher's committed rollouts (`training/rollouts.publish_rollouts`), a row per sample: questions, answers
     with EM 1 (what MyGO's warm-up keeps), mean F1 and LLM calls; "" without any."""
@@ -151,6 +172,8 @@ def main(argv: list[str] | None = None) -> None:
     print(table(runs, pairs, others))
     if square := two_by_two(runs):
         print("\n" + square)
+    if rounds := iterations(args.folder):
+        print("\n" + rounds)
     if teachers := teacher_samples(args.folder):
         print("\n" + teachers)
     if args.steps and (table_of_steps := steps(args.folder)):
