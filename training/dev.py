@@ -252,6 +252,7 @@ def publish_final(dev: DevConfig, model: Any, output_dir: str | Path, adapters: 
         out.mkdir(parents=True, exist_ok=True)
         if getattr(model, "peft_config", None):
             model.save_pretrained(out / "adapter", **({"selected_adapters": adapters} if adapters else {}))
+            (out / "adapter" / "README.md").unlink(missing_ok=True)  # PEFT's blank model card
         _copy_log(output_dir, out)
 
     on_main_process(write)
