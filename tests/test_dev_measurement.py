@@ -463,6 +463,7 @@ def test_training_runs_tables_mygos_iterations_from_the_log(tmp_path, capsys):
     assert "| 0 |  |  |  |  |  |  | 99 | 0.583 |  |  |  |" in printed
     assert "| 1 | 0.500 | 0.337 | 96 | 90 | 31 | 123 |  | 0.200 | 0 | 1900 | 2700 |" in printed
 
+
 def test_another_run_reads_the_untrained_records_that_a_run_beside_it_committed(slices, tmp_path):
     """A run whose records folder has no untrained run (a control, say) takes the one committed beside it, in
     another run's folder, when the key is its own, and keeps a copy in its own folder."""

@@ -193,6 +193,7 @@ def test_a_run_stopped_on_one_machine_resumes_on_another_from_its_committed_chec
     assert sorted(p.name for p in (records / "checkpoint").iterdir()) == ["iter1"]
     assert json.loads((published / "state.json").read_text())["iteration"] == 1
     assert (published / "adapter_model.safetensors").is_file() and (records / "log.jsonl").is_file()
+    assert not (published / "README.md").exists()  # PEFT's blank model card is not committed
     trained = {n: p.detach().clone() for n, p in first.model.named_parameters()}
     stopped_log = (Path(config.output_dir) / "log.jsonl").read_text()
     shutil.rmtree(config.output_dir)  # another machine: only the committed files
@@ -208,6 +209,28 @@ def test_a_run_stopped_on_one_machine_resumes_on_another_from_its_committed_chec
     assert not (Path(config.output_dir) / "iter1" / "rollouts").exists()  # not rolled out again
     rows = [e for e in log if "iteration" in e]
     assert [r["iteration"] for r in rows] == [1] and rows[0]["trajectories"] == 6 and rows[0]["dev_questions"] == 2
+    assert not (records / "adapter" / "README.md").exists() and (records / "adapter").is_dir()
+
+
+def test_a_restored_checkpoint_keeps_a_local_log_that_is_not_the_committed_ones_start(tmp_path):
+    """A machine whose own log is not the start of the committed one keeps it, says so, and still restores the
+    checkpoint; a stage it has is not copied over."""
+    from mhqa_graph.training.checkpoints import restore_checkpoint
+
+    records, out = tmp_path / "records", tmp_path / "out"
+    (records / "checkpoint" / "iter1").mkdir(parents=True)
+    (records / "checkpoint" / "iter1" / "state.json").write_text('{"iteration": 1}')
+    (records / "log.jsonl").write_text('{"event": "dev", "after": "untrained"}\n')
+    out.mkdir()
+    (out / "log.jsonl").write_text('{"event": "other"}\n')
+    with pytest.warns(UserWarning, match="not the start"):
+        restore_checkpoint(str(records), out)
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert log[0] == {"event": "other"} and [e["event"] for e in log[1:]] == ["log_kept", "restored"]
+    assert json.loads((out / "iter1" / "checkpoint" / "state.json").read_text()) == {"iteration": 1}
+    (records / "checkpoint" / "iter1" / "state.json").write_text('{"iteration": 1, "newer": true}')
+    restore_checkpoint(str(records), out)  # this machine has iter1: left as it is
+    assert json.loads((out / "iter1" / "checkpoint" / "state.json").read_text()) == {"iteration": 1}
 
 
 def test_a_warmup_stopped_between_steps_resumes_at_its_last_step(tmp_path, stop_training):

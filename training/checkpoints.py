@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .devices import is_main_process, on_main_process
-from .logs import LOG, write_log
+from .logs import LOG, copy_log, write_log
 
 CHECKPOINT, STATE = "checkpoint", "state.json"
 PUBLISHED = "checkpoint"  # in a run's records folder: its newest stage checkpoint, `<stage>/` inside
@@ -35,42 +35,52 @@ def saved_checkpoints(out: Path, pattern: str) -> list[tuple[dict[str, Any], Pat
 
 def publish_checkpoint(folder: Path, records: str | None) -> None:
     """The LoRA checkpoint `save_checkpoint` wrote in `folder`, with the log so far, copied to the run's records
-    folder (`dev.records`) as `checkpoint/<folder name>/`, replacing an older stage's: files to commit, from which a
-    run on another machine resumes (`restore_checkpoint`). Full weights are too large to commit and are not
-    published."""
-    source = folder / CHECKPOINT
-    if not records or not (source / "adapter_config.json").is_file():
+    folder (`dev.records`) as `checkpoint/<folder name>/`, replacing an older stage's (the new one is complete before
+    the old one goes): files to commit, from which a run on another machine resumes (`restore_checkpoint`). Full
+    weights are too large to commit and are not published."""
+    if not records:
         return
 
     def publish() -> None:
-        target = Path(records) / PUBLISHED
+        source, target = folder / CHECKPOINT, Path(records) / PUBLISHED
+        if not (source / "adapter_config.json").is_file():
+            return
+        staged = target.with_name(target.name + ".tmp")
+        shutil.rmtree(staged, ignore_errors=True)
+        shutil.copytree(source, staged / folder.name, ignore=shutil.ignore_patterns("README.md"))  # PEFT's blank card
         shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(source, target / folder.name, ignore=shutil.ignore_patterns("README.md"))  # PEFT's blank card
-        if (log := folder.parent / LOG).is_file():
-            shutil.copyfile(log, Path(records) / LOG)
+        staged.rename(target)
+        copy_log(folder.parent, records)
 
     on_main_process(publish)
 
 
 def restore_checkpoint(records: str | None, out: Path) -> None:
-    """The checkpoint `publish_checkpoint` committed in `records`, copied to `out/<stage>/checkpoint` where this
-    machine has none of that stage, and the committed log to `out` where the local one is missing or an earlier
-    part of it, so that a run stopped on another machine resumes after the stage it committed."""
+    """The checkpoint `publish_checkpoint` committed in `records`, copied (by the main process) to
+    `out/<stage>/checkpoint` where this machine has none of that stage, with the committed log where the local one is
+    missing or an earlier part of it (a local log that is not is kept, with a warning), so that a run stopped on
+    another machine resumes after the stage it committed."""
     if not records:
         return
-    log, local = Path(records) / LOG, out / LOG
-    for state in sorted(Path(records).glob(f"{PUBLISHED}/*/{STATE}")):
-        source, target = state.parent, out / state.parent.name / CHECKPOINT
-        if target.exists():
-            continue
 
-        def restore(source: Path = source, target: Path = target) -> None:
+    def restore() -> None:
+        log, local = Path(records) / LOG, out / LOG
+        for state in sorted(Path(records).glob(f"{PUBLISHED}/*/{STATE}")):
+            source, target = state.parent, out / state.parent.name / CHECKPOINT
+            if target.exists():
+                continue
             shutil.copytree(source, target)
             if log.is_file() and (not local.is_file() or log.read_bytes().startswith(local.read_bytes())):
                 shutil.copyfile(log, local)
+            elif log.is_file():
+                import warnings
+
+                message = f"{local} is not the start of the committed {log}: kept, and published over it later"
+                warnings.warn(message, stacklevel=2)
+                write_log(local, {"event": "log_kept", "message": message})
             write_log(local, {"event": "restored", "checkpoint": str(source)})
 
-        on_main_process(restore)
+    on_main_process(restore)
 
 
 def load_checkpoint(model: Any, path: Path) -> None:

@@ -20,7 +20,7 @@ from mhqa_graph.eval.report import RESULTS, read_records
 
 from .configs import DevConfig, ModelConfig, RolloutConfig
 from .devices import on_main_process
-from .logs import LOG
+from .logs import copy_log
 from .policy import policy_chat_model, policy_identity, serves_with_llamacpp
 from .rollouts import question_ids, rollouts
 
@@ -221,7 +221,7 @@ def publish(dev: DevConfig, name: str, folder: Path, output_dir: str | Path, con
     if key is not None:
         (out / f"{name}{KEY_SUFFIX}").write_text(json.dumps(key, indent=2, sort_keys=True, default=str) + "\n",
                                                 encoding="utf-8")
-    _copy_log(output_dir, out)
+    copy_log(output_dir, out)
     (out / "model.json").write_text(json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n",
                                     encoding="utf-8")
 
@@ -253,12 +253,6 @@ def publish_final(dev: DevConfig, model: Any, output_dir: str | Path, adapters: 
         if getattr(model, "peft_config", None):
             model.save_pretrained(out / "adapter", **({"selected_adapters": adapters} if adapters else {}))
             (out / "adapter" / "README.md").unlink(missing_ok=True)  # PEFT's blank model card
-        _copy_log(output_dir, out)
+        copy_log(output_dir, out)
 
     on_main_process(write)
-
-
-def _copy_log(output_dir: str | Path, out: Path) -> None:
-    """The trainer's log.jsonl, as it stands, beside the published records."""
-    if (log := Path(output_dir) / LOG).is_file():
-        shutil.copyfile(log, out / LOG)

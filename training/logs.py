@@ -41,6 +41,16 @@ def write_log(path: Path, entry: dict[str, Any]) -> None:
         f.write(json.dumps(entry, ensure_ascii=False, default=float) + "\n")
 
 
+def copy_log(output_dir: str | Path, records: str | Path) -> None:
+    """The trainer's log.jsonl in `output_dir`, as it stands, into the run's records folder `records` (by the
+    caller's main process)."""
+    import shutil
+
+    if (log := Path(output_dir) / LOG).is_file():
+        Path(records).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, Path(records) / LOG)
+
+
 def jsonl_log(path: Path, **tags: Any) -> Any:
     """A TRL/transformers callback appending every log entry (loss, rewards, ...) with `tags` and the step
     to `path`; the entries are also kept in its `entries` list."""

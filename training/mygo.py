@@ -54,7 +54,7 @@ from .dev import (
     untrained_runs,
 )
 from .devices import on_main_process, precision_args
-from .logs import LOG, jsonl_log, plot_curve, read_log, write_log
+from .logs import LOG, copy_log, jsonl_log, plot_curve, read_log, write_log
 from .policy import load_model, policy_chat_model, save_policy
 from .rewards import keep, next_tau
 from .rollouts import rollouts, teacher_rollouts
@@ -146,7 +146,7 @@ class MyGOTrainer:
 
     def save(self, k: int, row: dict[str, Any] | None = None) -> None:
         """The weights, τ and the metrics `row` of iteration `k` (0: the warm-up), in `iter{k}/checkpoint` (by the
-        main process), and published with the run's records."""
+        main process), and a LoRA adapter's published with the run's records (`publish_checkpoint`)."""
         save_checkpoint(self.model, self.out / f"iter{k}", {"iteration": k, "tau": self.tau, "row": row})
         publish_checkpoint(self.out / f"iter{k}", self.config.dev.records)
 
@@ -180,6 +180,8 @@ class MyGOTrainer:
         """Iteration metrics `row` with the dev metrics of the saved weights after it, logged and returned."""
         row = row | self.dev(f"iter{row['iteration']}")
         write_log(self.out / LOG, row)
+        if self.config.dev.records:  # the committed log holds the row, so a resume elsewhere does not redo its dev run
+            on_main_process(lambda: copy_log(self.out, str(self.config.dev.records)))
         return row
 
     def dev(self, name: str) -> dict[str, Any]:
