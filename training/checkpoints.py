@@ -16,13 +16,20 @@ CHECKPOINT, STATE = "checkpoint", "state.json"
 PUBLISHED = "checkpoint"  # in a run's records folder: its newest stage checkpoint, `<stage>/` inside
 
 
+def save_weights(model: Any, path: Path, **kwargs: Any) -> None:
+    """`model.save_pretrained(path, **kwargs)` without the blank model card PEFT writes beside an adapter, so that a
+    folder to commit holds the weights and their config only."""
+    model.save_pretrained(path, **kwargs)
+    (path / "README.md").unlink(missing_ok=True)
+
+
 def save_checkpoint(model: Any, folder: Path, state: dict[str, Any]) -> None:
     """The weights (or LoRA adapter) and `state` in `folder/checkpoint`, by the main process: where a rerun
     resumes."""
     path = folder / CHECKPOINT
 
     def save() -> None:
-        model.save_pretrained(path)
+        save_weights(model, path)
         (path / STATE).write_text(json.dumps(state), encoding="utf-8")
 
     on_main_process(save)
@@ -47,7 +54,7 @@ def publish_checkpoint(folder: Path, records: str | None) -> None:
             return
         staged = target.with_name(target.name + ".tmp")
         shutil.rmtree(staged, ignore_errors=True)
-        shutil.copytree(source, staged / folder.name, ignore=shutil.ignore_patterns("README.md"))  # PEFT's blank card
+        shutil.copytree(source, staged / folder.name)
         shutil.rmtree(target, ignore_errors=True)
         staged.rename(target)
         copy_log(folder.parent, records)

@@ -18,6 +18,7 @@ from mhqa_graph.eval.paired import paired_comparison
 from mhqa_graph.eval.records import SUFFIX
 from mhqa_graph.eval.report import RESULTS, read_records
 
+from .checkpoints import save_weights
 from .configs import DevConfig, ModelConfig, RolloutConfig
 from .devices import on_main_process
 from .logs import copy_log
@@ -251,8 +252,7 @@ def publish_final(dev: DevConfig, model: Any, output_dir: str | Path, adapters: 
     def write() -> None:
         out.mkdir(parents=True, exist_ok=True)
         if getattr(model, "peft_config", None):
-            model.save_pretrained(out / "adapter", **({"selected_adapters": adapters} if adapters else {}))
-            (out / "adapter" / "README.md").unlink(missing_ok=True)  # PEFT's blank model card
+            save_weights(model, out / "adapter", **({"selected_adapters": adapters} if adapters else {}))
         copy_log(output_dir, out)
 
     on_main_process(write)

@@ -273,12 +273,10 @@ def template_trajectory(item: QAItem, context: Any, graph_app: Any = None,
             "messages": [weighted_message(m["role"], m["content"], think_weight) for m in messages]}
 
 
-def template_rows(items: Iterable[QAItem], context: Any, counts: Counter | None = None,
-                  think_weight: float = THINK_WEIGHT,
-                  outcomes: list[dict[str, Any]] | None = None) -> Iterator[dict[str, Any]]:
-    """The sft rows of the questions that yield a template trajectory; `counts` gets `made` and the skip
-    reasons, `outcomes` each question's (id, type, `made` or its skip reason)."""
-    counts = Counter() if counts is None else counts
+def template_rows(items: Iterable[QAItem], context: Any, outcomes: list[dict[str, Any]],
+                  think_weight: float = THINK_WEIGHT) -> Iterator[dict[str, Any]]:
+    """The sft rows of the questions that yield a template trajectory; `outcomes` gets each question's (id, type,
+    `made` or its skip reason)."""
     graph_app = build_graph("omne")
     for item in items:
         try:
@@ -287,9 +285,7 @@ def template_rows(items: Iterable[QAItem], context: Any, counts: Counter | None 
             outcome, row = skip.reason, None
         else:
             outcome = MADE
-        counts[outcome] += 1
-        if outcomes is not None:
-            outcomes.append({"id": item.id, "type": item.type, "outcome": outcome})
+        outcomes.append({"id": item.id, "type": item.type, "outcome": outcome})
         if row is not None:
             yield row
 
@@ -302,18 +298,17 @@ def rollout_templates(rollout: RolloutConfig, limit: int | None = None, think_we
     if not rollout.path:
         raise InvalidInput("templates need rollout.path (the benchmark file of the questions)")
     items = load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)
-    counts: Counter = Counter()
+    outcomes = [] if outcomes is None else outcomes
     with open_environment(rollout.store, rollout.dataset, rollout.path) as (store, env):
         if not env["graph"]:
             raise InvalidInput(f"{rollout.path} gives no knowledge graph as {rollout.dataset}; templates need a KG "
                                "dataset (2wiki evidences, pathquestion)")
         rows = []
-        for row in template_rows(items, template_context(store, env["graph"], rollout), counts, think_weight,
-                                 outcomes):
+        for row in template_rows(items, template_context(store, env["graph"], rollout), outcomes, think_weight):
             rows.append(row)
             if limit is not None and len(rows) >= limit:
                 break
-    return rows, counts
+    return rows, Counter(o["outcome"] for o in outcomes)
 
 
 def export_templates(rollout: RolloutConfig, out: str | Path, limit: int | None = None,
