@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -60,7 +61,8 @@ from mhqa_graph.graphs.guards import GUARDS, selected
 from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, ensure_worked_plans, open_environment
 from mhqa_graph.eval.health import format_repairs, health_summary
-from mhqa_graph.eval.paired import cluster_key, paired_interval
+from mhqa_graph.eval.paired import cluster_key, detectable, paired_interval
+from mhqa_graph.eval.paired import verdict as by_interval
 from mhqa_graph.eval.report import RESULTS, prefilled_per_question, read_records
 from mhqa_graph.eval.report import carry_over as carry_records
 from mhqa_graph.eval.runner import load_questions
@@ -76,6 +78,13 @@ KG_ONLY = {"omne"}  # agents that need a knowledge graph
 
 
 QUICK = (("pq2h", "hotpot"), 4)
+SEALED_N = 150  # per KG environment: 450 pooled detect about 8 F1 points (docs/benchmarks.md, "The sealed slice")
+# (start, limit) per environment. Defaults are chosen on the validation slice; targets are read once from the
+# sealed slice, with the frozen defaults (`--slice sealed` refuses any other variant unless `--unseal` says why).
+# 2Wiki text has 145 questions: its validation slice is 140..144 and it has no sealed slice.
+SLICES = {"validation": {env: (140, 60) for env in DEV_ENVIRONMENTS},
+          "sealed": {"pq2h": (240, SEALED_N), "pq3h": (240, SEALED_N), "2wiki-kg": (240, SEALED_N),
+                     "hotpot": (240, 60)}}
 
 
 # variant key -> eval flag; any other key is a setting of the agent, given as `--set key=value`
@@ -120,9 +129,10 @@ def eval_command(args: argparse.Namespace, env: str, variant: str, only: set[str
     flags = [f"{SETTINGS[key]}={value}" if key in SETTINGS else f"--set={key}={value}"  # "=": a value may start
              for key, value in settings.items()]  # with "-"
     return [mhqa, "eval", str(args.data / spec.file), "--dataset", spec.dataset, "--agent", agent,
-            "--llm", llm, "--store", args.store, "--limit", str(args.limit), "--start", str(args.start),
+            "--llm", llm, "--store", args.store, "--limit", str(span(args, env)[1]), "--start", str(span(args, env)[0]),
             "--concurrency", "1", *flags, "--out", str(run_dir(args.out, args.llm, env, variant)),
-            *(["--ids", ",".join(sorted(only))] if only and only != asked_ids(args, env) else [])]
+            *(["--ids", ",".join(sorted(only))] if only and only != asked_ids(args, env) else []),
+            *(["--llm-cache", str(args.llm_cache)] if getattr(args, "llm_cache", None) else [])]
 
 
 def _all_guards(agent: str) -> frozenset[str]:
@@ -287,7 +297,7 @@ def run_all(args: argparse.Namespace, jobs: list[tuple[str, str]]) -> None:
         try:
             _run(eval_command(args, *job, only=missing), folder)
         finally:
-            R.save(folder, path)
+            R.save(folder, path, stamp=getattr(args, "stamp", None))
 
     for phase in ([j for j in jobs if not guards_off(j[1])], [j for j in jobs if guards_off(j[1])]):
         with ThreadPoolExecutor(args.jobs) as pool, stopping_children():  # children stop before the pool joins
@@ -309,10 +319,50 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def asked_range(args: argparse.Namespace) -> str:
+    """The questions asked, as the tables' headings say it."""
+    if getattr(args, "slice", None):
+        return f"the {args.slice} slice"
+    return f"questions {args.start}..{args.start + args.limit - 1}"
+
+
 def asked_ids(args: argparse.Namespace, env: str) -> set[str]:
-    """The ids of questions `args.start` .. `args.start + args.limit - 1` of the environment's file."""
-    spec = DEV_ENVIRONMENTS[env]
-    return {q.id for q in load_questions(spec.dataset, args.data / spec.file, limit=args.limit, start=args.start)}
+    """The ids of the environment's questions asked (`span`)."""
+    spec, (start, limit) = DEV_ENVIRONMENTS[env], span(args, env)
+    return {q.id for q in load_questions(spec.dataset, args.data / spec.file, limit=limit, start=start)}
+
+
+def span(args: argparse.Namespace, env: str) -> tuple[int, int]:
+    """(first question, how many) asked of `env`: its slice's (`--slice`), else `--start` and `--limit`."""
+    chosen = getattr(args, "slice", None)
+    return SLICES[chosen][env] if chosen else (args.start, args.limit)
+
+
+def sealed_stamp(args: argparse.Namespace, agents: list[str]) -> dict[str, Any]:
+    """What a sealed run's records carry: the commit, a digest of the frozen settings (every agent's defaults and
+    the model spec) and the reason of an `--unseal`, if one was given."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                           cwd=Path(__file__).resolve().parent).stdout.strip()
+    defaults = {agent: {f.name: repr(f.default) for f in dataclasses.fields(context_schema(agent))}
+                for agent in sorted({parse_variant(a)[0] for a in agents})}
+    settings = json.dumps({"llm": args.llm, "variants": sorted(agents), "defaults": defaults}, sort_keys=True)
+    return {"commit": commit + ("+changes" if dirty else ""),
+            "settings": hashlib.sha256(settings.encode()).hexdigest()[:16], "unsealed": args.unseal}
+
+
+def check_sealed(args: argparse.Namespace, agents: list[str]) -> str | None:
+    """Why a run may not touch the sealed slice (a variant with settings, guards off, mechanisms), None if it may:
+    the sealed slice is run with the frozen defaults only, unless `--unseal` gives a reason (recorded)."""
+    if getattr(args, "slice", None) != "sealed" or args.unseal:
+        return None
+    changed = [a for a in agents if ":" in a] + (["--guards"] if args.guards else []) + \
+        (["--mechanism"] if args.mechanism else [])
+    if changed:
+        return (f"the sealed slice runs the frozen defaults only, not {', '.join(changed)}; choose settings on "
+                "--slice validation, or give --unseal REASON (recorded in every record)")
+    return None
 
 
 def env_rows(args: argparse.Namespace, env: str, agents: list[str]) -> tuple[int, list[dict]]:
@@ -608,7 +658,9 @@ def pooled(cells: list[dict]) -> dict | None:
     diffs = [a["f1"] - b["f1"] for a, b in pairs]
     clusters = _clusters(pairs)
     return {"df1": 100 * _mean(diffs), "ci": paired_interval(diffs, clusters=clusters), "n": len(diffs),
-            "clusters": len(set(clusters))}
+            "clusters": len(set(clusters)), "detectable": detectable(diffs, clusters),
+            "calls": sum(a.get("llm_calls") or 0 for a, _ in pairs) / max(1, sum(b.get("llm_calls") or 0
+                                                                               for _, b in pairs))}
 
 
 def _verdict(ok: bool | None) -> str:
@@ -635,10 +687,14 @@ def auto_rows(by_env: dict[str, dict]) -> list[tuple[str, str, str]]:
     for kind, gain in (("kg", AUTO_KG_GAIN), ("text", AUTO_TEXT_GAIN)):
         cells = [c for env, c in autos.items() if DEV_ENVIRONMENTS[env].kind == kind]
         p = pooled(cells) if cells else None
-        said = "not measured" if p is None else (f"{p['df1']:+.1f}{_interval(p['ci'])} over {p['n']} questions in "
-                                                 f"{p['clusters']} clusters (by {abs(p['df1'] - gain):.1f})")
+        said = "not measured" if p is None else (
+            f"{p['df1']:+.1f}{_interval(p['ci'])} over {p['n']} questions in {p['clusters']} clusters; these "
+            f"questions detect {p['detectable']:.1f} points" if p["detectable"] is not None else
+            f"{p['df1']:+.1f} over {p['n']} questions")
         rows.append((f"`auto` ≥ `rag` + {gain:.0f}, pooled over the {kind.upper() if kind == 'kg' else kind} "
-                     "environments", _verdict(None if p is None else p["df1"] >= gain), said))
+                     "environments (by the interval's lower bound)",
+                     "not measured" if p is None else by_interval(*(p["ci"] or (None, None)), gain) or "no interval",
+                     said))
     ratios = []
     for env, cell in autos.items():
         rag = by_env[env]["cells"].get("rag")
@@ -647,17 +703,37 @@ def auto_rows(by_env: dict[str, dict]) -> list[tuple[str, str, str]]:
             ratios.append((env, cell["calls"] / rag["calls"], cell["sec"] / (own or rag["sec"]), _escalated(cell),
                            own is not None))
     if ratios:
-        calls, secs = _mean([r[1] for r in ratios]), _mean([r[2] for r in ratios])
+        calls, secs = pooled_cost(by_env, list(autos))
         ok = calls <= MAX_CALLS_RATIO and secs <= MAX_SECONDS_RATIO
         envs = f"{len(ratios)} environment" + "s" * (len(ratios) != 1)
         timed = sum(r[4] for r in ratios)
         against = ("its own `rag` stage's, timed in the same run" if timed == len(ratios) else
                    "`rag`'s run" if not timed else f"its own `rag` stage's in {timed}, `rag`'s run elsewhere")
-        stands = (f"mean over {envs}: {calls:.2f}× calls, {secs:.2f}× seconds (against {against}); " +
+        stands = (f"pooled by question over {envs}: {calls:.2f}× calls, {secs:.2f}× seconds (against {against}); " +
                   ", ".join(f"{e} {c:.2f}× / {t:.2f}×{why}" for e, c, t, why, _ in ratios))
         rows.append((f"`auto`: at most {MAX_CALLS_RATIO}× `rag`'s LLM calls and {MAX_SECONDS_RATIO:.0f}× its seconds",
                      _verdict(ok if len(ratios) == len(autos) else None), stands))
     return rows
+
+
+def pooled_cost(by_env: dict[str, dict], envs: list[str]) -> tuple[float, float]:
+    """auto's LLM calls and seconds against rag's, pooled by question over `envs` (each question weighs the same,
+    not each environment): total calls over rag's on the same questions, and total seconds over its own `rag`
+    stage's where every record timed it, else over `rag`'s run."""
+    calls = rag_calls = secs = rag_secs = 0.0
+    for env in envs:
+        cell, rag = by_env[env]["cells"]["auto"], by_env[env]["cells"].get("rag")
+        if not (rag and rag.get("records")):
+            continue
+        ids = sorted(set(cell["records"]) & set(rag["records"]))
+        own = _rag_stage_seconds(cell)
+        for i in ids:
+            a, r = cell["records"][i], rag["records"][i]
+            calls, rag_calls = calls + (a.get("llm_calls") or 0), rag_calls + (r.get("llm_calls") or 0)
+            stage = next((st["seconds"] for st in (a.get("route") or {}).get("stages") or []
+                          if st.get("stage") == "rag" and st.get("seconds") is not None), None)
+            secs, rag_secs = secs + a["latency"], rag_secs + (stage if own is not None else r["latency"])
+    return calls / max(rag_calls, 1.0), secs / max(rag_secs, 1e-9)
 
 
 def _rag_stage_seconds(cell: dict) -> float | None:
@@ -832,7 +908,7 @@ def summary(args: argparse.Namespace, envs: list[str], agents: list[str]) -> str
         return routes_table(summary_envs(args, envs, [])) or "no records of auto in this range"
     by_env = summary_envs(args, envs, agents)
     agents = [a for a in agents if a == "rag" or a in DESIGNS or any(f["cells"][a]["k"] for f in by_env.values())]
-    text = [f"## Across environments: `{args.llm}`, questions {args.start}..{args.start + args.limit - 1}\n",
+    text = [f"## Across environments: `{args.llm}`, {asked_range(args)}\n",
             "### Which agent where\n", "F1, and ΔF1 against `rag` on the same questions [95% interval of a paired "
             "bootstrap over clusters: questions that share a gold path are drawn together], with the default guards; "
             "a run that has not answered every question says how many it has.\n", matrix_table(by_env, agents)]
@@ -935,6 +1011,14 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=2, help="evals at once (one model thread each)")
     parser.add_argument("--store", default=None, help="store URI (default: embedded store in OUT/store)")
     parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--slice", choices=sorted(SLICES), default=None, help="ask each environment's slice "
+                        "(SLICES) instead of --start/--limit: `validation` where defaults are chosen, `sealed` where "
+                        "targets are read, with the frozen defaults only; its records go under RESULTS/sealed, with "
+                        "the call cache of its model calls (RESULTS/sealed/<llm>/calls/calls.sqlite, or --llm-cache)")
+    parser.add_argument("--unseal", metavar="REASON", default=None, help="with --slice sealed: run other variants "
+                        "there too; the reason is recorded in every record of the run")
+    parser.add_argument("--llm-cache", type=Path, default=None, help="call cache file every eval reads and fills "
+                        "(`mhqa eval --llm-cache`): a rerun makes only the model calls whose key is new")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "out", help="run folders, "
                         "the store and the reports (not committed)")
     parser.add_argument("--results", type=Path, default=R.RESULTS_DIR, help="the committed per-question records "
@@ -967,6 +1051,10 @@ def main() -> None:
         envs, args.limit = list(QUICK[0]), QUICK[1]
     args.store = args.store or f"embedded://{(args.out / 'store').resolve()}"
     agents = split_agents(args.agents)
+    if args.slice:
+        envs = [env for env in envs if env in SLICES[args.slice]]
+        if args.slice == "sealed":
+            args.results = args.results / "sealed"
     if args.summary:
         report = summary(args, envs, [a for a in agents if ":" not in a])
         print(report)
@@ -979,6 +1067,11 @@ def main() -> None:
         kinds = {a: parse_variant(a)[0] for a in agents}
     except ValueError as exc:
         parser.error(str(exc))
+    if refused := check_sealed(args, agents):
+        parser.error(refused)
+    if args.slice == "sealed":
+        args.stamp = sealed_stamp(args, agents)
+        args.llm_cache = args.llm_cache or R.path_of(args.llm, "calls", "x", args.results).parent / "calls.sqlite"
     jobs = [(env, a) for env in envs for a in agents
             if not (kinds[a] in KG_ONLY and DEV_ENVIRONMENTS[env].kind != "kg")]
     started = time.perf_counter()
@@ -989,8 +1082,7 @@ def main() -> None:
         if not args.report_only:
             run_all(args, each)
         jobs += each
-    last = args.start + args.limit - 1
-    tables, text = {}, [f"## Agents side by side: `{args.llm}`, questions {args.start}..{last}\n"]
+    tables, text = {}, [f"## Agents side by side: `{args.llm}`, {asked_range(args)}\n"]
     for env in envs:
         n, rows = env_rows(args, env, [a for e, a in jobs if e == env])
         tables[env] = rows

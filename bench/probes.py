@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -572,6 +573,416 @@ def duplicate_ids(tmp: Path) -> Result:
     return 1, int(broken(done) or not said), "counted in a warning" if said else "silent"
 
 
+def one_line(done: subprocess.CompletedProcess) -> bool:
+    """Exit 2 with one stderr line `error: <Type>: ...` and no traceback."""
+    lines = done.stderr.strip().splitlines()
+    return done.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: ") and ":" in lines[0][7:]
+
+
+def settings_range(tmp: Path) -> Result:
+    """make_context with NaN, infinite and huge numbers (and `mhqa ask --model-timeout nan`): each an InvalidInput
+    naming the setting, before any work."""
+    tries = [("model_timeout", math.nan), ("model_timeout", math.inf), ("model_timeout", 1e300),
+             ("retry_backoff", math.nan), ("top_k", 1001), ("max_new_tokens", 10**12)]
+    accepted = []
+    for name, value in tries:
+        try:
+            make_context("rag", llm="fake", **{name: value})
+            accepted.append(f"{name}={value:g}")
+        except Exception as exc:  # noqa: BLE001 - a probe counts any other outcome as a failure
+            if type(exc).__name__ != "InvalidInput" or name not in str(exc):
+                accepted.append(f"{name}={value:g} ({type(exc).__name__})")
+    done = mhqa("ask", "Where?", "--agent", "direct", "--llm", 'fake:["<answer>Tulsa</answer>"]',
+                "--model-timeout", "nan")
+    if not (one_line(done) and "model_timeout" in done.stderr):
+        accepted.append(f"--model-timeout nan (exit {done.returncode})")
+    return len(tries) + 1, len(accepted), ("accepted " + ", ".join(accepted)) if accepted else \
+        "InvalidInput naming each"
+
+
+def untyped_errors(tmp: Path) -> Result:
+    """Inputs that met an untyped exception: `~nosuchuser` in model specs and a store path, a 5,000-digit
+    `threads=`, `neo4j://u:p@[::1`, a 300-character lora name, a run.json that is not an object, and rich markup
+    in an `--out`, a run folder's name and its model spec. Each must be one line (`error: <Type>: ...`, exit 2, the
+    long name not echoed whole) or, for the last two, succeed."""
+    ask = ("ask", "Where?", "--agent", "direct", "--llm")
+    pack = "llamacpp:qwen2.5-coder-1.5b"
+    long_name = "lora" + "x" * 296
+    refused = {"hf ~user": (*ask, "hf:~nosuchuser/model"), "lora ~user": (*ask, f"{pack}?lora=file:~nosuchuser/a.gguf"),
+               "store ~user": ("stats", "--store", "embedded://~nosuchuser/s"),
+               "threads 5000 digits": (*ask, f"{pack}?threads={'9' * 5000}"),
+               "neo4j [::1": ("stats", "--store", "neo4j://u:p@[::1"),
+               "lora 300 chars": (*ask, f"{pack}?lora={long_name}")}
+    failed = [name for name, args in refused.items()
+              if not one_line(done := mhqa(*args)) or long_name in done.stderr]
+    questions = hotpot_file(tmp / "q.jsonl", ["Where?"])
+    def evaluate(out: Path) -> subprocess.CompletedProcess:
+        return mhqa("eval", str(questions), "--dataset", "hotpotqa", "--agent", "direct", "--llm",
+                    'fake:["<answer>Tulsa</answer>"]', "--store", uri(tmp / "s"), "--out", str(out))
+    for name, text in (("run.json []", "[]"), ("run.json torn", '{"agent": ')):
+        out = tmp / f"run-{len(text)}"
+        out.mkdir()
+        (out / "run.json").write_text(text, encoding="utf-8")
+        if not one_line(evaluate(out)):
+            failed.append(name)
+    run = tmp / "r[red]"
+    done = mhqa("eval", str(questions), "--dataset", "hotpotqa", "--agent", "direct", "--llm",
+                'fake:["<answer>[/bold]</answer>"]', "--store", uri(tmp / "s"), "--out", str(run))
+    exported = mhqa("export", str(run), "--format", "sft", "--out", str(tmp / "ex[/bold]"))
+    if broken(exported) or exported.returncode != 0 or done.returncode != 0:
+        failed.append("export --out ex[/bold]")
+    reported = mhqa("report", str(run))
+    if broken(reported) or reported.returncode != 0 or "r[red]" not in reported.stdout:
+        failed.append("report r[red] of a [/bold] llm")
+    return len(refused) + 4, len(failed), ("untyped: " + ", ".join(failed)) if failed else "one line each"
+
+
+def trusting_files(tmp: Path) -> Result:
+    """Symlinks planted in an export's --out (`sft.jsonl`, `dataset_info.json`) and in a committed MyGO checkpoint
+    (a weights file, a whole stage folder), then state.json files of the wrong types: refused with a typed error,
+    nothing outside written or copied."""
+    from types import SimpleNamespace
+
+    from mhqa_graph.training.checkpoints import restore_checkpoint
+    from mhqa_graph.training.mygo import MyGOTrainer
+
+    from mhqa_graph.errors import MhqaError
+
+    precious = tmp / "precious.txt"
+    precious.write_text("keep", encoding="utf-8")
+    questions = hotpot_file(tmp / "q.jsonl", ["Where?"])
+    mhqa("eval", str(questions), "--dataset", "hotpotqa", "--agent", "direct", "--llm",
+         'fake:["<answer>Tulsa</answer>"]', "--store", uri(tmp / "s"), "--out", str(tmp / "run"))
+    failed = []
+    for name in ("sft.jsonl", "dataset_info.json"):
+        out = tmp / f"ex-{name}"
+        out.mkdir()
+        (out / name).symlink_to(precious)
+        done = mhqa("export", str(tmp / "run"), "--format", "sft", "--out", str(out))
+        if not one_line(done) or precious.read_text(encoding="utf-8") != "keep":
+            failed.append(f"export {name}")
+    outside = tmp / "outside"
+    outside.mkdir()
+    (outside / "state.json").write_text('{"iteration": 9, "tau": 0.5}', encoding="utf-8")
+    for name in ("weights link", "stage link"):
+        records, out = tmp / f"records-{name[0]}", tmp / f"out-{name[0]}"
+        stage = records / "checkpoint" / "iter1"
+        stage.parent.mkdir(parents=True)
+        if name == "stage link":
+            stage.symlink_to(outside)
+        else:
+            stage.mkdir()
+            (stage / "state.json").write_text('{"iteration": 1, "tau": 0.5}', encoding="utf-8")
+            (stage / "adapter_model.safetensors").symlink_to(precious)
+        try:
+            restore_checkpoint(str(records), out)
+            failed.append(f"restore {name}")
+        except Exception as exc:  # noqa: BLE001 - a probe counts any other outcome as a failure
+            copied = [p for p in out.rglob("*") if p.is_file() and p.read_bytes() == b"keep"] if out.exists() else []
+            if not isinstance(exc, MhqaError) or copied:
+                failed.append(f"restore {name} ({type(exc).__name__})")
+    for i, text in enumerate(("[]", '{"iteration": "1", "tau": 0.5}', '{"iteration": 1, "tau": "hot"}')):
+        out = tmp / f"state-{i}"
+        (out / "iter1" / "checkpoint").mkdir(parents=True)
+        (out / "iter1" / "checkpoint" / "state.json").write_text(text, encoding="utf-8")
+        trainer = object.__new__(MyGOTrainer)
+        trainer.config, trainer.out, trainer.model = SimpleNamespace(dev=SimpleNamespace(records=None)), out, object()
+        try:
+            trainer.resume()
+            failed.append(f"state {text}")
+        except Exception as exc:  # noqa: BLE001 - a probe counts any other outcome as a failure
+            if not isinstance(exc, MhqaError):
+                failed.append(f"state {text} ({type(exc).__name__})")
+    return 7, len(failed), ("trusted: " + "; ".join(failed)) if failed else "refused, typed"
+
+
+def noise(tmp: Path) -> Result:
+    """auto with a budget its design runs out of (3 questions): nothing on stderr or in the log; and a probe row
+    that raises or times out: a failed row with its reason, the table going on."""
+    script = tmp / "auto.py"
+    script.write_text(textwrap.dedent(f"""
+        import json
+        from mhqa_graph import Passage, open_store
+        from mhqa_graph.graphs import build_graph, make_context
+        from mhqa_graph.testing.fakes import FakeChatModel
+        store = open_store({uri(tmp / "s")!r})
+        store.add_passages("wiki", [Passage("p1", "Inception", "Inception is a film by Christopher Nolan.")])
+        plan = json.dumps({{"subgoals": ["Who directed Inception?", "Where was [Answer1] born?"]}})
+        said = json.dumps({{"reasoning": "so", "sufficient": True, "answer": "Nolan"}})
+        for i in range(3):
+            models = {{"answer": FakeChatModel(responses=["<answer>Paris</answer>", "London"], cycle=False),
+                       "plan": FakeChatModel(responses=[plan]), "analysis": FakeChatModel(responses=[said]),
+                       "rewrite": FakeChatModel(responses=['{{"query": "x"}}'])}}
+            ctx = make_context("auto", llm="fake", role_llms=models, store=store, corpus="wiki", budget=4)
+            out = build_graph("auto").invoke({{"question": f"Where was the director of Inception {{i}} born?"}},
+                                             context=ctx)
+            print(out["answered_by"] or "none")
+    """), encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    said = [line for line in done.stderr.splitlines() if line.strip()]
+    table = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import subprocess, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import probes
+        def raises(tmp): raise RuntimeError("boom")
+        def times_out(tmp): raise subprocess.TimeoutExpired(["mhqa"], 600)
+        probes.PROBES.update({{"raises": raises, "times-out": times_out}})
+        sys.argv = ["probes.py", "--only", "raises", "times-out"]
+        probes.main()
+    """)], capture_output=True, text=True, timeout=120)
+    rows = [line for line in table.stdout.splitlines() if line.startswith(("| raises |", "| times-out |"))]
+    failures = (bool(said) or done.returncode != 0) + (2 - sum("| 1 | 1 |" in row for row in rows))
+    return 3, failures, f"{len(said)} stderr lines; {len(rows)} of 2 failing rows in the table"
+
+
+LONG_NAME = "n" * 10_000  # longer than the 8,164 bytes a Neo4j range index takes
+
+
+def long_name(tmp: Path) -> Result:
+    """A 1,001-row passage file and triple file, one row's passage id or entity name 10 KB long: with --skip-bad the
+    embedded store and Neo4j (the recording driver) both keep the other 1,000; without it, one typed line."""
+    from typing import cast
+
+    from mhqa_graph.ingest.files import read_passages_file, read_triples_file
+    from mhqa_graph.ingest.runner import ingest
+    from mhqa_graph.store import cypher
+    from mhqa_graph.store.neo4j_backend import Neo4jStore
+    from mhqa_graph.testing.recording_driver import RecordingDriver
+    from neo4j import Driver
+
+    written: dict[str, int] = {}
+    adds = {getattr(cypher, name): name for name in ("ADD_PASSAGES", "ADD_ENTITIES", "ADD_TRIPLES")}
+
+    def respond(query: str, params: dict) -> list[dict]:
+        """The recording driver's answers; it fails an over-long index key before asking, as the server does."""
+        if query in (cypher.COLLECTION, cypher.MERGE_COLLECTION):
+            return [{"embedder": "hash:256", "dim": 256, "size": 0}]
+        if query in adds:
+            written[adds[query]] = written.get(adds[query], 0) + len(params["rows"])
+            return [{"added": len(params["rows"])}]
+        return []
+
+    rows = [{"id": LONG_NAME if i == 500 else f"p{i}", "title": "T", "text": f"Passage {i}."} for i in range(1001)]
+    (tmp / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (tmp / "t.tsv").write_text("".join(f"{LONG_NAME if i == 500 else f'e{i}'}\tr\tx{i}\n" for i in range(1001)),
+                               encoding="utf-8")
+    skipped = mhqa("ingest", "passages", str(tmp / "p.jsonl"), "--corpus", "c", "--store", uri(tmp / "s"),
+                   "--skip-bad")
+    with open_store(uri(tmp / "s"), read_only=True) as store:
+        kept = [store.stats().corpora.get("c", {}).get("passages", 0)]
+    failures = int(broken(skipped) or skipped.returncode != 0 or kept[0] != 1000)
+    refused = mhqa("ingest", "triples", str(tmp / "t.tsv"), "--graph", "g", "--store", uri(tmp / "s"))
+    failures += broken(refused) or refused.returncode != 2 or "IngestError" not in refused.stderr
+    for statement, items in (("ADD_PASSAGES", {"corpus": "c", "passages": read_passages_file(tmp / "p.jsonl",
+                                                                                            yield_errors=True)}),
+                             ("ADD_TRIPLES", {"graph": "g", "triples": read_triples_file(tmp / "t.tsv",
+                                                                                         yield_errors=True)})):
+        written.clear()
+        neo4j = Neo4jStore(cast(Driver, RecordingDriver(respond)), embedder="hash:256", database="probe")
+        try:
+            ingest(neo4j, skip_bad=True, **items)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - a probe counts what was kept
+            pass
+        kept.append(written.get(statement, 0))
+        failures += kept[-1] != 1000
+    return 4, failures, (f"1,001-row files: embedded kept {kept[0]:,} passages, Neo4j {kept[1]:,} passages and "
+                         f"{kept[2]:,} triples; without --skip-bad exit {refused.returncode}")
+
+
+def built_from_edit(tmp: Path) -> Result:
+    """A 400-passage HotpotQA file and a 400-fact PathQuestion KB, each with one row edited (one the old sample of
+    17 did not check) after its environment was built: the next eval must refuse the store, not use the old text."""
+    hotpot = hotpot_file(tmp / "q.jsonl", [f"Where is town {i}?" for i in range(400)])
+    (tmp / "pq").mkdir()
+    kb = tmp / "pq" / "2H-kb.txt"
+    kb.write_text("".join(f"e{i}\tr\te{i + 1}\n" for i in range(400)), encoding="utf-8")
+    pq = tmp / "pq" / "PQ-2H.txt"
+    pq.write_text("".join(f"where is e{i}\te{i + 2}\te{i}#r#e{i + 1}#r#e{i + 2}\n" for i in range(3)), encoding="utf-8")
+
+    def run(dataset: str, path: Path, out: str) -> subprocess.CompletedProcess:
+        return mhqa("eval", str(path), "--dataset", dataset, "--agent", "direct", "--limit", "1", "--llm",
+                    'fake:["<answer>x</answer>"]', "--store", uri(tmp / "s"), "--out", str(tmp / out))
+
+    built = [run("hotpotqa", hotpot, "h1"), run("pathquestion", pq, "p1")]
+    lines = hotpot.read_text(encoding="utf-8").splitlines()
+    lines[7] = lines[7].replace("Page 7 is about Tulsa.", "Page 7 is about Boston.")
+    hotpot.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    facts = kb.read_text(encoding="utf-8").splitlines()
+    facts[7] = "e7\tr\te9"
+    kb.write_text("\n".join(facts) + "\n", encoding="utf-8")
+    edited = [run("hotpotqa", hotpot, "h2"), run("pathquestion", pq, "p2")]
+    failures = sum(b.returncode != 0 or broken(b) or e.returncode != 2 or broken(e)
+                   or "EnvironmentMismatch" not in e.stderr for b, e in zip(built, edited))
+    return 2, failures, f"after the edit: exit {', '.join(str(e.returncode) for e in edited)}" + (
+        " (EnvironmentMismatch)" if not failures else "")
+
+
+def embedder_dim(tmp: Path) -> Result:
+    """`embedder=hash:0`, a negative and a huge dimension in the store URI of an ingest: refused in one line before
+    anything is written."""
+    import sqlite3
+
+    rows = tmp / "p.jsonl"
+    rows.write_text("".join(json.dumps({"id": f"p{i}", "title": "T", "text": f"Passage {i}."}) + "\n"
+                            for i in range(300)), encoding="utf-8")
+    failures, tracebacks, stored = 0, 0, 0
+    for i, dim in enumerate(("0", "-3", str(10**12))):
+        root = tmp / f"s{i}"
+        done = mhqa("ingest", "passages", str(rows), "--corpus", "c", "--store", f"embedded://{root}?embedder=hash:{dim}")
+        if (root / "store.sqlite").exists():
+            with sqlite3.connect(root / "store.sqlite") as db:
+                stored += db.execute("SELECT count(*) FROM passages").fetchone()[0]
+        tracebacks += "Traceback" in done.stderr
+        failures += broken(done) or done.returncode != 2 or (root / "store.sqlite").exists()
+    return 3, failures, f"{tracebacks} tracebacks, {stored} passages left in stores that cannot be searched"
+
+
+def uri_fragment(tmp: Path) -> Result:
+    """A '#' in a store URI, before `?embedder=` (which it hid) and after it: refused in one line; the folder `st#1`
+    written `st%231` keeps working."""
+    import sqlite3
+
+    rows = tmp / "p.jsonl"
+    rows.write_text(json.dumps({"id": "a", "title": "A", "text": "Alpha."}) + "\n", encoding="utf-8")
+    failures, ran = 0, 0
+    for store in (f"embedded://{tmp}/st#1?embedder=hash:64", f"embedded://{tmp}/s2?embedder=hash:64#x"):
+        done = mhqa("ingest", "passages", str(rows), "--corpus", "c", "--store", store)
+        ran += done.returncode == 0
+        failures += broken(done) or done.returncode != 2 or "InvalidStoreURI" not in done.stderr
+    done = mhqa("ingest", "passages", str(rows), "--corpus", "c", "--store", f"embedded://{tmp}/st%231?embedder=hash:64")
+    embedder = None
+    if (tmp / "st#1" / "store.sqlite").exists():
+        with sqlite3.connect(tmp / "st#1" / "store.sqlite") as db:
+            embedder = db.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()[0]
+    failures += broken(done) or done.returncode != 0 or embedder != "hash:64"
+    wrong = ""
+    if (tmp / "st" / "store.sqlite").exists():
+        with sqlite3.connect(tmp / "st" / "store.sqlite") as db:
+            [used] = db.execute("SELECT value FROM meta WHERE key = 'embedder'").fetchone()
+        wrong = f"; `st#1?embedder=hash:64` wrote `st` with {used}"
+    return 3, failures, f"{ran} of 2 ingested (exit 0){wrong}"
+
+
+def concurrent_builds(tmp: Path) -> Result:
+    """Ten `mhqa eval`s that must build the same environment (3,000 passages), started together on one new store:
+    each must run; the environment is ingested once."""
+    data = hotpot_file(tmp / "q.jsonl", [f"Where is town {i}?" for i in range(3000)])
+    procs = [subprocess.Popen([sys.executable, "-m", "mhqa_graph.cli", "eval", str(data), "--dataset", "hotpotqa",
+                               "--agent", "direct", "--limit", "2", "--llm", 'fake:["<answer>Tulsa</answer>"]',
+                               "--store", uri(tmp / "s"), "--out", str(tmp / f"run{i}")],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+             for i in range(10)]
+    said = [p.communicate(timeout=600)[1] for p in procs]
+    locked = sum("StoreLocked" in err for err in said)
+    failures = sum(p.returncode != 0 or "Traceback" in err for p, err in zip(procs, said))
+    ingested = 0
+    for i in range(10):
+        summary = tmp / f"run{i}" / "summary.json"
+        if summary.exists():
+            ingested += bool(json.loads(summary.read_text(encoding="utf-8")).get("environment", {}).get("ingested"))
+    return 10, failures, f"{locked} exited StoreLocked; {ingested} ingested"
+
+
+def served_graph(tmp: Path) -> Result:
+    """Requests a hostile web page (or a script) sends to the served graph, through the middleware langgraph.json
+    mounts (`mhqa_graph.studio`) in front of an app that stands for the server: a try fails when the request reaches
+    the app. A foreign Origin, a rebound host name, a model URL, another store, an assistant set to a model URL."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from mhqa_graph.studio import CheckRuns
+
+    with open_store(uri(tmp / "own")) as store:
+        store.add_passages("docs", passages(3))
+    reached: list[str] = []
+
+    async def served(request) -> JSONResponse:
+        reached.append(request.url.path)
+        return JSONResponse({"answer": "x"})
+
+    app = Starlette(routes=[Route("/runs/wait", served, methods=["POST"]),
+                            Route("/assistants/{aid}", served, methods=["PATCH"])], middleware=[Middleware(CheckRuns)])
+    run = {"assistant_id": "rag", "input": {"question": "Who?"}}
+    foreign = {"llm": "openai:http://127.0.0.1:9/v1#m", "corpus": "docs"}
+    tries = [("POST", "/runs/wait", run | {"context": {"llm": 'fake:["x"]', "corpus": "docs"}},
+              {"origin": "https://evil.example"}),
+             ("POST", "/runs/wait", run | {"context": {"llm": 'fake:["x"]', "corpus": "docs"}},
+              {"host": "evil.example:2024"}),
+             ("POST", "/runs/wait", run | {"context": foreign}, {}),
+             ("POST", "/runs/wait", run | {"context": {"llm": 'fake:["x"]', "corpus": "docs",
+                                                       "store": uri(tmp / "other")}}, {}),
+             ("PATCH", "/assistants/a1", {"context": foreign}, {})]
+    env = {"MHQA_STORE": uri(tmp / "own")} | {k: "" for k in ("MHQA_SERVE_LLMS", "MHQA_SERVE_STORES",
+                                                             "MHQA_SERVE_ORIGINS", "MHQA_SERVE_HOSTS")}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        client = TestClient(app, base_url="http://127.0.0.1:2024")
+        codes = [client.request(method, path, json=body, headers=headers).status_code
+                 for method, path, body, headers in tries]
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    return len(tries), len(reached), f"{len(reached)} of {len(tries)} reached the server (HTTP {sorted(set(codes))})"
+
+
+def secrets_in_records(tmp: Path) -> Result:
+    """A spec with userinfo and a server that echoes the Authorization header back in its error: an eval's run.json,
+    summary.json, records and `mhqa report`; `ask --json`; and a spec holding `?api_key=`. A try fails when the
+    password or the key reaches what was written or printed, or the `?api_key=` spec is taken."""
+    from mhqa_graph.testing.endpoint import RecordingEndpoint, echoing_refusal
+
+    server = RecordingEndpoint(echoing_refusal)
+    url, key = server.url.removeprefix("http://"), "sk-probe-0123456789"
+    env = {**os.environ, "OPENAI_API_KEY": key, "MHQA_OPENAI_KEY_URLS": f"http://{url}"}
+    try:
+        data = hotpot_file(tmp / "q.jsonl", ["Where?"])
+        run = [sys.executable, "-m", "mhqa_graph.cli"]
+        done = [subprocess.run([*run, "eval", str(data), "--dataset", "hotpotqa", "--agent", "direct", "--llm",
+                                f"openai:http://u:PASSWORD1@{url}#m", "--store", uri(tmp / "s"), "--out",
+                                str(tmp / "run")], capture_output=True, text=True, env=env, timeout=120)]
+        done.append(subprocess.run([*run, "report", str(tmp / "run")], capture_output=True, text=True, env=env,
+                                   timeout=120))
+        written = "".join(p.read_text(encoding="utf-8", errors="replace") for p in (tmp / "run").glob("*.json*"))
+        leaked_eval = "PASSWORD1" in written + done[1].stdout or not written
+        ask = subprocess.run([*run, "ask", "Where?", "--agent", "direct", "--llm", f"openai:http://{url}#m",
+                              "--json", "--store", uri(tmp / "s")], capture_output=True, text=True, env=env,
+                             timeout=120)
+        leaked_ask = key in ask.stdout + ask.stderr or "invalid credentials" not in ask.stdout
+        taken = subprocess.run([*run, "ask", "Where?", "--agent", "direct", "--llm",
+                                f"openai:http://{url}?api_key={key}#m", "--store", uri(tmp / "s")],
+                               capture_output=True, text=True, env=env, timeout=120)
+        refused = taken.returncode == 2 and "OPENAI_API_KEY" in taken.stderr and key not in taken.stderr
+    finally:
+        server.close()
+    failures = int(leaked_eval) + int(leaked_ask) + int(not refused)
+    return 3, failures, ("no secret written or printed; ?api_key= refused" if not failures else
+                         f"eval leaked: {leaked_eval}, ask leaked: {leaked_ask}, ?api_key= refused: {refused}")
+
+
+def bounded_caches(tmp: Path) -> Result:
+    """200 runs in one process naming one store under 200 spellings and 200 reply lengths: stores and models the
+    process holds, and its open files. A try fails when more than one store or one model is held."""
+    from mhqa_graph.graphs import calls
+
+    with open_store(uri(tmp / "kb")) as store:
+        store.add_passages("docs", passages(3))
+    (tmp / "x").mkdir()
+    graph, before = build_graph("rag"), len(os.listdir("/proc/self/fd"))
+    held = (len(calls._stores), len(calls._models))
+    for i in range(200):
+        spelling = uri(tmp / "kb") if i % 2 else uri(tmp / "x" / ("." + "/." * i) / ".." / "kb")
+        context = make_context("rag", llm='fake:["<answer>Tulsa</answer>"]', store=spelling, corpus="docs",
+                               max_new_tokens=100 + i)
+        graph.invoke({"question": "Where?"}, context=context)
+    stores, models = len(calls._stores) - held[0], len(calls._models) - held[1]
+    opened = len(os.listdir("/proc/self/fd")) - before
+    return 2, int(stores > 1) + int(models > 1), f"{stores} store and {models} model held, +{opened} open files"
+
+
 PROBES: dict[str, Callable[[Path], Result]] = {
     "surrogate-eval": surrogate_eval, "surrogate-ask": surrogate_ask, "handles": handles,
     "readers-during-ingest": readers_during_ingest, "two-evals-one-out": two_evals_one_out,
@@ -581,6 +992,11 @@ PROBES: dict[str, Callable[[Path], Result]] = {
     "store-path-chars": store_path_chars, "long-integer": long_integer, "torn-utf8-export": torn_utf8_export,
     "planted-symlinks": planted_symlinks, "other-file-corpus": other_file_corpus, "key-separator": key_separator,
     "disk-full": disk_full, "report-memory": report_memory, "duplicate-ids": duplicate_ids,
+    "settings-range": settings_range, "untyped-errors": untyped_errors, "trusting-files": trusting_files,
+    "noise": noise,
+    "long-name": long_name, "built-from-edit": built_from_edit, "embedder-dim": embedder_dim,
+    "uri-fragment": uri_fragment, "concurrent-builds": concurrent_builds,
+    "served-graph": served_graph, "secrets-in-records": secrets_in_records, "bounded-caches": bounded_caches,
 }
 
 
@@ -591,8 +1007,12 @@ def main() -> None:
     print("| probe | tries | failures | figure | seconds |\n|---|---|---|---|---|")
     for name in args.only or PROBES:
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory() as tmp:
-            tries, failures, figure = PROBES[name](Path(tmp))
+        with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+            try:
+                tries, failures, figure = PROBES[name](Path(tmp))
+            except Exception as exc:  # noqa: BLE001 - a row that raises (a subprocess timed out) is a failed row
+                reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+                tries, failures, figure = 1, 1, f"stopped: {reason[:300]}"
         print(f"| {name} | {tries} | {failures} | {figure} | {time.perf_counter() - started:.0f} |", flush=True)
 
 

@@ -9,9 +9,12 @@ and on, in one run: prompt tokens prefilled, wall time and whether the greedy re
     python bench/serving.py --backends qwen2.5-coder-0.5b --record bench/results/serving-backends.json
     python bench/serving.py --threads --load 4 --llm llamacpp:qwen2.5-coder-0.5b   # 1 thread vs all, on busy cores
 
-Each agent's transcripts (several questions each) run in recorded order through a freshly loaded model,
-once with `cache=0` (llama.cpp reuses the previous call's prefix only) and once with the default prefix
-cache. A call's reply is capped at the length recorded for it, so both runs decode the same amount.
+Each agent's transcripts (several questions each) run in recorded order through a freshly loaded model: first
+each call from an empty context (`forget`: the replies every other run must repeat), then with the prompt
+prefilled in aligned chunks (the default) and with llama.cpp's own batching (`chunk=0`, as before replies were
+made to repeat), each with `cache=0` (the previous call's context is reused only) and with the default prefix
+cache. A call's reply is capped at the length recorded for it, so every run decodes the same amount. The table
+gives each run's prompt tokens prefilled, seconds, speed-up against the fresh run and replies equal to its.
 
 `--runs` reads the traced prompts of finished eval runs (whole runs, so later questions reuse what earlier
 ones prefilled) and counts, by characters, what a cache of the `--slots` most recent prompts leaves to prefill
@@ -100,11 +103,14 @@ def loaded(spec: str):
     return model
 
 
-def replay(spec: str, calls: list[dict]) -> dict:
-    """Run `calls` through a model loaded from `spec`; totals and the replies."""
+def replay(spec: str, calls: list[dict], fresh: bool = False) -> dict:
+    """Run `calls` through a model loaded from `spec`; totals and the replies. `fresh`: each call from an empty
+    context and prefix cache (`forget`), the replies every other way of running them must give."""
     model = loaded(spec)
     started, prompt, prefilled, replies = time.perf_counter(), 0, 0, []
     for call in calls:
+        if fresh:
+            model.forget()
         reply = ask(model, call)
         usage = reply.usage_metadata
         prompt += usage["input_tokens"]
@@ -314,15 +320,21 @@ def main() -> None:
         return parallel(args, sep)
     if args.threads:
         return threads(args, sep)
-    rows = ["| agent | calls | prompt tokens | prefilled, cache off | prefilled, cache on | s, off | s, on | "
-            "speed-up | same replies |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| agent | calls | prefill | cache | prompt tokens | prefilled | s | speed-up vs fresh | "
+            "replies as fresh |", "|---|---|---|---|---|---|---|---|---|"]
     for agent, calls in transcript_calls(args.recorded, set(filter(None, args.only.split(",")))).items():
-        off, on = replay(f"{args.llm}{sep}cache=0", calls), replay(args.llm, calls)
-        same = sum(a == b for a, b in zip(off["replies"], on["replies"]))
-        rows.append(f"| {agent} | {len(calls)} | {off['prompt']:,} | {off['prefilled']:,} | {on['prefilled']:,} | "
-                    f"{off['seconds']:.0f} | {on['seconds']:.0f} | {off['seconds'] / on['seconds']:.2f}x | "
-                    f"{same}/{len(calls)} |")
-        print(rows[-1], flush=True)
+        fresh = replay(f"{args.llm}{sep}cache=0", calls, fresh=True)
+        for prefill, chunk in (("aligned", ""), ("llama.cpp's", f"{sep}chunk=0")):
+            for cache, option in (("off", "cache=0"), ("on", "")):
+                spec = args.llm + chunk + (("&" if "?" in args.llm + chunk else "?") + option if option else "")
+                run = replay(spec, calls)
+                same = sum(a == b for a, b in zip(fresh["replies"], run["replies"]))
+                rows.append(f"| {agent} | {len(calls)} | {prefill} | {cache} | {run['prompt']:,} | "
+                            f"{run['prefilled']:,} | {run['seconds']:.0f} | {fresh['seconds'] / run['seconds']:.2f}x | "
+                            f"{same}/{len(calls)} |")
+                print(rows[-1], flush=True)
+        rows.append(f"| {agent} | {len(calls)} | fresh | - | {fresh['prompt']:,} | {fresh['prefilled']:,} | "
+                    f"{fresh['seconds']:.0f} | 1.00x | {len(calls)}/{len(calls)} |")
     print("\n".join(rows))
 
 

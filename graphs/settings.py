@@ -17,9 +17,10 @@ from typing import (
 from langchain_core.language_models import BaseChatModel
 from typing_extensions import TypedDict
 
-from mhqa_graph.errors import InvalidInput, InvalidQuestion, ModelError
+from mhqa_graph.errors import InvalidInput, InvalidQuestion, ModelError, shown
 from mhqa_graph.replies import DECODING_MODES, can_constrain
 from mhqa_graph.store import KnowledgeStore
+from mhqa_graph.store.base import MAX_K, MAX_NODE_FACTS
 
 from .guards import check_settings as check_guards
 
@@ -52,11 +53,14 @@ class AgentContext:
 
     llm: str = setting("auto", help="Model spec of every role: a pack name (qwen2.5-coder-1.5b), "
                        "llamacpp:<pack>, hf:<folder>, openai:<url>#<model> or fake:[\"reply\", ...]; "
-                       "auto = the best installed pack.")
+                       "auto = the best installed pack, through llama.cpp where llama-cpp-python is installed.")
     role_llms: dict[str, Any] = setting(default_factory=dict, help="Model spec per role, overriding llm, e.g. "
                                         "{\"plan\": \"qwen2.5-coder-1.5b\"}; keys must be the agent's roles.")
     store: Any = setting(None, help="Store URI (embedded:///abs/dir or neo4j://host:7687); "
                          "empty = $MHQA_STORE, else the user data dir. The store must exist.")
+    llm_cache: str | None = setting(None, help="A call cache file (SQLite; created if missing): every model call's "
+                                    "reply is kept under a key of all that decides it, and a later call with the same "
+                                    "key is answered from the file. Records count those calls (llm_calls_cached).")
     corpus: str | None = setting(None, help="Passage corpus to search (see `mhqa stats`).")
     graph: str | None = setting(None, help="Knowledge graph to search (see `mhqa stats`).")
     top_k: int = setting(5, help="Passages or entities retrieved per search.")
@@ -81,9 +85,10 @@ class AgentContext:
     model_timeout: float = setting(600.0, help="Seconds a model call may take; a slower one fails as a timeout "
                                    "(and is retried). 0 = no limit.")
     decoding: str = setting("auto", help="auto: constrain each reply to its role's format where the backend can "
-                            "(llama.cpp grammar, OpenAI-compatible json_schema), else prompt and parse; "
-                            "constrained: the same, but a role whose backend constrains nothing is an error "
-                            "(turns a backend cannot express still use the prompt); prompt: never constrain.")
+                            "(llama.cpp grammar, OpenAI-compatible json_schema, xgrammar for transformers, a chat "
+                            "model's own with_structured_output), else prompt and parse; constrained: the same, but a "
+                            "role whose backend constrains nothing is an error (turns a backend cannot express still "
+                            "use the prompt); prompt: never constrain.")
     guards: str = setting("auto", help="Small-model guards to run (graphs/guards/): auto (the default set), none, "
                           "comma-separated names, or -name,+name to change the default set.")
     guard_mode: str = setting("enforce", help="enforce: a guard that fires changes the run; log: it is only "
@@ -139,14 +144,57 @@ def configured_settings(cls: type) -> dict[str, Any]:
     return {k: v for k, v in configurable.items() if k in known}
 
 
-POSITIVE_SETTINGS = ("top_k", "max_rounds", "max_new_tokens")  # other int settings may be 0
+# The range of each numeric setting of every agent, (least, most) in its unit: NaN, an infinity or a value outside it
+# is an InvalidInput naming the setting and its range (`check_values`). A numeric setting added without a range here
+# may be 0 to DEFAULT_MOST (tests/test_hardening.py checks that none is).
+SETTING_RANGES: dict[str, tuple[int, int]] = {
+    "top_k": (1, MAX_K), "topk_schedule": (1, MAX_K),  # a store search's k (topk_schedule: each of its entries)
+    "max_rounds": (1, 100), "max_rewrites": (0, 20), "max_new_tokens": (1, 32_768), "plan_example_k": (0, 20),
+    "parse_retries": (0, 10), "model_retries": (0, 20),
+    "retry_backoff": (0, 600), "model_timeout": (0, 86_400),  # seconds (a day; 0 = no limit)
+    "min_confidence": (0, 1), "trust_confidence": (0, 1), "budget": (0, 1000),  # auto
+    "kg_nodes": (0, 100),  # rag
+    "max_subquestions": (0, 100), "kg_entities": (0, 100), "max_facts": (0, MAX_NODE_FACTS),  # Mujica
+    "min_worker_rounds": (0, 100), "replan_retries": (0, 20), "planner_budget": (0, 1_000_000),
+    "max_calls_per_round": (0, 100), "result_chars": (0, 1_000_000), "context_chars": (0, 1_000_000),  # Omne
+}
+DEFAULT_MOST = 1_000_000
+
+
+def check_number(name: str, value: Any, integer: bool) -> None:
+    """InvalidInput, naming `name` and its range (SETTING_RANGES), unless `value` is an integer (`integer`) or a
+    number in it; NaN and the infinities are in no range."""
+    least, most = SETTING_RANGES.get(name, (0, DEFAULT_MOST))
+    typed = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if not typed or isinstance(value, bool) or not least <= value <= most:  # NaN fails both comparisons
+        kind = "an integer" if integer else "a number"
+        raise InvalidInput(f"{name} must be {kind} from {least:,} to {most:,}, got {shown(value)}")
+
+
+def check_values(ctx: AgentContext) -> None:
+    """InvalidInput for a setting of the wrong type or out of its range (`check_number`)."""
+    for f in fields(ctx):
+        value = getattr(ctx, f.name)
+        if f.type in ("int", int, "float", float):
+            check_number(f.name, value, integer=f.type in ("int", int))
+        elif f.type == "tuple[int, ...]":
+            if not isinstance(value, (list, tuple)) or len(value) > 100:
+                raise InvalidInput(f"{f.name} must be a list of at most 100 integers, got {shown(value)}")
+            for item in value:
+                check_number(f.name, item, integer=True)
+        elif f.type in ("bool", bool) and not isinstance(value, bool):
+            raise InvalidInput(f"{f.name} must be true or false, got {shown(value)}")
+        elif f.type == "str | None" and not (value is None or isinstance(value, str)):
+            raise InvalidInput(f"{f.name} must be a string, got {shown(value)}")
 
 
 def validate_context(ctx: AgentContext, roles: tuple[str, ...]) -> None:
-    """InvalidInput or ModelError for a setting that would fail the run, before any work: `role_llms`
-    keys that are not among `roles`, a model spec that cannot load, a value of the wrong type."""
-    from mhqa_graph.models.factory import best_installed_chat_pack, check_chat_spec
+    """InvalidInput or ModelError for a setting that would fail the run, before any work: a value of the wrong type
+    or out of its range (`check_values`), `role_llms` keys that are not among `roles`, a model spec that cannot
+    load."""
+    from mhqa_graph.models.factory import check_chat_spec, default_chat_spec
 
+    check_values(ctx)
     if not isinstance(ctx.role_llms, dict):
         raise InvalidInput(f"role_llms must map roles to models, got {type(ctx.role_llms).__name__}")
     unknown = sorted(set(ctx.role_llms) - set(roles))
@@ -161,7 +209,7 @@ def validate_context(ctx: AgentContext, roles: tuple[str, ...]) -> None:
         if isinstance(spec, BaseChatModel):
             continue
         if spec in ("", "auto", None):
-            if best_installed_chat_pack() is None:
+            if default_chat_spec() is None:
                 raise ModelError(f"{where}: no offline chat pack installed for 'auto'; pip install "
                                  "'mhqa-graph[models-qwen]' or give a model spec")
             continue
@@ -175,24 +223,13 @@ def validate_context(ctx: AgentContext, roles: tuple[str, ...]) -> None:
     ctx.check()
     if ctx.decoding == "constrained":
         for where, spec in specs:
-            if not can_constrain(spec):
-                raise InvalidInput(f"decoding=constrained: {where} ({spec!r}) cannot be constrained; use a "
-                                   "llamacpp: or openai: model, or decoding=auto")
+            if not can_constrain(default_chat_spec() if spec in ("", "auto", None) else spec):
+                named = shown(spec) if isinstance(spec, str) or spec is None else type(spec).__name__
+                raise InvalidInput(f"decoding=constrained: {where} ({named}) cannot be constrained; use a "
+                                   "llamacpp: or openai: model, a chat model object with its own "
+                                   "with_structured_output, or decoding=auto")
     if not (ctx.store is None or isinstance(ctx.store, (str, KnowledgeStore))):
         raise InvalidInput(f"store must be a URI or a KnowledgeStore, got {type(ctx.store).__name__}")
-    for f in fields(ctx):
-        value = getattr(ctx, f.name)
-        if f.type in ("int", int):
-            least = 1 if f.name in POSITIVE_SETTINGS else 0
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise InvalidInput(f"{f.name} must be an integer >= {least}, got {value!r}")
-        elif f.type in ("float", float) and (not isinstance(value, (int, float)) or isinstance(value, bool)
-                                            or value < 0):
-            raise InvalidInput(f"{f.name} must be a number >= 0, got {value!r}")
-        elif f.type in ("bool", bool) and not isinstance(value, bool):
-            raise InvalidInput(f"{f.name} must be true or false, got {value!r}")
-        elif f.type == "str | None" and not (value is None or isinstance(value, str)):
-            raise InvalidInput(f"{f.name} must be a string, got {value!r}")
 
 
 def extend(left: list, right: list | None) -> list:

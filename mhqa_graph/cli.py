@@ -32,6 +32,10 @@ app.add_typer(ingest_app, name="ingest")
 app.add_typer(query_app, name="query")
 app.add_typer(models_app, name="models")
 
+# a flag takes no value: help shows no `<bool>` beside it
+_option_type = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else _option_type(self, ctx)
+
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 _state = {"debug": False}
@@ -43,6 +47,9 @@ BudgetOpt = Annotated[int | None, typer.Option("--budget", help="auto only: most
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="Any other setting of the agent as NAME=VALUE, "
                                                   "repeatable (e.g. --set hand_over=false); an unknown NAME lists "
                                                   "the agent's settings.")]
+LlmCacheOpt = Annotated[Path | None, typer.Option("--llm-cache", help="Call cache file (SQLite, created if missing): "
+                                                  "model calls made before with the same key are answered from it.")]
+LLM_HELP = "Model spec (default: llamacpp:<best installed pack>; without llama-cpp-python, the pack itself)."
 ModelTimeoutOpt = Annotated[float | None, typer.Option("--model-timeout", help="Seconds a model call may take "
                                                         "(default 600; 0 = no limit).")]
 
@@ -258,7 +265,7 @@ def models_pull(name: str) -> None:
             bar.update(tasks[stage], completed=done, total=total)
 
         path = pull(name, progress=progress)
-    out.print(f"{name}: {path}")
+    out.print(f"{name}: {path}", markup=False, highlight=False)
 
 
 def _brief(update: Any, limit: int = 240) -> str:
@@ -272,7 +279,7 @@ def _brief(update: Any, limit: int = 240) -> str:
 def ask_cmd(
     question: str,
     agent: Annotated[str, typer.Option("--agent", help="opera | mujica | omne | rag | direct | auto")] = "opera",
-    llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: best installed pack).")] = None,
+    llm: Annotated[str | None, typer.Option("--llm", help=LLM_HELP)] = None,
     store: StoreOpt = None,
     corpus: Annotated[str | None, typer.Option("--corpus", help="Passage corpus to search.")] = None,
     graph: Annotated[str | None, typer.Option("--graph", help="Knowledge graph(s), comma-separated.")] = None,
@@ -288,10 +295,11 @@ def ask_cmd(
                                                                     "replies to their format (default auto).")] = None,
     budget: BudgetOpt = None,
     model_timeout: ModelTimeoutOpt = None,
+    llm_cache: LlmCacheOpt = None,
     settings: SetOpt = None,
 ) -> None:
     """Answer QUESTION with an agent over the store. Exits 1 when the run failed (no answer)."""
-    from .graphs import build_graph, check_sources, make_context, parse_settings
+    from .graphs import NO_SEARCH, build_graph, check_sources, make_context, parse_settings
     from .graphs.settings import check_question
     from .traces import TraceRecorder
 
@@ -300,11 +308,12 @@ def ask_cmd(
     if trace and not trace.parent.is_dir():
         raise InvalidInput(f"--trace {trace}: the folder {trace.parent} does not exist")
     named = {"llm": llm, "store": store, "corpus": corpus, "graph": graph, "top_k": top_k, "guards": guards,
-             "guard_mode": guard_mode, "model_timeout": model_timeout, "decoding": decoding, "budget": budget}
-    context = make_context(agent, **_with_named(parse_settings(agent, settings or []), named))
-    if corpus or graph:
+             "guard_mode": guard_mode, "model_timeout": model_timeout, "decoding": decoding, "budget": budget,
+             "llm_cache": str(llm_cache) if llm_cache else None}
+    context = make_context(agent, require_source=False, **_with_named(parse_settings(agent, settings or []), named))
+    if context.corpus or context.graph:
         check_sources(context)
-    elif agent != "direct":  # the others search the store: it must say what to search
+    elif agent not in NO_SEARCH:  # make_context's rule, in the CLI's words
         check_store_exists(store)
         raise InvalidInput(f"--agent {agent} searches the store: give --corpus NAME or --graph NAME "
                            "(`mhqa stats` lists them), or use --agent direct")
@@ -319,12 +328,12 @@ def ask_cmd(
                 err.print(Text.assemble((node, "cyan"), " ", _brief(update)), highlight=False)
     recorded = recorder.trace(state)
     if as_json:
-        _print_json({"answer": state.get("answer", ""), "error": state.get("error"),
+        _print_json({"answer": state.get("answer", ""), "error": recorded.error,  # secrets masked (redact)
                      "trace": recorded.model_dump(mode="json")})
     else:
         out.print(state.get("answer") or "", markup=False, highlight=False)
         if state.get("error"):
-            err.print(Text.assemble(("note: ", "yellow"), str(state["error"])), highlight=False)
+            err.print(Text.assemble(("note: ", "yellow"), str(recorded.error)), highlight=False)
     if trace:
         trace.write_text(recorded.model_dump_json(indent=2), encoding="utf-8")
     if not state.get("answer"):
@@ -337,7 +346,7 @@ def eval_cmd(
     dataset: Annotated[str, typer.Option("--dataset", help="hotpotqa | 2wiki | musique | pathquestion")],
     agent: Annotated[str, typer.Option("--agent", help="opera | mujica | omne | rag | direct | auto")],
     out_dir: Annotated[Path, typer.Option("--out", help="Run folder (results.jsonl, summary.json); reruns resume.")],
-    llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: best installed pack).")] = None,
+    llm: Annotated[str | None, typer.Option("--llm", help=LLM_HELP)] = None,
     store: StoreOpt = None,
     limit: Annotated[int | None, typer.Option("--limit", help="Only N questions.")] = None,
     start: Annotated[int, typer.Option("--start", help="Skip the first N questions (a disjoint slice).")] = 0,
@@ -355,6 +364,7 @@ def eval_cmd(
     guard_mode: Annotated[str | None, typer.Option("--guard-mode", help="enforce | log.")] = None,
     budget: BudgetOpt = None,
     model_timeout: ModelTimeoutOpt = None,
+    llm_cache: LlmCacheOpt = None,
     settings: SetOpt = None,
 ) -> None:
     """Evaluate an agent on a benchmark file. The store gets the file's corpus/graph first (a missing store is
@@ -376,7 +386,8 @@ def eval_cmd(
                  start=start, force_new=force_new, ids=None if ids is None else [i for i in ids.split(",") if i],
                  context_overrides=_with_named(parse_settings(agent, settings or []), {
                      "corpus": corpus, "graph": graph, "decoding": decoding, "guards": guards, "guard_mode": guard_mode,
-                     "model_timeout": model_timeout, "budget": budget}))
+                     "model_timeout": model_timeout, "budget": budget,
+                     "llm_cache": str(llm_cache) if llm_cache else None}))
     except EvalInterrupted as e:
         err.print(Text(str(e)))
         sys.stderr.flush()
@@ -407,15 +418,20 @@ def _check_eval_store(store: str | None, given: bool) -> None:
 def report_cmd(
     runs: Annotated[list[Path], typer.Argument(exists=True, file_okay=False, help="Run folders of `mhqa eval`.")],
     png: Annotated[Path | None, typer.Option("--out", help="Write the F1 bar plot to this PNG.")] = None,
+    target: Annotated[float, typer.Option("--target", help="The margin, in F1 points, each run must clear over "
+                                                          "the first: met when the lower bound of its 95% cluster "
+                                                          "interval does, missed when the upper bound is below, "
+                                                          "else within noise.")] = 0.0,
 ) -> None:
-    """Compare runs side by side on the questions they all answered; optionally plot F1."""
+    """Compare runs side by side on the questions they all answered, with each run's ΔF1 against the first, its
+    verdict by interval and the smallest ΔF1 the questions can show; optionally plot F1."""
     from .eval import compare, compare_table, plot
     from .eval.report import RESULTS
 
     for run in runs:
         if not (run / RESULTS).is_file():
             raise InvalidInput(f"{run} holds no eval run (no {RESULTS}); pass folders written by `mhqa eval --out`")
-    summaries = compare(runs)
+    summaries = compare(runs, target)
     out.print(compare_table(summaries))
     if png:
         out.print(f"plot: {plot(summaries, png)}", markup=False, highlight=False)
@@ -439,7 +455,8 @@ def export_cmd(
     for name in [name for name, n in counts.items() if n == 0]:
         err.print(Text(f"note: no {name} rows in {run}; the {name} split is skipped"))
     written = {name: n for name, n in counts.items() if n}
-    out.print(", ".join(f"{name}: {n} rows" for name, n in written.items()) + f" -> {out_dir}", highlight=False)
+    out.print(", ".join(f"{name}: {n} rows" for name, n in written.items()) + f" -> {out_dir}", markup=False,
+              highlight=False)  # a path may hold [ ]: never rich markup
 
 
 @app.command("templates")
@@ -475,7 +492,7 @@ def templates_cmd(
     rollout = dataclasses.replace(rollout, **{k: v for k, v in given.items() if v is not None})
     counts = export_templates(rollout, out_dir, think_weight=think_weight, rows=rows)
     tried = sum(counts.values())
-    out.print(f"templates: {counts['made']} of {tried} questions -> {out_dir}", highlight=False)
+    out.print(f"templates: {counts['made']} of {tried} questions -> {out_dir}", markup=False, highlight=False)
     for reason, n in counts.most_common():
         if reason in SKIPS:
             out.print(f"  skipped, {reason}: {n} ({SKIPS[reason]})", highlight=False)
@@ -571,13 +588,15 @@ def check_train_config(method: str, config: Path) -> None:
 @app.command("demo")
 def demo_cmd(
     store: StoreOpt = None,
-    data: Annotated[Path, typer.Option("--data", help="The benchmark data folder.")] = Path("../shared/data"),
+    data: Annotated[Path | None, typer.Option("--data", help="The benchmark data folder with the full sets (HotpotQA "
+                                                            "dev_a, PathQuestion 2-hop); default: the bundled "
+                                                            "sample.")] = None,
     llm: Annotated[str | None, typer.Option("--llm", help="Model spec (default: llamacpp:qwen2.5-coder-1.5b).")] = None,
     questions: Annotated[int, typer.Option("--questions", "-n", help="Questions per agent: the first N of its "
                                                                      "dev file.")] = 1,
 ) -> None:
-    """Ingest real benchmark data into a store (default .mhqa-demo), query it, and have the six agents
-    answer the first questions of the dev files with an offline model."""
+    """Ingest real benchmark data (a bundled sample, or --data's full sets) into a store (default .mhqa-demo), query
+    it, and have the six agents answer the first questions of the dev files with an offline model."""
     from .demo import run_demo
 
     run_demo(store, data, llm, questions, out)
@@ -591,9 +610,15 @@ def _usage_hint(exc: Any) -> str:
     return f"; see '{ctx.command_path} --help'"
 
 
+MAX_ERROR_LINE = 2000  # characters of an error line; a message echoing a huge value is cut
+
+
 def _fail(message: str, code: int = 2) -> None:
-    """One line on stderr (newlines folded), then exit with `code`."""
-    err.print(Text.assemble(("error: ", "red"), " ".join(message.split())))
+    """One line on stderr (newlines folded, at most MAX_ERROR_LINE characters), then exit with `code`."""
+    line = " ".join(message.split())
+    if len(line) > MAX_ERROR_LINE:
+        line = f"{line[:MAX_ERROR_LINE]}… ({len(line):,} characters)"
+    err.print(Text.assemble(("error: ", "red"), line))
     sys.exit(code)
 
 

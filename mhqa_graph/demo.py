@@ -1,14 +1,16 @@
 """`mhqa demo`: real benchmark data into the embedded store, real queries, the six agents with an offline model.
 
-The questions follow a fixed rule, never picked by hand: the first `n` questions (default 1) of
-HotpotQA `dev_a.jsonl` for `direct`, `rag`, `opera` and `mujica` over its pooled paragraphs, and of
-PathQuestion `PQ-2H.txt` for `omne` and `auto` over its KB. The KG is PathQuestion's because its questions are
-paths of its own KB, so a walk can reach every answer; 2Wiki's evidence KG names one entity
-differently from row to row (its first question's head entity is stored only as "Duke Alexander Paul
-Ludwig Konstantin of Württemberg"), so a walk often cannot. The corpus and graph carry the names
-`mhqa eval` gives these files (`hotpotqa-dev_a`, `pathquestion-2H-kb`), so an eval on the demo store
-reuses them. An agent counts as correct when every answer it gave scores F1 >= 0.5 against a gold
-alias (EM and F1 are shown beside each answer).
+Without `--data` it runs on the sample the package bundles (`mhqa_graph/demo_data/`, its README has the sources and
+licences): 30 HotpotQA dev rows and the evidence graph of 40 2WikiMultihopQA dev questions. With `--data` (the
+benchmark data folder, `../shared/data` in this project) it runs on the full HotpotQA `dev_a.jsonl` and the
+PathQuestion 2-hop KB. The questions follow a fixed rule, never picked by hand: the first `n` questions (default 1)
+of the HotpotQA file for `direct`, `rag`, `opera` and `mujica` over its pooled paragraphs, and of the KG file for
+`omne` and `auto` over its graph. The bundled 2Wiki rows are compositional questions whose evidence chain starts
+from entities the question names (2Wiki's evidence graph names one entity differently from row to row, so a walk
+often cannot reach other rows' answers); PathQuestion's questions are paths of its own KB. The corpus and graph
+carry the names `mhqa eval` gives these files (`hotpotqa-demo` and `2wiki-demo_evidences`; `hotpotqa-dev_a` and
+`pathquestion-2H-kb`), so an eval on the demo store reuses them. An agent counts as correct when every answer it
+gave scores F1 >= 0.5 against a gold alias (EM and F1 are shown beside each answer).
 """
 
 from __future__ import annotations
@@ -33,8 +35,16 @@ from .ingest.datasets import QAItem, questions
 from .ingest.runner import ingest_dataset
 from .store import KnowledgeStore, open_store
 
-HOTPOT = ("hotpotqa", "hotpotqa/dev_a.jsonl")
+DEMO_DATA = Path(__file__).resolve().parent / "demo_data"  # the bundled sample (package data)
+BUNDLED = (("hotpotqa", DEMO_DATA / "hotpotqa" / "demo.jsonl"),
+           ("2wiki", DEMO_DATA / "2wikimultihopqa" / "demo_evidences.json"))
+HOTPOT = ("hotpotqa", "hotpotqa/dev_a.jsonl")  # the full sets, in the --data folder
 KG = ("pathquestion", "pathquestion/PQ-2H.txt")
+# each file of the full sets -> what to download into its place
+DOWNLOADS = {HOTPOT[1]: "HotpotQA's distractor dev rows, Hugging Face layout, one JSON object a line "
+                        "(https://hotpotqa.github.io/)",
+             KG[1]: "PathQuestion's PQ-2H.txt (https://github.com/zmtkeke/IRN)",
+             "pathquestion/2H-kb.txt": "PathQuestion's 2H-kb.txt, the KB of PQ-2H.txt (https://github.com/zmtkeke/IRN)"}
 DEFAULT_STORE = "embedded://.mhqa-demo"
 DEFAULT_LLM = "llamacpp:qwen2.5-coder-1.5b"
 TEXT_AGENTS = ("direct", "rag", "opera", "mujica")
@@ -69,11 +79,16 @@ def _ingest(store: KnowledgeStore, dataset: str, path: Path, console: Console) -
     return name
 
 
-def check_demo_data(data: Path) -> None:
-    """InvalidInput naming the missing file unless the data folder holds the demo's files."""
-    for _, rel in (HOTPOT, KG):
+def demo_files(data: Path | None) -> tuple[tuple[str, Path], tuple[str, Path]]:
+    """(dataset, file) of the text questions and of the KG questions: the bundled sample without `data`, else the
+    full sets in the `data` folder (InvalidInput naming what to download, and where to put it, for a missing file)."""
+    if data is None:
+        return BUNDLED
+    for rel, what in DOWNLOADS.items():
         if not (data / rel).is_file():
-            raise InvalidInput(f"{data / rel} not found; pass --data to the benchmark data folder")
+            raise InvalidInput(f"{data / rel} not found: put {what} there, or leave out --data to run on the bundled "
+                               "sample")
+    return (HOTPOT[0], data / HOTPOT[1]), (KG[0], data / KG[1])
 
 
 def _clock(seconds: float) -> str:
@@ -99,8 +114,9 @@ class StepTimer:
         return ", ".join(f"step {number} {_clock(seconds)}" for number, seconds in self.times)
 
 
-def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: int, console: Console) -> int:
-    """Run the demo; returns how many of the five agents answered correctly."""
+def run_demo(store_uri: str | None, data: Path | None, llm: str | None, n_questions: int, console: Console) -> int:
+    """Run the demo on the bundled sample (`data` None) or the full sets in `data`; returns how many of the six
+    agents answered correctly."""
     from .models.factory import check_chat_spec
 
     started = time.perf_counter()
@@ -108,14 +124,14 @@ def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: in
     check_chat_spec(spec)  # a bad --llm fails before any work
     if n_questions < 1:
         raise InvalidInput(f"--questions must be >= 1, got {n_questions}")
-    check_demo_data(data)
-    hotpot: list[QAItem] = list(itertools.islice(questions(HOTPOT[0], data / HOTPOT[1]), n_questions))
-    paths: list[QAItem] = list(itertools.islice(questions(KG[0], data / KG[1]), n_questions))
+    text_file, kg_file = demo_files(data)
+    hotpot: list[QAItem] = list(itertools.islice(questions(*text_file), n_questions))
+    paths: list[QAItem] = list(itertools.islice(questions(*kg_file), n_questions))
     timer = StepTimer(console)
     with open_store(store_uri or DEFAULT_STORE) as store:
         with timer(f"1. Ingest real benchmark data into {store.uri}"):
-            corpus = _ingest(store, HOTPOT[0], data / HOTPOT[1], console)
-            kg = _ingest(store, KG[0], data / KG[1], console)
+            corpus = _ingest(store, *text_file, console)
+            kg = _ingest(store, *kg_file, console)
 
         with timer(f"2. Passage search on {corpus} (supporting titles marked *)"):
             for item in hotpot:
@@ -142,7 +158,8 @@ def run_demo(store_uri: str | None, data: Path, llm: str | None, n_questions: in
     console.rule()
     console.print(f"[bold]{correct} of {len(runs)} agents answered correctly[/] (every answer F1 >= {CORRECT_F1}); "
                   f"total time {_clock(time.perf_counter() - started)} ({timer.summary()})", highlight=False)
-    console.print(f"Use this store with the CLI: export MHQA_STORE={store.uri}", markup=False, highlight=False)
+    console.print(f"Use this store with the CLI: export MHQA_STORE={store.uri}, then --corpus {corpus} or --graph {kg}",
+                  markup=False, highlight=False)
     return correct
 
 
@@ -160,7 +177,7 @@ def _load_model(spec: str, console: Console) -> Any:
     started = time.perf_counter()
     with console.status(Text(f"loading {spec}")):
         model = load_chat_model(spec, **({} if scheme == "fake" else {"max_new_tokens": SETTINGS["max_new_tokens"]}))
-    console.print(f"  model: {spec} loaded ({time.perf_counter() - started:.1f} s)", highlight=False)
+    console.print(f"  model: {spec} loaded ({time.perf_counter() - started:.1f} s)", markup=False, highlight=False)
     return model
 
 

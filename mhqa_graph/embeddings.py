@@ -1,7 +1,7 @@
 """Text embedders for dense search and entity matching.
 
 Specs: "all-minilm-l6-v2" (the offline pack, needs the `models` extra), "hash" or
-"hash:<dim>" (dependency-free feature hashing, for tests), "auto" (the pack when
+"hash:<dim>" (dependency-free feature hashing, for tests; 1 <= dim <= MAX_DIM), "auto" (the pack when
 installed, else "hash"). Vectors are float32 and L2-normalised, so inner product = cosine.
 """
 
@@ -15,11 +15,13 @@ from typing import Protocol
 
 import numpy as np
 
-from .errors import ModelError, ModelNotInstalled
+from .errors import InvalidInput, ModelError, ModelNotInstalled
 
 log = logging.getLogger(__name__)
 
 _TOKEN = re.compile(r"\w+", re.UNICODE)
+# The most dimensions a hash embedder may have: as many as Neo4j's vector indexes take (4,096), 16 KB a vector.
+MAX_DIM = 4096
 
 
 class Embedder(Protocol):
@@ -39,6 +41,8 @@ class HashEmbedder:
     """Signed feature hashing of words and character trigrams. Deterministic, no model."""
 
     def __init__(self, dim: int = 256) -> None:
+        if not isinstance(dim, int) or isinstance(dim, bool) or not 1 <= dim <= MAX_DIM:
+            raise InvalidInput(f"a hash embedder's dimension must be an integer in 1..{MAX_DIM}, got {dim!r}")
         self.dim = dim
         self.spec = f"hash:{dim}"
 
@@ -96,6 +100,22 @@ def resolve_spec(spec: str | None) -> str:
     return spec
 
 
+def hash_dim(spec: str) -> int:
+    """The dimension of a "hash" or "hash:<dim>" spec; InvalidInput unless it is an integer in 1..MAX_DIM."""
+    digits = spec.partition(":")[2] if ":" in spec else "256"
+    dim = int(digits) if re.fullmatch(r"[0-9]{1,7}", digits) else 0
+    if not 1 <= dim <= MAX_DIM:
+        raise InvalidInput(f"embedder {spec!r}: the dimension must be an integer in 1..{MAX_DIM}")
+    return dim
+
+
+def check_spec(spec: str | None) -> None:
+    """InvalidInput for a spec that can never load (a hash dimension out of range), before a store is opened with it
+    and anything written; other specs are checked when loaded."""
+    if spec == "hash" or (isinstance(spec, str) and spec.startswith("hash:")):
+        hash_dim(spec)
+
+
 def load_embedder(spec: str | None = "auto") -> Embedder:
     """The embedder for `spec`, loaded once per process."""
     spec = resolve_spec(spec)
@@ -107,8 +127,7 @@ def load_embedder(spec: str | None = "auto") -> Embedder:
 
 def _build(spec: str) -> Embedder:
     if spec == "hash" or spec.startswith("hash:"):
-        dim = int(spec.split(":", 1)[1]) if ":" in spec else 256
-        return HashEmbedder(dim)
+        return HashEmbedder(hash_dim(spec))
     if spec.startswith("st:"):
         return SentenceTransformerEmbedder(spec, spec[3:])
     from .models.packs import PACKS, pack_path

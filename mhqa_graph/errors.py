@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+MAX_ECHO = 80  # characters of a value a user gave that an error message repeats
+
+
+def shown(value: Any, limit: int = MAX_ECHO) -> str:
+    """`value` as an error message repeats it: its repr, cut to `limit` characters (saying how long it was); an
+    integer too long to print (Python's 4,300 digits) by its number of digits."""
+    try:
+        text = repr(value)
+    except ValueError:  # int's limit on the digits it converts
+        return f"an integer of about {int(value.bit_length() * 0.30103):,} digits"
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text):,} characters)"
+
 
 class MhqaError(Exception):
     """Base class of every error mhqa-graph raises on purpose."""
@@ -90,6 +104,10 @@ class ModelError(MhqaError):
     """A model spec cannot be resolved or a model pack cannot be loaded."""
 
 
+class CorruptCache(ModelError):
+    """A call cache file (`--llm-cache`) or one of its entries cannot be read: never answered from."""
+
+
 class ModelNotInstalled(ModelError):
     """The offline pack's wheel is not installed; the message names the pip extra."""
 
@@ -113,9 +131,19 @@ class TrainingError(MhqaError):
     device during a rollout, which would otherwise be scored as a wrong answer and trained on."""
 
 
+class CheckpointError(TrainingError):
+    """A checkpoint to resume from is not what a trainer writes: a symbolic link among its files, or a state.json
+    that is not a JSON object of the expected types."""
+
+
 class DevSliceError(InvalidInput):
     """A trainer's dev slice cannot measure it: it shares questions with the training slice, or holds fewer
     questions than the config asks for (`dev.min_questions`)."""
+
+
+class Forbidden(MhqaError):
+    """A served graph refused what a request asked for: a foreign web page (`Origin`), a host name that is not the
+    server's, or a model or store the operator did not allow (SECURITY.md, "The served graph")."""
 
 
 class InvalidQuestion(MhqaError):

@@ -36,13 +36,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import MhqaError
+from .errors import InvalidInput, MhqaError
 from .eval.health import guard_health
+from .eval.runner import open_new
 from .eval.scoring import normalize_answer
 from .messages import FORCED_FINAL, HANDED_OVER, RETRIES, legacy_kind
 from .traces import LLMCall, Trace, TraceError, load_trace
@@ -420,8 +422,18 @@ def _features(kind: str) -> Any:
     return d.Features(step | {"rewrite": text, "next_retrieved_ids": d.List(text)})
 
 
+def _refuse_links(out: Path) -> None:
+    """InvalidInput naming the first symbolic link in the dataset folder `out`: an export writes no file through one
+    (a link planted at `<out>/sft.jsonl` would have it overwrite the link's target)."""
+    for root, dirs, files in os.walk(out):  # a linked folder is listed here, not entered
+        for name in (*dirs, *files):
+            if (Path(root) / name).is_symlink():
+                raise InvalidInput(f"{Path(root) / name} is a symbolic link; an export writes no file through one: "
+                                   "remove it, or use another --out")
+
+
 def _write_jsonl(rows: list[dict], path: Path) -> None:
-    with path.open("w", encoding="utf-8") as f:
+    with open_new(path) as f:  # made afresh (O_EXCL, O_NOFOLLOW): a link put there meanwhile is not followed
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
@@ -430,7 +442,8 @@ def export(run: str | Path, fmt: str, out: str | Path, min_reward: float | None 
            think_weight: float = THINK_WEIGHT) -> dict[str, int]:
     """Export a run as `fmt` into `out` (a dataset folder, or for roles a DatasetDict folder with the
     splits plan/analysis/rewrite that have rows) plus `out/<fmt or role>.jsonl`. Returns the row count
-    per dataset (0 for a role left out); TraceError if there is no row at all."""
+    per dataset (0 for a role left out); TraceError if there is no row at all, InvalidInput for a symbolic link in
+    `out`."""
     if fmt not in FORMATS:
         raise TraceError(f"unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
     d = _datasets()
@@ -450,6 +463,7 @@ def export(run: str | Path, fmt: str, out: str | Path, min_reward: float | None 
                          + (f" (min reward {min_reward})" if min_reward is not None else ""))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    _refuse_links(out)
     built = {name: d.Dataset.from_list(rows, features=_features(name)) for name, rows in tables.items() if rows}
     shown = d.is_progress_bar_enabled()
     d.disable_progress_bars()  # a save is seconds: no bar per split and shard

@@ -211,9 +211,12 @@ def decoding_kwargs(model: BaseChatModel, fmt: ReplyFormat) -> tuple[dict[str, A
 def structured(model: BaseChatModel, fmt: ReplyFormat) -> Any:
     """`model.with_structured_output(fmt's schema, include_raw=True)`, replying as the other backends do: a message
     whose text is the value as JSON (the parsers read it as any reply), or the raw reply's text when the model's
-    value did not parse (the agent's repair then asks again). Usage and metadata are the raw reply's."""
+    value did not parse (the agent's repair then asks again). Usage and metadata are the raw reply's. A model that
+    cannot give this schema is asked with the prompt instead, as a server that refuses a `response_format` is: one
+    whose `with_structured_output` raises NotImplementedError, or a call that the provider refuses
+    (`refuses_schema`); the trace's `decoding_error` says why."""
     from langchain_core.messages import AIMessage
-    from langchain_core.runnables import RunnableLambda
+    from langchain_core.runnables import RunnableConfig, RunnableLambda
 
     schema = {"title": fmt.name, "description": f"The {fmt.name} reply.", **fmt.schema}
 
@@ -224,7 +227,39 @@ def structured(model: BaseChatModel, fmt: ReplyFormat) -> Any:
         meta = dict(getattr(raw, "response_metadata", {}) or {})
         return AIMessage(text, usage_metadata=getattr(raw, "usage_metadata", None), response_metadata=meta)
 
-    return model.with_structured_output(schema, include_raw=True) | RunnableLambda(as_message)
+    def prompted(why: str) -> Any:
+        return model.with_config(metadata={"mhqa_decoding_fallback": why})
+
+    try:
+        constrained = model.with_structured_output(schema, include_raw=True) | RunnableLambda(as_message)
+    except NotImplementedError as exc:
+        return prompted(f"{type(model).__name__} has no structured output for this schema ({exc})"[:300])
+
+    def call(messages: Any, config: RunnableConfig, **kwargs: Any) -> Any:
+        try:
+            return constrained.invoke(messages, config, **kwargs)
+        except Exception as exc:
+            if not refuses_schema(exc):
+                raise
+            return prompted(f"the provider refused the schema: {type(exc).__name__}").invoke(messages, config, **kwargs)
+
+    async def acall(messages: Any, config: RunnableConfig, **kwargs: Any) -> Any:
+        try:
+            return await constrained.ainvoke(messages, config, **kwargs)
+        except Exception as exc:
+            if not refuses_schema(exc):
+                raise
+            why = f"the provider refused the schema: {type(exc).__name__}"
+            return await prompted(why).ainvoke(messages, config, **kwargs)
+
+    return RunnableLambda(call, afunc=acall, name="structured_output")
+
+
+def refuses_schema(exc: BaseException) -> bool:
+    """Whether a structured-output call failed because the model or its provider cannot give the schema:
+    NotImplementedError, or a bad request (HTTP 400, as providers' clients raise it)."""
+    status = getattr(exc, "status_code", None) or getattr(getattr(exc, "response", None), "status_code", None)
+    return isinstance(exc, NotImplementedError) or status == 400
 
 
 def can_constrain(spec: Any) -> bool:

@@ -34,6 +34,8 @@ from pydantic import BaseModel, Field
 
 from .errors import MhqaError
 from .messages import kind_of
+from .models.call_cache import FROM_CACHE
+from .redaction import redact
 from .text import encodable, map_strings, topic_entities
 
 SCHEMA_VERSION = 1
@@ -70,6 +72,7 @@ class LLMCall(BaseModel):
     decoding: str = "prompt"  # grammar | json_schema (the reply was constrained to its format) | prompt
     decoding_error: str | None = None  # why a constraint was dropped (a grammar llama.cpp rejected, a 400)
     cache_error: str | None = None  # why a cached prompt state was not used (the prompt was prefilled in full)
+    from_cache: bool = False  # the call cache (`llm_cache`) gave the reply: no model ran
     start: float = 0.0  # seconds since the run started
     latency: float = 0.0  # seconds
 
@@ -132,7 +135,8 @@ class Trace(BaseModel):
 
     def usage(self) -> dict[str, Any]:
         """LLM calls and tokens, as the eval records count them."""
-        return {"llm_calls": len(self.llm_calls), "tokens": {
+        return {"llm_calls": len(self.llm_calls), "llm_calls_cached": sum(c.from_cache for c in self.llm_calls),
+                "tokens": {
             "input": self.input_tokens, "output": self.output_tokens, "total": self.input_tokens + self.output_tokens,
             "cached": self.cached_tokens}}
 
@@ -314,11 +318,13 @@ class TraceRecorder(BaseCallbackHandler):
             extra["decoding_error"] = str(said["decoding_error"])
         if said.get("cache_error"):  # a cached state the backend refused
             extra["cache_error"] = str(said["cache_error"])
+        if said.get(FROM_CACHE):
+            extra["from_cache"] = True
         self._finish(run_id, output=output, input_tokens=n_in, output_tokens=n_out, cached_tokens=cached,
                      truncated_tokens=cut, **extra)
 
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._finish(run_id, error=f"{type(error).__name__}: {error}")
+        self._finish(run_id, error=redact(f"{type(error).__name__}: {error}"))  # a server may echo the key
 
     # tools
     def on_tool_start(self, serialized: dict[str, Any], input_str: str, *, run_id: UUID,
@@ -334,7 +340,7 @@ class TraceRecorder(BaseCallbackHandler):
         self._finish(run_id, output=output.text if isinstance(output, BaseMessage) else str(output))
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._finish(run_id, error=f"{type(error).__name__}: {error}")
+        self._finish(run_id, error=redact(f"{type(error).__name__}: {error}"))
 
     # the graph run itself: its input and final output
     def on_chain_start(self, serialized: dict[str, Any], inputs: dict[str, Any], *, run_id: UUID,
@@ -373,7 +379,8 @@ class TraceRecorder(BaseCallbackHandler):
                       question=str(state.get("question") or self.inputs.get("question") or ""),
                       topic_entities=topic_entities(entities),
                       corpus=get("corpus"), graph=get("graph"), answer=state.get("answer") or "",
-                      error=state.get("error") or error, plan=plan, steps=steps, tool_calls=tools or state_tools,
+                      error=redact(state.get("error") or error), plan=plan, steps=steps,
+                      tool_calls=tools or state_tools,
                       llm_calls=calls, input_tokens=sum(c.input_tokens for c in calls),
                       output_tokens=sum(c.output_tokens for c in calls),
                       cached_tokens=sum(c.cached_tokens for c in calls), latency=round(time.monotonic() - self.t0, 6),

@@ -14,6 +14,7 @@ const schema = {
   propertyKeys: [
     ...mock.propertyKeys,
     'key', 'kind', 'namespace', 'name', 'scope', 'embedder', 'dim', 'gid', 'size', 'next_seq', 'graph', 'folded',
+    'file_sha256',
     'embedding',
     'relation',
     'corpus', 'pid', 'seq', 'title', 'text', 'subject', 'object', 'i',

@@ -140,10 +140,13 @@ def test_with_trust_confidence_a_graph_answer_the_model_is_sure_of_stops(store, 
 
 
 def test_min_confidence_is_a_probability():
-    with pytest.raises(InvalidInput, match="min_confidence is a probability"):
+    with pytest.raises(InvalidInput, match="min_confidence must be a number from 0 to 1, got 1.5"):
         make_context("auto", llm="fake", corpus="wiki", min_confidence=1.5)
-    with pytest.raises(InvalidInput, match="trust_confidence is a probability"):
+    with pytest.raises(InvalidInput, match="trust_confidence must be a number from 0 to 1, got -0.1"):
         make_context("auto", llm="fake", graph="kg", trust_confidence=-0.1)
+    with pytest.raises(InvalidInput, match="min_confidence is a probability"):  # a context made without make_context
+        build_graph("auto").invoke({"question": QUESTION}, context={"llm": "fake", "corpus": "wiki",
+                                                                    "min_confidence": 1.5})
 
 
 def looks(first: str, second: str) -> dict:
@@ -242,9 +245,25 @@ def test_omne_starts_from_the_entities_rag_matched(store, hand_over):
 
 
 def test_no_source_is_a_typed_error(store):
-    ctx = make_context("auto", llm=FakeChatModel(responses=["<answer>x</answer>"]), store=store)
+    with pytest.raises(InvalidInput, match="^auto searches the store: set corpus or graph"):
+        make_context("auto", llm=FakeChatModel(responses=["<answer>x</answer>"]), store=store)
+    ctx = A.AutoContext(llm=FakeChatModel(responses=["<answer>x</answer>"]), store=store)  # made without it
     with pytest.raises(InvalidInput, match="needs a corpus or a graph"):
         build_graph("auto").invoke({"question": QUESTION}, context=ctx)
+
+
+def test_decisions_and_stages_start_afresh_with_each_run_on_a_thread(store):
+    """A checkpointed thread (as every Studio run has) keeps auto's state: a second run on it shows its own
+    decisions and stages, not the first run's too (issue 64, 4)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    graph = build_graph("auto", checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t"}}
+    for _ in range(2):
+        ctx = make_context("auto", llm=FakeChatModel(responses=["unused"]), role_llms=roles("London"), store=store,
+                           corpus="wiki")
+        out = graph.invoke({"question": QUESTION}, config, context=ctx)
+        assert [d["stage"] for d in out["decisions"]] == ["rag"] and len(out["stages"]) == 1
 
 
 def test_a_design_that_raises_falls_back_to_the_first_answer(store, monkeypatch):
@@ -267,6 +286,25 @@ def test_the_budget_caps_the_design(store):
     assert calls <= 4
     assert out["answered_by"] in ("rag", "opera")
     assert "budget" in json.dumps(out["decisions"] + out["stages"])
+
+
+@pytest.mark.parametrize("how", ["invoke", "ainvoke"])
+def test_a_spent_budget_prints_and_logs_nothing(store, how, capfd, caplog):
+    """Raised from the CallCounter callback, BudgetExhausted was logged by LangChain ("Error in
+    CallCounter.on_chat_model_start callback") for each question that ran out; it is checked before the call now."""
+    import asyncio
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    models = roles("Paris")
+    ctx = make_context("auto", llm=FakeChatModel(responses=["unused"]), role_llms=models, store=store, corpus="wiki",
+                       budget=4)
+    graph, question = build_graph("auto"), {"question": QUESTION}
+    out = graph.invoke(question, context=ctx) if how == "invoke" else asyncio.run(graph.ainvoke(question, context=ctx))
+    assert out["decisions"][-1]["reason"].startswith("BudgetExhausted: auto's budget is spent")
+    assert sum(len(m.calls) for m in models.values()) == 4
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert capfd.readouterr().err == ""
 
 
 def test_a_dict_context_is_checked_at_the_first_node(store):
@@ -332,3 +370,16 @@ def test_the_cli_takes_a_budget_and_refuses_one_below_need(tmp_path):
         "or 0 for no cap"]
     done = ask("--budget", "4")
     assert done.returncode == 0 and done.stdout.strip() == "Christopher Nolan"
+
+
+def test_streaming_messages_needs_subgraphs(store):
+    """auto's model calls are its subgraphs': `stream_mode="messages"` yields them with `subgraphs=True` only, as
+    docs/guide.md says (issue 64, 4)."""
+    graph = build_graph("auto")
+    counts = []
+    for subgraphs in (False, True):
+        ctx = make_context("auto", llm=FakeChatModel(responses=["unused"]), role_llms=roles("London"), store=store,
+                           corpus="wiki")
+        counts.append(len(list(graph.stream({"question": QUESTION}, context=ctx, stream_mode="messages",
+                                            subgraphs=subgraphs))))
+    assert counts[0] == 0 and counts[1] >= 1

@@ -87,3 +87,23 @@ def test_backends_and_threads_rows_are_per_call_ratios_and_recorded(tmp_path, ca
     serving.threads(args, "?")
     row = json.loads((tmp_path / "t.json").read_text())
     assert (row["cores"], row["load"], row["s_1_thread"], row["s_2_threads"], row["ratio"]) == (2, 1, 3.0, 6.0, 2.0)
+
+
+def test_repeat_compares_each_run_with_the_first_and_counts_the_calls_the_cache_answered(tmp_path):
+    """bench/repeat.py's table, from run folders written here (no model)."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("bench_repeat", Path(__file__).parents[1] / "bench" / "repeat.py")
+    repeat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repeat)
+    runs = {"first": [("q1", "Paris", 3, 0), ("q2", "Rome", 2, 0)],
+            "again": [("q0", "Oslo", 1, 0), ("q1", "Paris", 3, 0), ("q2", "Milan", 2, 0)],  # q0: a warming question
+            "cached": [("q1", "Paris", 3, 3), ("q2", "Rome", 2, 2)]}
+    for name, rows in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "results.jsonl").write_text("".join(json.dumps(
+            {"id": i, "prediction": p, "llm_calls": n, "llm_calls_cached": c, "latency": 1.0, "em": 1.0, "f1": 1.0})
+            + "\n" for i, p, n, c in rows), encoding="utf-8")
+    table = repeat.rows(argparse.Namespace(out=tmp_path))
+    assert [(r["run"], r["questions"], r["same"], r["model_calls"], r["llm_calls_cached"]) for r in table] == [
+        ("first", 2, 2, 5, 0), ("again", 2, 1, 5, 0), ("cached", 2, 2, 0, 5)]

@@ -15,7 +15,8 @@ bench = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(bench)
 
 
-@pytest.mark.skipif(not bench.DATA.is_dir(), reason="needs the benchmark data (../shared/data) for the asked ids")
+@pytest.mark.skipif(not bench.DATA.is_dir(), reason="needs the benchmark data (../shared/data) for the asked ids: "
+                    "mhqa_graph/demo_data/README.md says which files go there and where each comes from")
 def test_the_doc_shows_what_the_committed_records_say():
     blocks = bench.GENERATED.findall(DOC.read_text(encoding="utf-8"))
     assert blocks, "docs/benchmarks.md has no generated block"

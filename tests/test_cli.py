@@ -187,7 +187,11 @@ MISTAKES = {  # what the user typed -> what the one line must say
                                   "--store", "{store}"], "unknown chat model spec"),
     "trace into a missing folder": (["ask", "Who?", "--agent", "direct", "--llm", "fake", "--trace",
                                      "/no/such/dir/t.json"], "the folder /no/such/dir does not exist"),
-    "demo with a missing data folder": (["demo", "--data", "/no/such/data", "--llm", "fake"], "not found; pass --data"),
+    "demo with a missing data folder": (["demo", "--data", "/no/such/data", "--llm", "fake"],
+                                        "/no/such/data/hotpotqa/dev_a.jsonl not found: put HotpotQA's distractor dev "
+                                        "rows, Hugging Face layout, one JSON object a line "
+                                        "(https://hotpotqa.github.io/) there, or leave out --data to run on the "
+                                        "bundled sample"),
 }
 
 
@@ -366,6 +370,26 @@ def test_demo_with_a_fake_model(data_dir, tmp_path):
     assert "  step 4: " in done.stdout
     again = mhqa(*args)
     assert "hotpotqa-dev_a: in the store already" in again.stdout
+
+
+def test_the_demo_runs_from_a_bare_clone_on_the_bundled_sample(tmp_path):
+    """Without --data (nothing beside the clone), the demo runs on the sample the package bundles: its HotpotQA
+    question (gold Tulsa) for the text agents and its 2Wiki evidence graph's first question for omne and auto
+    (issue 64, 1)."""
+    from mhqa_graph.demo import BUNDLED
+
+    assert sum(f.stat().st_size for f in BUNDLED[0][1].parent.parent.rglob("*") if f.is_file()) < 1_000_000
+    store = f"embedded://{tmp_path / 'demo'}?embedder=hash"
+    done = subprocess.run([sys.executable, "-m", "mhqa_graph.cli", "demo", "--store", store, "--llm",
+                           'fake:["<answer>Tulsa</answer>"]'], capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "hotpotqa-demo: 300 passages" in done.stdout
+    assert "2wiki-demo_evidences: 0 passages, 78 triples" in done.stdout
+    assert "Tinted Windows" in done.stdout and "gold: 'Tulsa'" in done.stdout and "gold: 'Grammy'" in done.stdout
+    assert "match_entities: Sunday Papers" in done.stdout
+    assert "3 of 6 agents answered correctly" in done.stdout
+    assert "--corpus hotpotqa-demo or --graph 2wiki-demo_evidences" in done.stdout
 
 
 def test_ask_exits_1_when_the_run_failed_and_prints_the_answer_before_the_trace(tmp_path):

@@ -270,3 +270,71 @@ def test_eval_starts_from_an_empty_or_new_store_folder(files, tmp_path, folder):
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["f1"] == 1.0
     assert (root / "store.sqlite").is_file()
+
+
+# -- issue 65, section 5: what raised an untyped exception is one line -------------------------------------
+PACK = "llamacpp:qwen2.5-coder-1.5b"
+LONG_NAME = "lora" + "x" * 296
+ASK = ["ask", "Who?", "--agent", "direct", "--llm"]
+UNTYPED = {  # -> the start of the one line
+    "~user in an hf spec": ([*ASK, "hf:~nosuchuser/model"],
+                            "error: ModelError: llm: '~nosuchuser/model': '~nosuchuser' cannot be expanded: no such "
+                            "user or home directory"),
+    "~user in a lora path": ([*ASK, f"{PACK}?lora=file:~nosuchuser/a.gguf"],
+                             "error: ModelError: llm: '~nosuchuser/a.gguf': '~nosuchuser' cannot be expanded"),
+    "~user in a store path": (["stats", "--store", "embedded://~nosuchuser/s"],
+                              "error: InvalidStoreURI: '~nosuchuser/s': '~nosuchuser' cannot be expanded"),
+    "a 5,000-digit thread count": ([*ASK, f"{PACK}?threads={'9' * 5000}"],
+                                   "error: ModelError: llm: llamacpp: threads must be a positive integer of at most 9 "
+                                   "digits, got '99999"),
+    "an unclosed IPv6 bracket": (["stats", "--store", "neo4j://u:p@[::1"],
+                                 "error: InvalidStoreURI: 'neo4j://u:p@[::1': Invalid IPv6 URL"),
+    "a 300-character lora name": ([*ASK, f"{PACK}?lora={LONG_NAME}"],
+                                  "error: ModelError: llm: llamacpp: lora must name a shipped adapter (omne-pq2h), "
+                                  "got 'loraxxx"),
+    "a NaN model timeout": ([*ASK, "fake", "--model-timeout", "nan"],
+                            "error: InvalidInput: model_timeout must be a number from 0 to 86,400, got nan"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNTYPED))
+def test_what_raised_an_untyped_exception_is_one_short_line(case, capsys, monkeypatch):
+    """`~nosuchuser` (pathlib's RuntimeError), int() of 5,000 digits, urlsplit's ValueError, a 300-character name
+    echoed whole (a file name too long: OSError), a NaN timeout that failed every call."""
+    args, expected = UNTYPED[case]
+    code, stderr = run_main(args, capsys, monkeypatch)
+    one_line(code, stderr, expected)
+    assert stderr.startswith(expected) and len(stderr) < 400 and LONG_NAME not in stderr, stderr
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("[]", "is not a run's record (a JSON list, not an object)"),
+    ('{"agent": ', "cannot be read as a run's record (Expecting value"),
+])
+def test_a_run_json_that_is_no_object_is_refused_in_one_line(files, tmp_path, text, expected, capsys, monkeypatch):
+    """It was taken as "the same run" (a list: no key differs) or raised on resume (torn)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "run.json").write_text(text, encoding="utf-8")
+    code, stderr = run_main(["eval", files["bench"], "--dataset", "hotpotqa", "--agent", "direct", "--llm", "fake",
+                             "--store", f"embedded://{tmp_path}/s?embedder=hash", "--out", str(out)], capsys,
+                            monkeypatch)
+    one_line(code, stderr, f"error: RunMismatch: {out / 'run.json'} {expected}")
+    assert not (out / "results.jsonl").exists()
+
+
+def test_an_out_folder_and_a_model_spec_holding_markup_are_printed_as_they_are(files, tmp_path):
+    """`--out 'ex[/bold]'` crashed in rich markup after the export was written; so did `mhqa report` of a run whose
+    model spec holds `[/bold]`."""
+    pytest.importorskip("datasets")
+    run = tmp_path / "r[red]"
+    done = mhqa("eval", files["bench"], "--dataset", "hotpotqa", "--agent", "direct", "--llm",
+                'fake:["<answer>[/bold]</answer>"]', "--store", f"embedded://{tmp_path}/s?embedder=hash", "--out",
+                str(run))
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "ex[/bold]"
+    exported = mhqa("export", str(run), "--format", "sft", "--out", str(out))
+    assert (exported.returncode, exported.stdout) == (0, f"sft: 1 rows -> {out}\n"), exported.stderr
+    reported = mhqa("report", str(run))
+    assert reported.returncode == 0 and "r[red]" in reported.stdout and "MarkupError" not in reported.stderr, \
+        reported.stderr

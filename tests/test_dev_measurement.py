@@ -14,7 +14,7 @@ from test_eval import write_dataset
 
 from mhqa_graph.errors import DevSliceError, InvalidInput
 from mhqa_graph.eval.health import behaviour, format_repairs
-from mhqa_graph.eval.paired import paired_comparison, paired_interval, sign_test
+from mhqa_graph.eval.paired import detectable, paired_comparison, paired_interval, sign_test, verdict
 from mhqa_graph.testing.fakes import FakeChatModel
 
 configs = pytest.importorskip("mhqa_graph.training.configs")  # the train extra
@@ -50,6 +50,26 @@ def test_paired_comparison_pairs_by_id_and_counts_better_and_worse():
     assert out["df1_low"] <= out["df1"] <= out["df1_high"] and out["sign_p"] == sign_test(2, 1)
     lone = paired_comparison(before[:1], after[:1])
     assert lone["paired"] == 1 and lone["df1_low"] is None and lone["df1_high"] is None
+
+
+@pytest.mark.parametrize(("low", "high", "target", "said"), [
+    (1.0, 9.0, 0.0, "met"), (-1.0, 9.0, 0.0, "within noise"), (-9.0, -1.0, 0.0, "missed"),
+    (8.4, 25.3, 10.0, "within noise"), (10.5, 25.3, 10.0, "met"), (None, None, 0.0, None)])
+def test_a_target_is_met_only_when_the_intervals_lower_bound_clears_it(low, high, target, said):
+    assert verdict(low, high, target) == said
+
+
+def test_the_detectable_difference_shrinks_with_more_clusters_and_a_comparison_says_its_verdict():
+    few = detectable([1.0, 0.0, -1.0, 0.5] * 10)
+    many = detectable([1.0, 0.0, -1.0, 0.5] * 40)
+    assert many < few and abs(few / many - 2.0) < 0.3  # four times the questions: about half the effect
+    clustered = detectable([1.0, 0.0, -1.0, 0.5] * 10, clusters=[str(i // 4) for i in range(40)])
+    assert clustered is not None and detectable([1.0]) is None
+    before = [{"id": str(i), "f1": 0.0} for i in range(40)]
+    after = [{"id": str(i), "f1": 1.0 if i % 2 else 0.0} for i in range(40)]
+    out = paired_comparison(before, after, target=10.0)
+    assert out["verdict"] == "met" and out["target"] == 10.0 and out["detectable"] > 0
+    assert paired_comparison(before, after, target=80.0)["verdict"] == "missed"
 
 
 def test_the_bench_tables_use_the_same_interval():
@@ -193,11 +213,11 @@ def test_the_untrained_run_is_reused_until_its_key_changes(slices, tmp_path):
 
 
 def test_a_dev_run_hashes_the_dev_file_once(slices, tmp_path, monkeypatch):
-    from mhqa_graph.models import packs
+    from mhqa_graph import paths
 
     hashed: list[Path] = []
-    digest = packs.file_sha256
-    monkeypatch.setattr(packs, "file_sha256", lambda path: hashed.append(Path(path)) or digest(path))
+    digest = paths.file_sha256
+    monkeypatch.setattr(paths, "file_sha256", lambda path: hashed.append(Path(path)) or digest(path))
     rollout, dev = slices
     assert not untrained(rollout, dev, tmp_path / "runs" / "a", counting(DEV))["dev_reused"]
     assert hashed == [Path(dev.path).resolve()]  # a miss: the key's folder, then its key.json, from one key

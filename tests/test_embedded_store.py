@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from mhqa_graph import CorruptStore, EmbedderMismatch, Passage, StoreLocked, open_store
+from mhqa_graph import CorruptStore, EmbedderMismatch, InvalidInput, InvalidStoreURI, Passage, StoreLocked, open_store
+from mhqa_graph.embeddings import MAX_DIM, HashEmbedder, load_embedder
 from mhqa_graph.store.embedded import fts_query
 
 TRIPLES = [(f"entity {i}", f"rel {i % 7}", f"entity {(i * 31 + 7) % 500}") for i in range(2000)]
@@ -196,3 +197,49 @@ def test_a_directory_holding_only_the_lock_file_is_a_new_store(tmp_path):
     with open_store(_uri(tmp_path)) as store:
         store.add_triples("kg", TRIPLES[:10])
         assert store.node_info("kg", "entity 1").facts
+
+
+@pytest.mark.parametrize("dim", ["0", "-3", str(MAX_DIM + 1), str(10**12), "x", "", "1.5"])
+def test_a_hash_embedder_of_no_or_too_many_dimensions_is_refused_before_anything_is_written(tmp_path, dim):
+    """`hash:0` used to commit passages, then fail, leaving a store no search could read (issue 65): the spec is
+    checked when the URI is read, before the directory exists."""
+    with pytest.raises(InvalidInput, match=rf"'hash:{dim}'.*1\.\.{MAX_DIM}"):
+        open_store(f"embedded://{tmp_path}/s?embedder=hash:{dim}")
+    with pytest.raises(InvalidInput, match=rf"1\.\.{MAX_DIM}"):
+        open_store(f"embedded://{tmp_path}/s", embedder=f"hash:{dim}")
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(InvalidInput):
+        load_embedder(f"hash:{dim}")
+    with open_store(f"embedded://{tmp_path}/max?embedder=hash:{MAX_DIM}") as store:
+        store.add_passages("docs", PASSAGES[:3])
+        assert store.search("docs", "Passage number 1", k=1, mode="dense")[0].id == "p1"
+
+
+def test_a_hash_embedder_made_directly_checks_its_dimension():
+    for dim in (0, -1, MAX_DIM + 1, 2.5, True):
+        with pytest.raises(InvalidInput):
+            HashEmbedder(dim)  # type: ignore[arg-type]
+    assert HashEmbedder(MAX_DIM).embed(["a b"]).shape == (1, MAX_DIM)
+
+
+@pytest.mark.parametrize("uri", ["embedded://{tmp}/st#1?embedder=hash:64", "embedded://{tmp}/s?embedder=hash:64#x",
+                                 "embedded://{tmp}/s#", "embedded:{tmp}/s#x", "neo4j://localhost:7687#x",
+                                 "bolt://localhost:7687?database=x#y"])
+def test_a_fragment_in_a_store_uri_is_refused(tmp_path, uri):
+    """A '#' began a fragment that hid what followed it (`?embedder=`, so the default embedder loaded) and named the
+    folder `st` (issue 65): refused, with the spelling that works."""
+    uri = uri.format(tmp=tmp_path)
+    with pytest.raises(InvalidStoreURI, match="%23"):
+        open_store(uri)
+    with pytest.raises(InvalidStoreURI, match="%23"):
+        open_store(uri, read_only=True, create=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_named_with_a_hash_is_written_percent_encoded_and_its_uri_reopens_it(tmp_path):
+    with open_store(f"embedded://{tmp_path}/st%231?embedder=hash:64") as store:
+        store.add_passages("docs", PASSAGES[:3])
+        uri = store.uri
+    assert [p.name for p in tmp_path.iterdir()] == ["st#1"] and uri.endswith("/st%231")
+    with open_store(uri, read_only=True, create=False) as again:  # the store's own URI names the same folder
+        assert again.embedder.spec == "hash:64" and again.stats().corpora == {"docs": {"passages": 3}}

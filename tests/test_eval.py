@@ -240,6 +240,53 @@ def test_pathquestion_eval_gives_the_topic_entity(tmp_path):
     assert record["trace"]["design"]["retrieved"][0]["entity"] == "ann x"
 
 
+def test_an_edited_row_the_sample_misses_is_refused_by_the_files_sha256(tmp_path):
+    """A passage of a 400-row file and a fact of a 400-fact KB edited after their environments were built, where the
+    17-item sample never looks: each collection keeps the sha256 of its file (a PathQuestion graph: its KB's), so the
+    edit is an EnvironmentMismatch, as is a bigger file of the same name; a store built before the sha256 was kept
+    still gets the sample check (issue 65)."""
+    from mhqa_graph.eval.environments import EnvironmentMismatch, survey
+    from mhqa_graph.ingest.runner import environment_sha256, ingest
+
+    rows = {f"q{i}": (f"Where is town {i}?", "Tulsa", "bridge", None) for i in range(400)}
+    data = write_dataset(tmp_path / "big.jsonl", rows)
+    (tmp_path / "pq").mkdir()
+    kb = tmp_path / "pq" / "2H-kb.txt"
+    kb.write_text("".join(f"e{i}\tr\te{i + 1}\n" for i in range(400)), encoding="utf-8")
+    pq = tmp_path / "pq" / "PQ-2H.txt"
+    pq.write_text("where is e0\te2\te0#r#e1#r#e2\n", encoding="utf-8")
+    name, kg = environment_name("hotpotqa", data), environment_name("pathquestion", pq)
+    with open_store(f"embedded://{tmp_path}/s?embedder=hash") as store:
+        assert prepare(store, "hotpotqa", data, name)["ingested"] and prepare(store, "pathquestion", pq, kg)["graph"]
+        assert store.file_sha256("corpus", name) == environment_sha256("hotpotqa", data)
+        assert store.file_sha256("graph", kg) == environment_sha256("pathquestion", pq)
+        assert store.file_sha256("graph", name) is None
+    data.write_text(data.read_text(encoding="utf-8").replace("\n", "\r\n") + "\n", encoding="utf-8")
+    with open_store(f"embedded://{tmp_path}/s?embedder=hash", read_only=True) as store:  # the same items, rewritten
+        assert survey(store, "hotpotqa", data, name).complete
+    with open_store(f"embedded://{tmp_path}/old?embedder=hash") as old:  # no sha256: as built before issue 65
+        ingest(old, corpus=name, passages=dataset_passages("hotpotqa", data))
+    original = data.read_text(encoding="utf-8").replace("\r\n", "\n")
+    data.write_text(original.replace("Page q7 is about Tulsa.", "Page q7 is about Boston."), encoding="utf-8")
+    kb.write_text(kb.read_text(encoding="utf-8").replace("e7\tr\te8\n", "e7\tr\te9\n"), encoding="utf-8")
+    with open_store(f"embedded://{tmp_path}/s?embedder=hash", read_only=True) as store:
+        with pytest.raises(EnvironmentMismatch, match=r"holds 'hotpotqa-big', but not built from big.jsonl .*sha256"):
+            survey(store, "hotpotqa", data, name)
+        with pytest.raises(EnvironmentMismatch, match="2H-kb.txt .*sha256"):
+            survey(store, "pathquestion", pq, kg)
+    with open_store(f"embedded://{tmp_path}/s?embedder=hash") as store:
+        write_dataset(data, {**rows, "q400": ("Where else?", "Tulsa", "bridge", None)})  # more rows: not completed
+        with pytest.raises(EnvironmentMismatch, match="sha256"):
+            prepare(store, "hotpotqa", data, name)
+        assert store.stats().corpora[name]["passages"] == 401
+    with open_store(f"embedded://{tmp_path}/old?embedder=hash", read_only=True) as old:
+        data.write_text(original.replace("Page q7 is about Tulsa.", "Page q7 is about Boston."), encoding="utf-8")
+        assert survey(old, "hotpotqa", data, name).complete  # what the sample cannot see
+        data.write_text(original.replace("Page q0 is about Tulsa.", "Page q0 is about Boston."), encoding="utf-8")
+        with pytest.raises(EnvironmentMismatch, match="passage"):
+            survey(old, "hotpotqa", data, name)
+
+
 # -- CLI and reports --------------------------------------------------------------------------
 def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "mhqa_graph.cli", *args], capture_output=True, text=True,
@@ -339,3 +386,18 @@ def test_eval_records_export_to_sft(setup, tmp_path):
     for row in rows:
         trained = [m for m in row["messages"] if m["weight"] > 0]
         assert [m["role"] for m in trained] == ["assistant"] and row["prediction"] in trained[0]["content"]
+
+
+def test_the_summary_caption_runs_at_the_consoles_width(setup, capsys, monkeypatch):
+    """The caption under an eval's summary table is printed at the console's width, not wrapped into the narrow
+    table's column, and an unknown evidence recall reads `-`, not `-%` (issue 64, 4)."""
+    from mhqa_graph.eval.report import summarize, summary_table
+
+    monkeypatch.setenv("COLUMNS", "200")
+    data, store, out = setup
+    run_eval("rag", "hotpotqa", data, None, store, out, limit=1, context_overrides={"llm": scripted()})
+    first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("failures"))
+    assert "LLM calls per question" in first
+    record = {"id": "1", "em": 0.0, "f1": 0.0, "latency": 1.0, "llm_calls": 1, "tokens": {"total": 1},
+              "diagnostics": {"evidence_recall": None, "failure": None}}
+    assert summary_table(summarize([record])).caption.endswith("gold evidence seen -")

@@ -406,3 +406,20 @@ def test_calls_the_trace_clipped_are_no_targets(store, tmp_path, monkeypatch):  
     assert all(r in rows["whole"][0] for r in rows["clipped"][0])
     assert len(rows["clipped"][1]) == sum(r in OPERA_ROLES for r in kept)
     assert all(r in rows["whole"][1] for r in rows["clipped"][1])
+
+
+@pytest.mark.parametrize("name", ["sft.jsonl", "dataset_info.json"])
+def test_a_symlink_planted_in_the_out_folder_is_refused_and_its_target_untouched(run_dir, tmp_path, name):
+    """`mhqa export` wrote `<out>/sft.jsonl` through a link planted there (issue 65, the rest of D8); each file it
+    makes is now made afresh (O_EXCL, O_NOFOLLOW), and a link in the folder is refused before anything is written."""
+    target, out = tmp_path / "precious.txt", tmp_path / "ds"
+    target.write_text("keep", encoding="utf-8")
+    out.mkdir()
+    (out / name).symlink_to(target)
+    cmd = [sys.executable, "-m", "mhqa_graph.cli", "export", str(run_dir), "--format", "sft", "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stderr) == (2, f"error: InvalidInput: {out / name} is a symbolic link; an export "
+                                                 "writes no file through one: remove it, or use another --out\n")
+    assert target.read_text(encoding="utf-8") == "keep" and sorted(p.name for p in out.iterdir()) == [name]
+    (out / name).unlink()
+    assert export(run_dir, "sft", out)["sft"] > 0 and not (out / name).is_symlink()

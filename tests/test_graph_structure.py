@@ -78,6 +78,21 @@ def test_make_context(agent):
         make_context(agent, bogus=1)
 
 
+@pytest.mark.parametrize("agent", list(AGENTS))
+def test_no_corpus_and_no_graph_is_refused_in_one_sentence(agent):
+    """Every agent that searches the store refuses a context without a corpus or graph in make_context, in one
+    sentence; `direct` needs neither (issue 64, 4)."""
+    if agent == "direct":
+        assert make_context(agent, llm="fake").corpus is None
+        return
+    with pytest.raises(InvalidInput) as caught:
+        make_context(agent, llm="fake")
+    assert str(caught.value) == (f"{agent} searches the store: set corpus or graph (`mhqa stats` lists them), or "
+                                 "use the direct agent")
+    make_context(agent, llm="fake", require_source=False)  # settings whose source comes later
+    make_context(agent, llm="fake", graph="kg")
+
+
 def test_unknown_agent_is_an_input_error():
     with pytest.raises(InvalidInput, match="unknown agent 'nope'; choose one of opera"):
         build_graph("nope")

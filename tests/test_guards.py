@@ -124,17 +124,17 @@ def test_plan_guards_switch_off_one_at_a_time():
     items = [{"id": "q1", "question": "Who directed Inception?", "depends_on": []},
              {"id": "q2", "question": "Which band released the album Tinted Windows?", "depends_on": []}]
     log: list[dict] = []
-    on = make_context("mujica", llm="fake", guards="+plan_off_topic")  # off by default: it did not pay
+    on = make_context("mujica", llm="fake", corpus="docs", guards="+plan_off_topic")  # off by default: it did not pay
     kept, _ = repair_plan(items, [], 12, 1, about=question, ctx=on, log=log)
     assert [q["id"] for q in kept] == ["q2"] and [f["guard"] for f in log] == ["plan_off_topic"]
-    off = make_context("mujica", llm="fake", guards="plan_made_up_entity,plan_example_copy")
+    off = make_context("mujica", llm="fake", corpus="docs", guards="plan_made_up_entity,plan_example_copy")
     log = []
     kept, _ = repair_plan(items, [], 12, 1, about=question, ctx=off, log=log)
     # with the topic guard off, the example guard catches the copy: the layers are independent
     assert [q["id"] for q in kept] == ["q2"] and [f["guard"] for f in log] == ["plan_example_copy"]
     log = []
-    kept, _ = repair_plan(items, [], 12, 1, about=question, ctx=make_context("mujica", llm="fake", guards="none"),
-                          log=log)
+    kept, _ = repair_plan(items, [], 12, 1, about=question,
+                          ctx=make_context("mujica", llm="fake", corpus="docs", guards="none"), log=log)
     assert [q["id"] for q in kept] == ["q1", "q2"] and log == []
 
 
@@ -156,11 +156,12 @@ def test_log_mode_follows_the_path_of_a_guard_that_is_off():
     reply = {"sufficient": True, "answer": "unknown"}
     for mode, firings, answer in (("enforce", ["analysis_refusal"], ""), ("log", ["analysis_refusal"], "unknown")):
         log: list[dict] = []
-        on = make_context("opera", llm="fake", guards="+analysis_refusal", guard_mode=mode)
+        on = make_context("opera", llm="fake", corpus="docs", guards="+analysis_refusal", guard_mode=mode)
         out = check_analysis(reply, ["a passage about films"], on, log)
         assert [f["guard"] for f in log] == firings and out["answer"] == answer
-    off = check_analysis(reply, ["a passage about films"], make_context("opera", llm="fake", guards="none"), [])
-    logged = make_context("opera", llm="fake", guards="+analysis_refusal", guard_mode="log")
+    off = check_analysis(reply, ["a passage about films"],
+                         make_context("opera", llm="fake", corpus="docs", guards="none"), [])
+    logged = make_context("opera", llm="fake", corpus="docs", guards="+analysis_refusal", guard_mode="log")
     assert off == check_analysis(reply, ["a passage about films"], logged, [])
 
 
@@ -206,7 +207,7 @@ def test_the_designs_hold_guards_as_objects_not_names():
 def test_the_first_rule_that_fires_ends_the_chain_in_either_mode(mode):
     """A chain of rules: the first that fires is logged and ends it (in log mode too, so both modes take one path);
     a rule that raises is logged with its error and ends it; the guard returned is the one that acts."""
-    ctx = make_context("mujica", llm="fake", guard_mode=mode)
+    ctx = make_context("mujica", llm="fake", corpus="docs", guard_mode=mode)
     tested: list[str] = []
 
     def rule(guard, fires):

@@ -240,3 +240,68 @@ def test_an_eval_keeps_k_tasks_however_many_questions_are_queued(tmp_path, monke
                        concurrency=4, context_overrides={"llm": FakeChatModel(responses=["<answer>x</answer>"])},
                        progress=False)
     assert summary.n == 200 and peak["tasks"] <= 4 * 4, peak  # per worker: its question and the graph run
+
+
+# -- issue 65, section 5: settings, specs and files -----------------------------------------------------
+OUT_OF_RANGE = [
+    ("rag", "model_timeout", float("nan"), "model_timeout must be a number from 0 to 86,400, got nan"),
+    ("rag", "model_timeout", float("inf"), "model_timeout must be a number from 0 to 86,400, got inf"),
+    ("rag", "model_timeout", 1e300, "model_timeout must be a number from 0 to 86,400, got 1e+300"),
+    ("rag", "retry_backoff", float("nan"), "retry_backoff must be a number from 0 to 600, got nan"),
+    ("rag", "top_k", 1001, "top_k must be an integer from 1 to 1,000, got 1001"),
+    ("rag", "max_new_tokens", 10**5000,
+     "max_new_tokens must be an integer from 1 to 32,768, got an integer of about 5,000 digits"),
+    ("opera", "topk_schedule", (5, 2000), "topk_schedule must be an integer from 1 to 1,000, got 2000"),
+    ("auto", "budget", "12", "budget must be an integer from 0 to 1,000, got '12'"),
+    ("auto", "min_confidence", float("nan"), "min_confidence must be a number from 0 to 1, got nan"),
+    ("omne", "context_chars", 10**7, "context_chars must be an integer from 0 to 1,000,000, got 10000000"),
+]
+
+
+@pytest.mark.parametrize(("agent", "name", "value", "message"), OUT_OF_RANGE,
+                         ids=[f"{agent}-{name}-{i}" for i, (agent, name, _, _) in enumerate(OUT_OF_RANGE)])
+def test_a_non_finite_or_out_of_range_setting_is_refused_naming_its_range(agent, name, value, message):
+    """NaN passed `value < 0` (a NaN model_timeout failed every call at once), inf and 1e300 overflowed, top_k
+    1001 passed and then failed every search."""
+    from mhqa_graph.graphs import make_context
+
+    with pytest.raises(InvalidInput) as refused:
+        make_context(agent, llm="fake", corpus="wiki", **{name: value})
+    assert str(refused.value) == message
+
+
+def test_every_numeric_setting_has_a_range_that_holds_its_default():
+    import dataclasses
+
+    from mhqa_graph.graphs import AGENTS, context_schema, make_context
+    from mhqa_graph.graphs.settings import SETTING_RANGES
+
+    for agent in AGENTS:
+        numeric = [f for f in dataclasses.fields(context_schema(agent))
+                   if f.type in ("int", "float", "tuple[int, ...]")]
+        assert [f.name for f in numeric if f.name not in SETTING_RANGES] == [], agent
+        most = {f.name: SETTING_RANGES[f.name][1] for f in numeric if f.type != "tuple[int, ...]"}
+        make_context(agent, llm="fake", corpus="wiki", **most)  # each bound is in its range
+
+
+def test_a_probe_row_that_raises_or_times_out_is_a_failed_row_and_the_table_goes_on(monkeypatch, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_probes", Path(__file__).parents[1] / "bench" / "probes.py")
+    probes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probes)
+
+    def raises(tmp: Path):
+        raise RuntimeError("boom\nsecond line")
+
+    def times_out(tmp: Path):
+        raise subprocess.TimeoutExpired(["mhqa", "eval"], 600)
+
+    monkeypatch.setattr(probes, "PROBES", {"raises": raises, "times-out": times_out, "fine": lambda tmp: (2, 0, "ok")})
+    monkeypatch.setattr(sys, "argv", ["probes.py"])
+    probes.main()
+    rows = [row.rsplit("|", 2)[0] for row in capsys.readouterr().out.splitlines()[2:]]  # without the seconds
+    assert rows == ["| raises | 1 | 1 | stopped: RuntimeError: boom second line ",
+                    "| times-out | 1 | 1 | stopped: TimeoutExpired: Command '['mhqa', 'eval']' timed out after 600 "
+                    "seconds ",
+                    "| fine | 2 | 0 | ok "]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,13 +24,15 @@ from mhqa_graph.ingest.datasets import (
 )
 from mhqa_graph.ingest.extract import extract_graph, parse_triples
 from mhqa_graph.ingest.files import passage_id, read_passages_file, read_triples_file
+from mhqa_graph.ingest.plans import read_plans_file
 from mhqa_graph.ingest.runner import ingest, ingest_dataset
-from mhqa_graph.store.base import KnowledgeStore
+from mhqa_graph.store.base import MAX_NAME_BYTES, KnowledgeStore
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.types import Fact, Passage
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="benchmark data folder ../shared/data is missing")
+needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="needs the full benchmark sets at ../shared/data: "
+                                "mhqa_graph/demo_data/README.md says which files go there and where each comes from")
 
 
 def head_rows(rel: str, n: int) -> list[dict]:
@@ -315,6 +319,32 @@ def test_pathquestion_alternative_answers(tmp_path: Path) -> None:
     assert isinstance(bad, IngestError) and bad.line == 2
 
 
+PQL_KB = ["Khanty_people\t__people__ethnicity__languages_spoken\tKhanty_Language",
+          "Tinted_Windows\t__music__album__release_type\tAlbum"]
+PQL_QUESTION = ("what language do khanty_people speak ?\tKhanty_Language(Khanty_Language)\t"
+                "Khanty_people#__people__ethnicity__languages_spoken#Khanty_Language")
+
+
+def test_pathquestion_large_names_read_one_way_in_ingest_check_and_chain(tmp_path: Path) -> None:
+    """PathQuestion-Large's Freebase relations (`__a__b__c`) read as single-spaced names by ingest, the store's
+    built-from check and the gold chains alike, so a store built from the file is reused (issue 64, 2)."""
+    from mhqa_graph.eval.environments import check_built_from, prepare
+
+    (tmp_path / "PQL2-KB.txt").write_text("\n".join(PQL_KB) + "\n", encoding="utf-8")
+    qfile = tmp_path / "PQL-2H.txt"
+    qfile.write_text(PQL_QUESTION + "\n", encoding="utf-8")
+    assert pathquestion_name("__people__ethnicity__languages_spoken") == "people ethnicity languages spoken"
+    triples = list(dataset_triples("pathquestion", qfile))
+    assert triples[0] == ("Khanty people", "people ethnicity languages spoken", "Khanty Language")
+    [item] = questions("pathquestion", qfile)
+    assert item.chain[0].triples == (triples[0],) and item.answers == ("Khanty Language",)
+    with open_store(f"embedded://{tmp_path}/store?embedder=hash") as store:
+        assert prepare(store, "pathquestion", qfile, "pql")["ingested"]
+        [fact] = store.node_info("pql", "Khanty people").facts
+        assert fact.relation == "people ethnicity languages spoken"
+        check_built_from(store, "pql", qfile, [], triples)  # the check of a store that records no sha256
+        assert not prepare(store, "pathquestion", qfile, "pql")["ingested"]  # reused, not refused
+
 # -- generic files -----------------------------------------------------------------------------
 
 
@@ -388,6 +418,33 @@ def test_skip_bad_counts_each_bad_row_once(store: KnowledgeStore, tmp_path: Path
     assert report.errors[0].startswith(f"{path}:2:")
     assert (report.passages_added, report.triples_added) == (1, 1)
     assert {p.id: p for p in store.passages("w")}[passage_id("T", "One. Two.")].text == "One. Two."
+
+
+def test_a_name_over_the_byte_cap_is_a_bad_row_of_every_reader(store: KnowledgeStore, tmp_path: Path) -> None:
+    """A passage id, triple part, 2Wiki evidence or plan id over MAX_NAME_BYTES of UTF-8 is a bad row at its line,
+    as Neo4j would refuse it: skip_bad keeps the other rows; without it, the CLI says so in one line (issue 65)."""
+    long = "é" * (MAX_NAME_BYTES // 2 + 1)  # 513 characters, 1,026 bytes
+    passages = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "text": "A."}, {"id": long, "text": "B."},
+                                                  {"id": "c", "text": "C."}])
+    triples = tmp_path / "t.tsv"
+    triples.write_text(f"a\tr\tb\n{long}\tr\tb\nc\tr\td\n", encoding="utf-8")
+    report = ingest(store, corpus="c", passages=read_passages_file(passages, yield_errors=True), graph="g",
+                    triples=read_triples_file(triples, yield_errors=True), skip_bad=True)
+    assert [e.split(": ")[0] for e in report.errors] == [f"{passages}:2", f"{triples}:2"]
+    assert all("1,026 bytes" in e for e in report.errors)
+    assert [p.id for p in store.passages("c")] == ["a", "c"] and store.stats().graphs["g"]["triples"] == 2
+    wiki = write_jsonl(tmp_path / "w.jsonl", [{"context": [["T", ["One."]]], "evidences": [["T", "r", "x"]]},
+                                              {"context": [["U", ["Two."]]], "evidences": [["U", "r", long]]}])
+    report = ingest_dataset(store, "2wiki", wiki, "w", skip_bad=True)
+    assert report.skipped_bad == 1 and report.triples_added == 1 and report.errors[0].startswith(f"{wiki}:2: ")
+    plans = write_jsonl(tmp_path / "plans.jsonl", [{"id": long, "question": "Who?", "subgoals": ["Find who."]}])
+    [bad] = read_plans_file(plans, yield_errors=True)
+    assert isinstance(bad, IngestError) and bad.line == 1 and "1,026 bytes" in str(bad)
+    done = subprocess.run([sys.executable, "-m", "mhqa_graph.cli", "ingest", "passages", str(passages), "--corpus",
+                           "d", "--store", f"embedded://{tmp_path}/cli?embedder=hash"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.startswith(f"error: IngestError: {passages}:2: ")
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_ingest_files(store: KnowledgeStore, tmp_path: Path) -> None:

@@ -63,8 +63,9 @@ def test_spec_options_and_gguf_file(llama_cpp_present, tmp_path):
     defaults = load_chat_model(f"llamacpp:{gguf}")
     assert (defaults.n_threads, defaults.n_ctx, defaults.lora_path) == (0, 0, "")
     adapter = tmp_path / "adapter.gguf"
-    adapter.write_bytes(b"GGUF")
-    assert load_chat_model(f"llamacpp:{gguf}?lora={adapter}&threads=1").lora_path == str(adapter)
+    adapter.write_bytes(b"GGUF")  # checked before llama.cpp reads it (tests/test_shipped_adapters.py)
+    with pytest.raises(ModelError, match="is not a llama.cpp LoRA adapter|cannot be read as GGUF"):
+        load_chat_model(f"llamacpp:{gguf}?lora=file:{adapter}&threads=1")
 
 
 @pytest.mark.parametrize("rest, message", [
@@ -72,7 +73,8 @@ def test_spec_options_and_gguf_file(llama_cpp_present, tmp_path):
     ("smollm2-135m?threads=two", "positive integer"),
     ("smollm2-135m?ctx=", "positive integer"),
     ("smollm2-135m?gpu=1", "unknown option 'gpu'"),
-    ("smollm2-135m?lora=/nonexistent/adapter.gguf", "lora must name an existing file"),
+    ("smollm2-135m?lora=/nonexistent/adapter.gguf", "lora must name a shipped adapter"),
+    ("smollm2-135m?lora=file:/nonexistent/adapter.gguf", "lora=file: names no file"),
     ("all-minilm-l6-v2", "embedding pack"),
     ("no-such-pack", "chat pack name"),
     ("/nonexistent/model.gguf", "existing .gguf file"),

@@ -79,7 +79,7 @@ def test_a_pack_policy_gets_its_adapter_written_and_llamacpp(tiny, tmp_path, mon
     monkeypatch.setattr(policy.importlib.util, "find_spec", lambda name, *a: object())  # as if installed
     config = ModelConfig(name="qwen2.5-coder-0.5b")
     assert policy_chat_model(model, tokenizer, config, tmp_path, 0.7, 99) == "llamacpp model"
-    assert seen["spec"] == f"llamacpp:qwen2.5-coder-0.5b?lora={tmp_path / 'adapter.gguf'}"
+    assert seen["spec"] == f"llamacpp:qwen2.5-coder-0.5b?lora=file:{tmp_path / 'adapter.gguf'}"
     assert (seen["temperature"], seen["max_new_tokens"]) == (0.7, 99) and (tmp_path / "adapter.gguf").is_file()
     config.inference = "transformers"
     assert isinstance(policy_chat_model(model, tokenizer, config, tmp_path / "t"), TransformersChatModel)

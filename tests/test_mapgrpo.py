@@ -494,7 +494,7 @@ def test_role_models_served_by_llamacpp_write_one_adapter_per_role(env, tmp_path
     base, roles = trainer.role_models(0.0, tmp_path / "dev")
     assert base == "llamacpp:tiny" and roles["answer"] == base
     files = {role: tmp_path / "dev" / f"{role}.gguf" for role in OPERA_ROLES}
-    assert {role: roles[role] for role in OPERA_ROLES} == {r: f"llamacpp:tiny?lora={f}" for r, f in files.items()}
+    assert {role: roles[role] for role in OPERA_ROLES} == {r: f"llamacpp:tiny?lora=file:{f}" for r, f in files.items()}
     contents = {f.read_bytes() for f in files.values()}
     assert len(contents) == len(OPERA_ROLES)  # each role's own weights
 

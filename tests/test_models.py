@@ -91,6 +91,37 @@ def test_best_installed_chat_pack(monkeypatch):
     assert best_installed_chat_pack() is None
 
 
+@pytest.mark.parametrize(("llama_cpp", "want"), [(True, "llamacpp:qwen2.5-coder-0.5b"), (False, "qwen2.5-coder-0.5b")])
+def test_auto_is_llamacpp_where_it_is_installed(llama_cpp, want, monkeypatch, caplog, tmp_path):
+    """llm="auto" is the best pack through llama.cpp where llama-cpp-python is installed, else through transformers,
+    for a graph's model and a run's manifest alike; said on stderr once a process (issue 64, 3)."""
+    from collections import OrderedDict
+
+    from mhqa_graph.graphs import calls, make_context
+
+    from mhqa_graph.eval.runner import run_manifest
+    from mhqa_graph.models import factory
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (find_spec("json") if llama_cpp else None) if name == "llama_cpp"
+                        else find_spec(name, *a))
+    monkeypatch.setattr(factory, "best_installed_chat_pack", lambda: "qwen2.5-coder-0.5b")
+    monkeypatch.setattr(factory, "_announced", set())
+    loaded: list[str] = []
+    monkeypatch.setattr(factory, "load_chat_model", lambda spec: loaded.append(spec) or FakeChatModel())
+    monkeypatch.setattr(calls, "_models", OrderedDict())
+    assert factory.default_chat_spec() == want
+    calls.chat_model(make_context("direct", llm="auto"), "answer")
+    assert loaded == [want]
+    (tmp_path / "q.jsonl").write_text("{}\n", encoding="utf-8")
+    assert run_manifest("direct", "hotpotqa", tmp_path / "q.jsonl", None, {})["llm"] == want
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == factory.__name__]
+    assert len(said) == 1 and said[0][0] == "WARNING" and said[0][1].startswith(f"llm auto: {want} (")
+    monkeypatch.setattr(factory, "best_installed_chat_pack", lambda: None)
+    assert factory.default_chat_spec() is None
+
+
 def test_fake_specs():
     model = load_chat_model('fake:["a", "b c"]')
     assert isinstance(model, FakeChatModel)
@@ -100,7 +131,8 @@ def test_fake_specs():
 
 
 @pytest.mark.parametrize("spec", ["fake:[1, 2]", "fake:not json", "nope", "hf:", "hf:/no/such/dir-or-hub-id",
-                                  "openai:http://localhost:8000/v1", "all-minilm-l6-v2"])
+                                  "openai:http://localhost:8000/v1", "all-minilm-l6-v2", "openai:http://[::1#m",
+                                  "openai:ftp://host/v1#m", "openai:http://host:port/v1#m", "openai:localhost/v1#m"])
 def test_bad_specs(spec):
     with pytest.raises(ModelError):
         load_chat_model(spec)

@@ -918,7 +918,7 @@ def test_sub_questions_off_the_topic_are_dropped():
              {"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]},
              {"id": "q3", "question": "Which band released the album Tinted Windows?", "depends_on": []},
              {"id": "q4", "question": "In what city did #q3 first perform?", "depends_on": ["q3"]}]
-    on = make_context("mujica", llm="fake", guards="+plan_off_topic")  # off by default: it did not pay
+    on = make_context("mujica", llm="fake", corpus="docs", guards="+plan_off_topic")  # off by default: it did not pay
     new, notes = repair_plan(items, [], cap=12, rnd=1, about=question, ctx=on)
     assert [q["id"] for q in new] == ["q3", "q4"]
     assert notes == ["InvalidPlan: q1 is off the question's topic; dropped 'Who directed Inception?'",

@@ -421,3 +421,63 @@ def test_a_teachers_rollouts_are_committed_and_read_back_on_another_machine(tmp_
     teacher_rollouts(dataclasses.replace(rollout, path=str(other)), teacher, 0, tmp_path / "third", committed)
     assert sum(len(m.calls) for m in models) >= 2 * asked  # asked afresh, and published over the others
     assert json.loads((shared / "sample0.run.json").read_text())["file"] == str(other.resolve())
+
+
+# -- issue 65, section 5: committed checkpoints are not trusted -----------------------------------------------
+@pytest.mark.parametrize("plant", ["weights", "stage folder", "log"])
+def test_a_committed_checkpoint_holding_a_symlink_is_refused_and_nothing_is_copied(tmp_path, plant):
+    """`restore_checkpoint` copied what committed symlinks point to (a file of the machine that restores it)."""
+    from mhqa_graph.training.checkpoints import restore_checkpoint
+
+    from mhqa_graph.errors import CheckpointError
+
+    precious, records, out = tmp_path / "precious.txt", tmp_path / "records", tmp_path / "out"
+    precious.write_text("keep", encoding="utf-8")
+    stage = records / "checkpoint" / "iter1"
+    if plant == "stage folder":
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        (outside / "state.json").write_text('{"iteration": 1, "tau": 0.5}', encoding="utf-8")
+        stage.parent.mkdir(parents=True)
+        stage.symlink_to(outside)
+    else:
+        stage.mkdir(parents=True)
+        (stage / "state.json").write_text('{"iteration": 1, "tau": 0.5}', encoding="utf-8")
+        (stage / "adapter_model.safetensors" if plant == "weights" else records / "log.jsonl").symlink_to(precious)
+    with pytest.raises(CheckpointError, match="is a symbolic link; a checkpoint's files are not followed out of it"):
+        restore_checkpoint(str(records), out)
+    assert not out.exists()
+
+
+STATES = [("[]", "is not a checkpoint's state (a JSON list, not an object)"),
+          ('{"iteration": 1, "tau"', "cannot be read"),
+          ('{"iteration": "1", "tau": 0.5}', "iteration must be int, got '1'"),
+          ('{"iteration": true, "tau": 0.5}', "iteration must be int, got True"),
+          ('{"iteration": 1, "tau": "hot"}', "tau must be int or float, got 'hot'"),
+          ('{"iteration": 1, "tau": NaN}', "tau must be int or float, got nan"),
+          ('{"iteration": 1, "tau": 0.5, "row": [1]}', "row must be dict or null, got [1]")]
+
+
+@pytest.mark.parametrize(("text", "message"), STATES, ids=[m.split(" ")[0] + str(i) for i, (_, m) in enumerate(STATES)])
+def test_a_state_json_of_the_wrong_types_is_a_typed_error_before_any_weights_load(tmp_path, text, message):
+    """MyGO's resume trusted state.json's types: a TypeError or AttributeError, or an iteration "1" resumed from."""
+    from types import SimpleNamespace
+
+    from mhqa_graph.errors import CheckpointError
+
+    folder = tmp_path / "iter1" / "checkpoint"
+    folder.mkdir(parents=True)
+    (folder / "state.json").write_text(text, encoding="utf-8")
+    trainer = object.__new__(MyGOTrainer)  # no model: the state is checked before any weights load
+    trainer.config, trainer.out, trainer.model = SimpleNamespace(dev=SimpleNamespace(records=None)), tmp_path, None
+    with pytest.raises(CheckpointError) as refused:
+        trainer.resume()
+    assert str(refused.value).startswith(f"{folder / 'state.json'}") and message in str(refused.value)
+
+
+def test_the_committed_checkpoints_state_is_of_its_types():
+    from mhqa_graph.training.checkpoints import read_state
+    from mhqa_graph.training.mygo import STATE_TYPES
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "runs" / "mygo-warmup-pq2h" / "checkpoint" / "iter1"
+    assert read_state(path / "state.json", STATE_TYPES)["iteration"] == 1

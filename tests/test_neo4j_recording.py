@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import re
 import time
@@ -18,6 +19,7 @@ from mhqa_graph import (
     EntityHit,
     EntityNotFound,
     Fact,
+    IngestError,
     InvalidInput,
     Passage,
     StoreError,
@@ -42,7 +44,7 @@ UPGRADE_STATEMENTS = {cypher.TAG_ENTITIES, cypher.TAG_PASSAGES, cypher.FINISH_UP
 WRITE_STATEMENTS = {*cypher.SCHEMA, *cypher.VECTOR_SCHEMA, cypher.MERGE_COLLECTION, cypher.GROW_COLLECTION,
                     cypher.ADD_ENTITIES, cypher.SET_ENTITY_VECTORS, cypher.ADD_TRIPLES, cypher.ADD_PASSAGES,
                     cypher.SET_PASSAGE_VECTORS, cypher.DROP_ENTITIES, cypher.DROP_PASSAGES, cypher.DROP_COLLECTIONS,
-                    *UPGRADE_STATEMENTS}
+                    cypher.SET_FILE_SHA256, *UPGRADE_STATEMENTS}
 
 
 def added(params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -54,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "ADD_ENTITIES": added, "ENTITY_FULLTEXT": NO_HITS, "ENTITY_VECTOR": NO_HITS, "ENTITY_EXACT": NO_HITS,
     "PASSAGE_FULLTEXT": NO_HITS, "PASSAGE_VECTOR": NO_HITS, "PASSAGE_EXACT": NO_HITS,
     "DROP_ENTITIES": [{"deleted": 0}], "DROP_PASSAGES": [{"deleted": 0}],
-    "ENTITY_TOTAL": [{"total": 10**6}], "PASSAGE_TOTAL": [{"total": 10**6}],
+    "ENTITY_TOTAL": [{"total": 10**6}], "PASSAGE_TOTAL": [{"total": 10**6}], "SET_FILE_SHA256": [{"updated": 1}],
 }
 
 
@@ -105,6 +107,8 @@ def exercise(store: Neo4jStore, text: str) -> None:
     for mode in ("bm25", "dense", "hybrid"):
         store.search(text, text, mode=mode)
     list(store.passages(text))
+    store.set_file_sha256("corpus", text, "0" * 64)
+    store.file_sha256("corpus", text)
     store.stats()
     store.graphs()
     store.namespace = text
@@ -680,3 +684,58 @@ def test_compose_file_keeps_the_password_out_of_docker_inspect() -> None:
     compose = (Path(__file__).resolve().parent.parent / "neo4j" / "docker-compose.yml").read_text()
     assert "NEO4J_PASSWORD" not in compose and "NEO4J_AUTH:" not in compose
     assert "NEO4J_AUTH_FILE: /run/secrets/" in compose and "secrets:" in compose
+
+
+def test_a_name_too_long_for_a_range_index_is_a_bad_row_not_a_failed_batch(tmp_path: Path) -> None:
+    """Neo4j fails a key over about 8 KB, and with it the whole batch's transaction (the recording driver does too):
+    the shared cap refuses the name before any write, so a 10 KB passage id or entity name in a 1,001-row file is one
+    bad row; skip_bad writes the other 1,000, without it the rows before it are written and an IngestError names
+    its line (issue 65)."""
+    from mhqa_graph.ingest.files import read_passages_file, read_triples_file
+    from mhqa_graph.ingest.runner import ingest
+
+    long = "n" * 10_000
+    store, driver = make_store()
+    with pytest.raises(StoreError, match="too large to index"):
+        store._add_passages("c", [Passage(long, "t", "x")])  # past the shared layer: what the server does
+    driver.calls.clear()
+    with pytest.raises(InvalidInput, match="10,000 bytes"):
+        store.add_passages("c", [Passage("p1", "t", "x"), Passage(long, "t", "x")])
+    assert not calls_of(driver, cypher.MERGE_COLLECTION, cypher.ADD_PASSAGES)
+    passages, triples = tmp_path / "p.jsonl", tmp_path / "t.tsv"
+    passages.write_text("".join(json.dumps({"id": long if i == 500 else f"p{i}", "text": f"Passage {i}."}) + "\n"
+                                for i in range(1001)), encoding="utf-8")
+    triples.write_text("".join(f"{long if i == 500 else f'e{i}'}\tr\tx{i}\n" for i in range(1001)), encoding="utf-8")
+    report = ingest(store, corpus="c", passages=read_passages_file(passages, yield_errors=True), graph="g",
+                    triples=read_triples_file(triples, yield_errors=True), skip_bad=True)
+    assert report.skipped_bad == 2 and report.errors[0].startswith(f"{passages}:501: ")
+    assert report.errors[1].startswith(f"{triples}:501: ") and "10,000 bytes" in report.errors[1]
+    for statement in (cypher.ADD_PASSAGES, cypher.ADD_TRIPLES):
+        assert sum(len(call.parameters["rows"]) for call in calls_of(driver, statement)) == 1000
+    store, driver = make_store()
+    with pytest.raises(IngestError, match=f"^{re.escape(str(passages))}:501: .*10,000 bytes"):
+        ingest(store, corpus="c", passages=read_passages_file(passages, yield_errors=True))
+    assert sum(len(call.parameters["rows"]) for call in calls_of(driver, cypher.ADD_PASSAGES)) == 500
+
+
+def test_the_file_sha256_is_a_property_of_the_collection_set_in_a_write() -> None:
+    store, driver = make_store(COLLECTION=[{**COLLECTION_ROW[0], "file_sha256": "c" * 64}])
+    store.set_file_sha256("corpus", "env", "c" * 64)
+    [call] = calls_of(driver, cypher.SET_FILE_SHA256)
+    assert call.parameters == {"collection": "corpus\u001fenv", "sha256": "c" * 64} and call.access_mode == "WRITE"
+    assert store.file_sha256("corpus", "env") == "c" * 64
+    assert make_store()[0].file_sha256("graph", "env") is None  # a collection built before it was kept
+    missing, _ = make_store(SET_FILE_SHA256=[{"updated": 0}])
+    with pytest.raises(UnknownGraph):
+        missing.set_file_sha256("graph", "nope", "c" * 64)
+    reader, _ = make_store(schema=schema_file(256), read_only=True)
+    with pytest.raises(StoreLocked):
+        reader.set_file_sha256("corpus", "env", "c" * 64)
+
+
+@pytest.mark.parametrize("spec", ["hash:0", "hash:-3", "hash:4097", f"hash:{10**12}", "hash:x", "hash:"])
+def test_an_embedder_of_no_or_too_many_dimensions_is_refused_before_any_write(spec: str) -> None:
+    driver = RecordingDriver(responder())
+    with pytest.raises(InvalidInput, match=r"1\.\.4096"):
+        open_on(driver, spec)
+    assert not [call for call in driver.calls if call.access_mode == "WRITE"]

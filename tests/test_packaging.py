@@ -53,6 +53,9 @@ def test_wheel_puts_only_mhqa_graph_in_site_packages(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"mhqa_graph"}
     assert "mhqa_graph/graphs/__init__.py" in names and "mhqa_graph/training/__init__.py" in names
+    for data in ("demo_data/README.md", "demo_data/hotpotqa/demo.jsonl", "demo_data/2wikimultihopqa/LICENSE",
+                 "demo_data/2wikimultihopqa/demo_evidences.json", "adapters/omne-pq2h/README.md"):
+        assert f"mhqa_graph/{data}" in names, data  # an installed package runs the demo and has the model card
 
     env = tmp_path / "venv"
     venv.create(env, with_pip=True)

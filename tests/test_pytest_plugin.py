@@ -26,3 +26,22 @@ def test_fake_llms_for_an_agent_take_exactly_its_roles(fake_llms):
         fake_llms("mujica", planner=["x"])
     with pytest.raises(InvalidInput, match="unknown agent 'oprea'"):
         fake_llms("oprea", plan=["x"])
+
+
+def test_fake_llms_for_auto_work_as_the_guide_shows_without_an_offline_pack(fake_llms, mhqa_store, monkeypatch):
+    """`fake_llms("auto", ...)` scripts rag's role and one design's; with no chat pack installed (the light
+    install), make_context takes it without `llm`, and a call to the unscripted design's roles fails loudly
+    (issue 64, 4)."""
+    from mhqa_graph.graphs import build_graph, make_context
+
+    from mhqa_graph.models import factory
+
+    monkeypatch.setattr(factory, "best_installed_chat_pack", lambda: None)
+    roles = fake_llms("auto", answer=["<answer>Xawery Żuławski</answer>"],
+                      **{"tool-agent": ["<answer>Andrzej Żuławski</answer>"]})
+    ctx = make_context("auto", role_llms=roles, store=mhqa_store, graph="kg")
+    out = build_graph("auto").invoke({"question": "Who is the father of the director of Polish-Russian War?"},
+                                     context=ctx)
+    assert out["answer"] == "Andrzej Żuławski" and out["answered_by"] == "omne"
+    with pytest.raises(InvalidInput, match="fake_llms\\('auto'\\): role 'plan' has no script"):
+        roles["plan"].invoke("x")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from mhqa_graph.demo import HOTPOT, KG
+from mhqa_graph.demo import BUNDLED, HOTPOT, KG
 from mhqa_graph.eval.environments import environment_name
 from mhqa_graph.ingest.runner import ingest_dataset
 from mhqa_graph.store import open_store
@@ -30,7 +30,7 @@ GUIDE = ROOT / "docs" / "guide.md"  # the README's reference part: its commands 
 
 OPERA = 'fake:["{\\"subgoals\\": [\\"Who?\\"], \\"sufficient\\": true, \\"answer\\": \\"Tulsa\\"}"]'  # every role
 RAG = 'fake:["<answer>Tulsa</answer>"]'
-OMNE = 'fake:["<answer>united kingdom</answer>"]'
+OMNE = 'fake:["<answer>Grammy</answer>"]'
 TRIPLES = 'fake:["Sony | founded by | Masaru Ibuka"]'
 
 # a README command, as shlex splits it -> ("run", extra args, --llm replacement) or ("skip", why)
@@ -40,9 +40,9 @@ BASH: dict[str, tuple] = {
                                    "test_cli.py::test_demo_with_a_fake_model)"),
     "bash scripts/test.sh": (SKIP, "installs every extra and runs this very suite"),
     "mhqa ask 'The band who released the debut album \"Tinted Windows\" had their first performance in what city?' "
-    "--agent opera --corpus hotpotqa-dev_a --stream": (RUN, ["--llm", OPERA], None),
-    "mhqa ask \"which nationality is frederica of mecklenburg-strelitz 's couple ?\" --agent auto "
-    "--graph pathquestion-2H-kb --json": (RUN, ["--llm", OMNE], None),
+    "--agent opera --corpus hotpotqa-demo --stream": (RUN, ["--llm", OPERA], None),
+    "mhqa ask \"What is the award that the performer of song Sunday Papers earned?\" --agent auto "
+    "--graph 2wiki-demo_evidences --json": (RUN, ["--llm", OMNE], None),
     "bash scripts/install.sh models,studio && . .venv/bin/activate": (SKIP, "installs packages (network)"),
     "export MHQA_STORE=embedded://$PWD/.mhqa-demo": (SKIP, "sets the variable every command here runs with"),
     "LANGGRAPH_CLI_NO_ANALYTICS=1 LANGGRAPH_NO_VERSION_CHECK=1 langgraph dev --host 127.0.0.1 --port 2024 "
@@ -98,6 +98,9 @@ PYTHON: dict[str, tuple] = {
     "from mhqa_graph import open_store, Passage": (RUN, {}),
     "from mhqa_graph.models.factory import load_chat_model": (SKIP, "loads real models and servers "
                                                                     "(test_models.py covers each spec kind)"),
+    "from langchain.agents import create_agent": (SKIP, "needs langchain (not a dependency) and a hosted model; its "
+                                                        "tools are as_tool's and make_tools' (test_graph_structure.py, "
+                                                        "test_injection.py)"),
 }
 
 
@@ -134,10 +137,10 @@ def test_every_readme_command_is_covered():
 def workdir(tmp_path_factory) -> tuple[Path, dict[str, str], str]:
     """A scratch folder beside `shared/data` (a link to the benchmark data), the files the README
     ingests, and MHQA_STORE at a hash-embedder store; (folder, environment, store URI)."""
-    from conftest import DATA
+    from conftest import DATA, NO_DATA
 
     if not DATA.is_dir():
-        pytest.skip(f"benchmark data not found at {DATA}")
+        pytest.skip(NO_DATA)
     root = tmp_path_factory.mktemp("readme")
     (root / "shared").mkdir()
     (root / "shared" / "data").symlink_to(DATA)
@@ -148,8 +151,8 @@ def workdir(tmp_path_factory) -> tuple[Path, dict[str, str], str]:
                                                  "text": "Sony was founded by Masaru Ibuka."}) + "\n")
     uri = f"embedded://{root / 'store'}?embedder=hash"
     with open_store(uri) as store:  # what the demo builds (the README's ingest commands then add nothing)
-        for dataset, rel in (HOTPOT, KG):
-            ingest_dataset(store, dataset, DATA / rel, environment_name(dataset, DATA / rel))
+        for dataset, path in ((HOTPOT[0], DATA / HOTPOT[1]), (KG[0], DATA / KG[1]), *BUNDLED):
+            ingest_dataset(store, dataset, path, environment_name(dataset, path))
     env = {**os.environ, "MHQA_STORE": uri, "COLUMNS": "200"}
     return work, env, uri
 

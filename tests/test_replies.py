@@ -100,13 +100,13 @@ def test_a_think_block_gets_tokens_of_its_own_beside_the_reply_budget():
             return super()._generate(messages, stop, run_manager, **kwargs)
 
     context = make_context("rag", llm=Recording(accepts_grammar=True, responses=["<answer>x</answer>"]),
-                           max_new_tokens=100)
+                           max_new_tokens=100, corpus="docs")
     for think in (True, False):
         get_llm(context, "answer", reply=answer_reply("answer", think=think)).invoke("q")
     assert answer_reply("answer", think=True).think_tokens() == 400
     assert budgets == [100 + 400, None]  # without a think block the model's own budget (ctx.max_new_tokens)
     own = Recording(accepts_grammar=True, responses=["<answer>x</answer>"], max_new_tokens=1000)
-    get_llm(make_context("rag", llm=own, max_new_tokens=100), "answer",
+    get_llm(make_context("rag", llm=own, max_new_tokens=100, corpus="docs"), "answer",
             reply=answer_reply("answer", think=True)).invoke("q")
     assert budgets[-1] == 1000 + 400  # a model object with a budget of its own keeps it
 
@@ -128,7 +128,7 @@ def test_decoding_settings_are_checked():
         make_context("rag", llm="fake", decoding="grammar")
     with pytest.raises(InvalidInput, match="decoding=constrained: llm .* cannot be constrained"):
         make_context("rag", llm="fake:[\"x\"]", decoding="constrained")
-    make_context("rag", llm=FakeChatModel(accepts_grammar=True), decoding="constrained")
+    make_context("rag", llm=FakeChatModel(accepts_grammar=True), decoding="constrained", corpus="docs")
 
 
 @pytest.mark.slow
@@ -448,6 +448,59 @@ def test_a_model_with_structured_output_is_called_with_it_and_traced_so(tmp_path
     decoded = {c.role: c.decoding for c in recorder.trace(out).llm_calls}
     assert decoded == {"plan": "structured_output", "analysis": "structured_output", "answer": "prompt"}
     store.close()
+
+
+class CannotStructure(FakeChatModel):
+    """Declares `with_structured_output` but cannot give it: NotImplementedError when asked."""
+
+    def with_structured_output(self, schema, **kwargs):
+        raise NotImplementedError("no tool calling")
+
+
+class SchemaRefused(Exception):
+    status_code = 400  # as providers' clients raise a bad request
+
+
+class RefusesSchema(FakeChatModel):
+    """A provider that rejects the schema when called (HTTP 400)."""
+
+    def with_structured_output(self, schema, **kwargs):
+        from langchain_core.runnables import RunnableLambda
+
+        def refuse(messages):
+            raise SchemaRefused("Invalid schema for response_format")
+
+        return RunnableLambda(refuse)
+
+
+@pytest.mark.parametrize(("model", "why"), [(CannotStructure, "has no structured output for this schema"),
+                                            (RefusesSchema, "the provider refused the schema: SchemaRefused")])
+def test_a_model_that_cannot_give_the_schema_falls_back_to_the_prompt(model, why, tmp_path):
+    """OPERA with a model whose with_structured_output raises NotImplementedError, or whose provider refuses the
+    schema, answers through the prompt; the trace says why (issue 64, 4)."""
+    from mhqa_graph.graphs import build_graph, make_context
+
+    from mhqa_graph.store import open_store
+    from mhqa_graph.traces import TraceRecorder
+    from mhqa_graph.types import Passage
+
+    with open_store(f"embedded://{tmp_path}/s?embedder=hash") as store:
+        store.add_passages("wiki", [Passage("p1", "Inception", "Inception is a film directed by Christopher Nolan.")])
+        roles = {"plan": model(responses=['{"subgoals": ["Who directed Inception?"]}']),
+                 "analysis": model(responses=['{"reasoning": "p1", "sufficient": true, '
+                                              '"answer": "Christopher Nolan"}']),
+                 "rewrite": FakeChatModel(responses=['{"query": "x"}']),
+                 "answer": FakeChatModel(responses=["Christopher Nolan"])}
+        ctx = make_context("opera", llm=FakeChatModel(responses=["unused"]), role_llms=roles, store=store,
+                           corpus="wiki")
+        make_context("opera", llm=model(), corpus="wiki", decoding="constrained")  # such a model qualifies
+        recorder = TraceRecorder("opera", ctx)
+        out = build_graph("opera").invoke({"question": "Who directed Inception?"}, {"callbacks": [recorder]},
+                                          context=ctx)
+    assert out["answer"] == "Christopher Nolan" and out["error"] is None
+    calls = [c for c in recorder.trace(out).llm_calls if c.role in ("plan", "analysis")]
+    assert {(c.role, c.decoding) for c in calls} == {("plan", "prompt"), ("analysis", "prompt")}
+    assert all(why in c.decoding_error for c in calls)
 
 
 def test_a_shape_gives_the_schema_and_the_format_line_from_one_declaration():

@@ -280,3 +280,55 @@ def test_topic_entities_are_capped_in_count_and_length(big_store, agent):
     _, trace = run_with_trace(build_graph(agent), agent, "What is Paris?", ctx, topic_entities=named)
     assert trace.topic_entities == ["Paris", *(f"Place {i}" for i in range(MAX_TOPIC_ENTITIES - 1))]
     assert all(len(m.content) < 20_000 for call in trace.llm_calls for m in call.messages)
+
+
+# -- what a long-running process keeps open (issue 65, 3) --------------------------------------------
+def test_one_store_under_many_spellings_is_opened_once_and_open_stores_are_bounded(tmp_path, monkeypatch):
+    from mhqa_graph.graphs import calls
+
+    monkeypatch.setattr(calls, "_stores", type(calls._stores)())
+    root = tmp_path / "kb"
+    open_store(f"embedded://{root}?embedder=hash").close()
+    monkeypatch.chdir(tmp_path)
+    spellings = [f"embedded://{root}?embedder=hash", f"embedded://{root}/?embedder=hash",
+                 f"embedded://{tmp_path}/./kb?embedder=hash", f"embedded://{tmp_path}//kb?embedder=hash",
+                 f"embedded://{tmp_path}/x/../kb?embedder=hash", "embedded://kb?embedder=hash"]
+    opened = {id(calls.get_store(AgentContext(store=uri))) for uri in spellings * 30}
+    assert len(opened) == 1 and len(calls._stores) == 1
+    others = []
+    for i in range(calls.MAX_OPEN_STORES + 3):
+        open_store(f"embedded://{tmp_path}/s{i}?embedder=hash").close()
+        others.append(calls.get_store(AgentContext(store=f"embedded://{tmp_path}/s{i}?embedder=hash")))
+    assert len(calls._stores) == calls.MAX_OPEN_STORES
+    evicted = len(others) + 1 - calls.MAX_OPEN_STORES  # the first store, then the oldest of the others
+    assert [s._closed for s in others] == [True] * (evicted - 1) + [False] * (len(others) - evicted + 1)
+
+
+def test_one_model_serves_every_reply_length_and_loaded_models_are_bounded(monkeypatch):
+    """`max_new_tokens` is passed per call: runs with other values load no other copy of a model."""
+    from mhqa_graph.graphs import calls
+
+    from mhqa_graph.models import factory
+
+    loads, seen = [], []
+
+    class Capped(FakeChatModel):
+        max_new_tokens: int = 512
+
+        def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+            seen.append(kwargs.get("max_new_tokens"))
+            return super()._generate(messages, stop, run_manager, **kwargs)
+
+    def load(spec, **kwargs):
+        loads.append((spec, kwargs))
+        return Capped(responses=["<answer>x</answer>"])
+
+    monkeypatch.setattr(calls, "_models", type(calls._models)())
+    monkeypatch.setattr(factory, "load_chat_model", load)
+    for n in range(1, 201):
+        ask(get_llm(AgentContext(llm="llamacpp:qwen2.5-coder-1.5b", max_new_tokens=n), "answer"),
+            [HumanMessage("q")])
+    assert len(loads) == 1 and seen == list(range(1, 201))
+    for i in range(calls.MAX_LOADED_MODELS + 2):
+        calls.chat_model(AgentContext(llm=f"llamacpp:qwen2.5-coder-1.5b?threads={i + 1}"), "answer")
+    assert len(calls._models) == calls.MAX_LOADED_MODELS

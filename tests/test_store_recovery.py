@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import gc
+import json
 import os
 import shutil
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from mhqa_graph import CorruptStore, Passage, StoreBusy, open_store
+from mhqa_graph import CorruptStore, Passage, StoreBusy, StoreLocked, open_store
 from mhqa_graph.store.embedded import store_error
 
 TRIPLES = [(f"person {i}", "born in", f"town {i % 40}") for i in range(300)] + [("Loop", "knows", "Loop")]
@@ -193,3 +195,56 @@ def test_an_old_versions_graph_is_kept_by_a_reader_and_deleted_by_a_writer_as_ar
         assert _answers(store) == want
     assert not any(path.exists() for path in old_graph)
     assert not list((store_dir / "vectors").glob("*.tmp"))
+
+
+def _hotpot(path: Path, rows: int) -> Path:
+    with path.open("w", encoding="utf-8") as f:
+        for i in range(rows):
+            f.write(json.dumps({"id": f"q{i}", "question": f"Where is town {i}?", "answer": "Tulsa", "context": {
+                "title": [f"Page {i}"], "sentences": [[f"Page {i} is about town {i}."]]}}) + "\n")
+    return path
+
+
+def test_evals_that_must_build_one_environment_wait_for_the_first_and_ingest_it_once(tmp_path):
+    """Six evals needing the same environment of a new store, started together (threads: a second writer in this
+    process is refused as one in another is): one ingests and gives the writer back; the others wait for it instead of
+    failing with StoreLocked, then use what it built, read-only (issue 65)."""
+    from mhqa_graph.eval.environments import open_environment
+
+    data, uri, start = _hotpot(tmp_path / "q.jsonl", 1500), _uri(tmp_path / "env"), threading.Barrier(6)
+
+    def evaluate(_: int) -> tuple[bool, bool, str]:
+        start.wait()
+        with open_environment(uri, "hotpotqa", data) as (store, env):
+            return env["ingested"], store.read_only, store.search(env["corpus"], "Page 7 town 7", k=1)[0].id
+
+    with ThreadPoolExecutor(6) as pool:
+        outcomes = list(pool.map(evaluate, range(6)))
+    assert sorted(ingested for ingested, _, _ in outcomes) == [False] * 5 + [True]
+    assert all(read_only for _, read_only, _ in outcomes) and len({hit for _, _, hit in outcomes}) == 1
+
+
+def test_an_eval_waits_a_bounded_time_for_another_writer_and_uses_what_it_builds(tmp_path, monkeypatch):
+    """A writer that holds the lock and builds nothing: StoreLocked after BUILD_WAIT_S. One that builds the
+    environment and keeps the lock: the waiting eval surveys again and uses it without the lock."""
+    from mhqa_graph.eval import environments
+
+    data, uri = _hotpot(tmp_path / "q.jsonl", 50), _uri(tmp_path / "env")
+    monkeypatch.setattr(environments, "BUILD_WAIT_S", 1.0)
+    with open_store(uri) as writer:
+        started = time.monotonic()
+        with pytest.raises(StoreLocked, match=r"waited 1 s"), environments.open_environment(uri, "hotpotqa", data):
+            pass
+        assert 1.0 <= time.monotonic() - started < 10
+        monkeypatch.setattr(environments, "BUILD_WAIT_S", 60.0)
+        with ThreadPoolExecutor(1) as pool:
+            def evaluate() -> tuple[dict, bool]:
+                with environments.open_environment(uri, "hotpotqa", data) as (store, env):
+                    return env, store.read_only
+
+            waiting = pool.submit(evaluate)
+            time.sleep(0.5)
+            assert not waiting.done()
+            environments.prepare(writer, "hotpotqa", data, environments.environment_name("hotpotqa", data))
+            env, read_only = waiting.result(timeout=30)  # while `writer` still holds the lock
+    assert env == {"corpus": "hotpotqa-q", "graph": None, "ingested": False} and read_only

@@ -24,6 +24,8 @@ import pytest
 from mhqa_graph.graphs import AGENTS, build_graph
 from mhqa_graph.graphs.settings import AgentContext
 
+from mhqa_graph.testing.endpoint import RecordingEndpoint, chat_completion
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "langgraph.json"
 LANGGRAPH = shutil.which("langgraph", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -127,9 +129,27 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=15)
 
 
+@pytest.fixture
+def listener() -> Iterator[RecordingEndpoint]:
+    """A model server no request may reach: it records what reaches it."""
+    with RecordingEndpoint(chat_completion("<answer>London</answer>")) as endpoint:
+        yield endpoint
+
+
+SERVER_KEY = "sk-server-0123456789"  # the server's OPENAI_API_KEY: no request may send it elsewhere
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> Iterator[str]:
-    """`langgraph dev` over langgraph.json, with MHQA_STORE set to a filled tiny store; yields its URL."""
+def allowed_listener() -> Iterator[RecordingEndpoint]:
+    """A model server the operator allows requests to name (MHQA_SERVE_LLMS), without giving it the key."""
+    with RecordingEndpoint(chat_completion("<answer>London</answer>")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, allowed_listener) -> Iterator[str]:
+    """`langgraph dev` over langgraph.json, with MHQA_STORE set to a filled tiny store; yields its URL. Its operator
+    lets requests name `allowed_listener` and stores under /no/such (to show the existence check behind it)."""
     work = tmp_path_factory.mktemp("studio")
     uri = f"embedded://{work}/store?embedder=hash"
     passages = work / "wiki.jsonl"
@@ -144,7 +164,11 @@ def server(tmp_path_factory) -> Iterator[str]:
 
     port = free_port()
     env = {**os.environ, "LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGGRAPH_NO_VERSION_CHECK": "1",
-           "LANGSMITH_TRACING": "false", "LANGCHAIN_TRACING_V2": "false", "MHQA_STORE": uri}
+           "LANGSMITH_TRACING": "false", "LANGCHAIN_TRACING_V2": "false", "MHQA_STORE": uri,
+           "OPENAI_API_KEY": SERVER_KEY, "MHQA_SERVE_LLMS": f"openai:{allowed_listener.url}#*",
+           "MHQA_SERVE_STORES": "embedded:///no/such/*"}
+    for name in ("MHQA_SERVE_ORIGINS", "MHQA_SERVE_HOSTS", "MHQA_OPENAI_KEY_URLS", "OPENAI_BASE_URL"):
+        env.pop(name, None)
     log = work / "server.log"
     with open(log, "wb") as sink:
         proc = subprocess.Popen([LANGGRAPH, "dev", "--config", str(CONFIG), "--host", "127.0.0.1",
@@ -232,7 +256,7 @@ def test_invalid_question_is_a_422_with_our_message(client):
     ({"role_llms": {"answr": fake("x")}}, "InvalidInput", "role_llms has no role 'answr' (did you mean 'answer'?)"),
     ({"llm": "gpt4"}, "ModelError", "llm: unknown chat model spec 'gpt4'"),
     ({"llm": "fake:[x]"}, "ModelError", "llm: fake: expects a JSON list of strings"),
-    ({"llm": fake("x"), "top_k": "five"}, "InvalidInput", "top_k must be an integer >= 1, got 'five'"),
+    ({"llm": fake("x"), "top_k": "five"}, "InvalidInput", "top_k must be an integer from 1 to 1,000, got 'five'"),
     ({"llm": fake("x"), "corpus": "nope"}, "UnknownCorpus", "unknown corpus 'nope' in embedded://"),
     ({"llm": fake("x"), "corpus": "wiki", "store": "embedded:///no/such/store"}, "StoreNotFound",
      "no store at embedded:///no/such/store"),
@@ -264,7 +288,7 @@ BAD_ASSISTANTS = [
     ("rag", {"llm": fake("x"), "store": "embedded:///no/such/store"}, "StoreNotFound",
      "no store at embedded:///no/such/store"),
     ("rag", {"llm": fake("x"), "corpus": "nope"}, "UnknownCorpus", "unknown corpus 'nope'"),
-    ("omne", {"llm": fake("x"), "top_k": "five"}, "InvalidInput", "top_k must be an integer >= 1"),
+    ("omne", {"llm": fake("x"), "top_k": "five"}, "InvalidInput", "top_k must be an integer from 1 to 1,000"),
 ]
 
 
@@ -283,9 +307,11 @@ def test_an_assistant_may_leave_its_model_to_its_runs(client):
 
 
 @pytest.mark.parametrize(("agent", "context", "error", "message"), BAD_ASSISTANTS[:3])
-def test_assistant_checks_without_a_server(agent, context, error, message):
+def test_assistant_checks_without_a_server(agent, context, error, message, monkeypatch):
     """The middleware's check of a POST /assistants body, in this process."""
     import asyncio
+
+    monkeypatch.setenv("MHQA_SERVE_STORES", "embedded:///no/such/*")
 
     from mhqa_graph.errors import MhqaError
     from mhqa_graph.studio import check_payload
@@ -294,3 +320,145 @@ def test_assistant_checks_without_a_server(agent, context, error, message):
         asyncio.run(check_payload("/assistants", {"graph_id": agent, "context": context}))
     assert type(caught.value).__name__ == error and str(caught.value).startswith(message)
     asyncio.run(check_payload("/assistants", {"graph_id": "direct", "context": {"llm": fake("x")}}))  # accepted
+
+
+@pytest.mark.parametrize("agent", ["opera", "mujica", "omne", "rag", "auto"])
+def test_a_run_with_no_corpus_and_no_graph_is_a_typed_refusal(agent):
+    """A run of an agent that searches, with neither a corpus nor a graph, is refused before it starts with
+    make_context's one sentence (a 422, not the HTTP 200 "internal error" it was); an assistant may leave them to
+    its runs, as it may its model (issue 64, 4)."""
+    import asyncio
+
+    from mhqa_graph.errors import InvalidInput
+    from mhqa_graph.studio import check_payload
+
+    run = {"assistant_id": agent, "input": {"question": QUESTION}, "context": {"llm": fake("x")}}
+    with pytest.raises(InvalidInput, match=f"^{agent} searches the store: set corpus or graph"):
+        asyncio.run(check_payload("/runs/wait", run))
+    asyncio.run(check_payload("/assistants", {"graph_id": agent, "context": {"llm": fake("x")}}))  # accepted
+
+
+# -- who may call, and what a request may name (issue 65, 1) ----------------------------------------
+@pytest.mark.parametrize(("headers", "refused"), [
+    ({"host": "127.0.0.1:2024"}, False),  # the SDK, curl: no Origin
+    ({"host": "localhost:2024", "origin": "http://localhost:2024"}, False),  # the server's own pages
+    ({"host": "127.0.0.1:2024", "origin": "https://smith.langchain.com"}, False),  # LangGraph Studio
+    ({"host": "127.0.0.1:2024", "origin": "https://evil.example"}, True),
+    ({"host": "127.0.0.1:2024", "origin": "http://127.0.0.1:3000"}, True),  # another local page is another page
+    ({"host": "evil.example:2024", "origin": "http://evil.example:2024"}, True),  # DNS rebinding
+    ({"host": "evil.example:2024"}, True),
+    ({"host": "[::1]:2024"}, False),
+])
+def test_foreign_pages_and_host_names_are_refused(monkeypatch, headers, refused):
+    from mhqa_graph.errors import Forbidden
+    from mhqa_graph.studio import check_client
+
+    monkeypatch.delenv("MHQA_SERVE_ORIGINS", raising=False)
+    monkeypatch.delenv("MHQA_SERVE_HOSTS", raising=False)
+    if refused:
+        with pytest.raises(Forbidden):
+            check_client(headers)
+    else:
+        check_client(headers)
+
+
+def test_the_operator_adds_origins_and_hosts(monkeypatch):
+    from mhqa_graph.studio import check_client
+
+    monkeypatch.setenv("MHQA_SERVE_ORIGINS", "https://app.example")
+    monkeypatch.setenv("MHQA_SERVE_HOSTS", "gpu-box")
+    check_client({"host": "gpu-box:2024", "origin": "https://app.example"})
+
+
+@pytest.mark.parametrize(("context", "refused"), [
+    ({"llm": fake("x")}, False),
+    ({"llm": "auto", "role_llms": {"plan": "qwen2.5-coder-1.5b"}}, False),
+    ({"llm": "llamacpp:qwen2.5-coder-0.5b?threads=2&lora=omne-pq2h"}, False),  # a shipped adapter by name
+    ({"llm": "openai:http://127.0.0.1:9/v1#m"}, True),
+    ({"role_llms": {"answer": "openai:https://evil.example/v1#m"}}, True),
+    ({"llm": "llamacpp:/home/me/other.gguf"}, True),
+    ({"llm": "llamacpp:qwen2.5-coder-0.5b?lora=/tmp/a.gguf"}, True),
+    ({"llm": "llamacpp:qwen2.5-coder-0.5b?lora=file:a"}, True),  # a path, however short: the caller's to opt in to
+    ({"llm": "hf:/data/model"}, True),
+    ({"store": "embedded:///elsewhere/secret-store"}, True),
+    ({"store": "neo4j://db:7687"}, True),
+])
+def test_a_request_names_only_local_models_and_the_servers_store(monkeypatch, context, refused):
+    from mhqa_graph.errors import Forbidden
+    from mhqa_graph.studio import check_served
+
+    for name in ("MHQA_SERVE_LLMS", "MHQA_SERVE_STORES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MHQA_STORE", "embedded:///srv/kb")
+    if refused:
+        with pytest.raises(Forbidden):
+            check_served(context)
+    else:
+        check_served(context)
+    check_served({"store": "embedded:///srv/./kb/"})  # the server's own store under another spelling
+
+
+def test_the_operator_allows_specs_and_stores_by_pattern(monkeypatch):
+    from mhqa_graph.studio import check_served
+
+    monkeypatch.setenv("MHQA_SERVE_LLMS", "openai:http://127.0.0.1:8000/v1#*")
+    monkeypatch.setenv("MHQA_SERVE_STORES", "embedded:///srv/stores/*")
+    check_served({"llm": "openai:http://127.0.0.1:8000/v1#qwen", "store": "embedded:///srv/stores/wiki"})
+
+
+def post(server: str, path: str, body: dict, origin: str | None = None, method: str = "POST"):
+    import httpx
+
+    headers = {"Origin": origin} if origin else {}
+    return httpx.request(method, f"{server}{path}", json=body, headers=headers, timeout=60)
+
+
+def test_a_foreign_page_cannot_drive_the_server(server, listener):
+    """Whatever it asks, a request from another web page is refused before the server acts on it, and a
+    preflight from it is not granted."""
+    import httpx
+
+    body = {"assistant_id": "direct", "input": {"question": QUESTION}, "context": {"llm": f"openai:{listener.url}#m"}}
+    for path in ("/runs/wait", "/runs/stream", "/threads", "/assistants/search"):
+        response = post(server, path, body, origin="https://evil.example")
+        assert response.status_code == 403 and response.json()["error"] == "Forbidden", (path, response.text)
+    preflight = httpx.options(f"{server}/runs/wait", headers={
+        "Origin": "https://evil.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Private-Network": "true"}, timeout=30)
+    assert preflight.headers.get("access-control-allow-origin") not in ("*", "https://evil.example")
+    studio = httpx.options(f"{server}/runs/wait", headers={
+        "Origin": "https://smith.langchain.com", "Access-Control-Request-Method": "POST"}, timeout=30)
+    assert studio.headers.get("access-control-allow-origin") == "https://smith.langchain.com"
+    assert listener.seen == []
+
+
+def test_a_request_cannot_name_its_own_model_url_or_store(server, listener):
+    """Without an Origin (curl, a script), a run, an assistant, an assistant's update and a cron that name a model
+    URL or a store the operator did not list are refused, and the listener hears nothing."""
+    foreign = {"llm": f"openai:{listener.url}#m"}
+    assert post(server, "/runs/wait", {"assistant_id": "direct", "input": {"question": QUESTION},
+                                      "context": foreign}).status_code == 403
+    assert post(server, "/runs/wait", {"assistant_id": "rag", "input": {"question": QUESTION},
+                                      "context": {"llm": fake("x"), "corpus": "wiki",
+                                                  "store": "embedded:///tmp/another-store"}}).status_code == 403
+    assert post(server, "/runs/wait", {"assistant_id": "direct", "input": {"question": QUESTION},
+                                      "config": {"configurable": foreign}}).status_code == 403
+    assert post(server, "/assistants", {"graph_id": "direct", "context": foreign}).status_code == 403
+    made = post(server, "/assistants", {"graph_id": "direct", "context": {"llm": fake("<answer>x</answer>")}})
+    assert made.status_code == 200, made.text
+    patched = post(server, f"/assistants/{made.json()['assistant_id']}", {"context": foreign}, method="PATCH")
+    assert patched.status_code == 403 and patched.json()["error"] == "Forbidden"
+    cron = post(server, "/runs/crons", {"assistant_id": "direct", "schedule": "* * * * *",
+                                       "input": {"question": QUESTION}, "context": foreign})
+    assert cron.status_code == 403
+    assert listener.seen == []
+
+
+def test_an_allowed_model_url_gets_no_key_the_operator_did_not_give_it(server, allowed_listener):
+    """The server's operator allows one model URL (MHQA_SERVE_LLMS) but sends OPENAI_API_KEY only to OpenAI: the
+    run is answered, and the request carried no key."""
+    listener = allowed_listener
+    out = post(server, "/runs/wait", {"assistant_id": "direct", "input": {"question": QUESTION},
+                                     "context": {"llm": f"openai:{listener.url}#m", "decoding": "prompt"}})
+    assert out.status_code == 200 and out.json()["answer"] == "London", out.text
+    assert listener.seen and all(SERVER_KEY not in (seen["authorization"] or "") for seen in listener.seen)

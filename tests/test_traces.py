@@ -156,8 +156,8 @@ def test_tokens_are_summed_over_calls(store):
         n_in, n_out = n_in + i, n_out + o
     assert trace.input_tokens == n_in > 0 and trace.output_tokens == n_out > 0
     cached = sum(c.cached_tokens for c in trace.llm_calls)
-    assert trace.usage() == {"llm_calls": 6, "tokens": {"input": n_in, "output": n_out, "total": n_in + n_out,
-                                                        "cached": cached}}
+    assert trace.usage() == {"llm_calls": 6, "llm_calls_cached": 0, "tokens": {
+        "input": n_in, "output": n_out, "total": n_in + n_out, "cached": cached}}
     assert all(c.input_tokens > 0 and c.output_tokens > 0 for c in trace.llm_calls)
     assert 0 < trace.cached_tokens == cached < n_in  # OPERA's calls of one role share their system prompt
 

@@ -4,16 +4,22 @@ where it stopped (`train_resuming`)."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from mhqa_graph.errors import CheckpointError, shown
+from mhqa_graph.paths import read_json_object
 
 from .devices import is_main_process, on_main_process
 from .logs import LOG, copy_log, write_log
 
 CHECKPOINT, STATE = "checkpoint", "state.json"
 PUBLISHED = "checkpoint"  # in a run's records folder: its newest stage checkpoint, `<stage>/` inside
+StateTypes = dict[str, type | tuple[type, ...]]  # a state's keys and the types their values must have
 
 
 def save_weights(model: Any, path: Path, **kwargs: Any) -> None:
@@ -35,9 +41,36 @@ def save_checkpoint(model: Any, folder: Path, state: dict[str, Any]) -> None:
     on_main_process(save)
 
 
-def saved_checkpoints(out: Path, pattern: str) -> list[tuple[dict[str, Any], Path]]:
-    """(state, checkpoint folder) of every checkpoint under `out` whose folder matches `pattern` (a glob)."""
-    return [(json.loads(p.read_text(encoding="utf-8")), p.parent) for p in out.glob(f"{pattern}/{CHECKPOINT}/{STATE}")]
+def saved_checkpoints(out: Path, pattern: str, types: StateTypes | None = None) -> list[tuple[dict[str, Any], Path]]:
+    """(state, checkpoint folder) of every checkpoint under `out` whose folder matches `pattern` (a glob), each state
+    checked against `types` (`read_state`)."""
+    return [(read_state(p, types), p.parent) for p in out.glob(f"{pattern}/{CHECKPOINT}/{STATE}")]
+
+
+def read_state(path: Path, types: StateTypes | None = None) -> dict[str, Any]:
+    """The state.json at `path`; CheckpointError when it is a symbolic link, not a JSON object, or holds a key of
+    `types` missing or of another type (a bool is no int, a number must be finite)."""
+    refuse_links(path)
+    state = read_json_object(path, "a checkpoint's state", CheckpointError,
+                             "remove its checkpoint, and its stage is trained again")
+    for key, kind in (types or {}).items():
+        kinds, value = kind if isinstance(kind, tuple) else (kind,), state.get(key)
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds) \
+                or (isinstance(value, float) and not math.isfinite(value)):
+            names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+            raise CheckpointError(f"{path}: {key} must be {names}, got {shown(value)}; remove its checkpoint, and its "
+                                  "stage is trained again")
+    return state
+
+
+def refuse_links(path: Path) -> None:
+    """CheckpointError naming the first symbolic link at or under `path`: a checkpoint's files are copied and loaded,
+    never followed out of it (a committed link could point anywhere on the machine that restores it)."""
+    found = [path] if path.is_symlink() else [Path(root) / name for root, dirs, files in os.walk(path)
+                                                for name in (*dirs, *files) if (Path(root) / name).is_symlink()]
+    if found:
+        raise CheckpointError(f"{found[0]} is a symbolic link; a checkpoint's files are not followed out of it: "
+                              "remove the link")
 
 
 def publish_checkpoint(folder: Path, records: str | None) -> None:
@@ -66,17 +99,20 @@ def restore_checkpoint(records: str | None, out: Path) -> None:
     """The checkpoint `publish_checkpoint` committed in `records`, copied (by the main process) to
     `out/<stage>/checkpoint` where this machine has none of that stage, with the committed log where the local one is
     missing or an earlier part of it (a local log that is not is kept, with a warning), so that a run stopped on
-    another machine resumes after the stage it committed."""
+    another machine resumes after the stage it committed. CheckpointError for a symbolic link among the committed
+    files."""
     if not records:
         return
 
     def restore() -> None:
         log, local = Path(records) / LOG, out / LOG
+        for path in (Path(records) / PUBLISHED, log):
+            refuse_links(path)
         for state in sorted(Path(records).glob(f"{PUBLISHED}/*/{STATE}")):
             source, target = state.parent, out / state.parent.name / CHECKPOINT
             if target.exists():
                 continue
-            shutil.copytree(source, target)
+            shutil.copytree(source, target, symlinks=True)  # none: a link put there since is copied, not followed
             if log.is_file() and (not local.is_file() or log.read_bytes().startswith(local.read_bytes())):
                 shutil.copyfile(log, local)
             elif log.is_file():

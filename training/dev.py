@@ -12,11 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from mhqa_graph import paths
 from mhqa_graph.errors import DevSliceError
 from mhqa_graph.eval.health import behaviour
 from mhqa_graph.eval.paired import paired_comparison
 from mhqa_graph.eval.records import SUFFIX
 from mhqa_graph.eval.report import RESULTS, read_records
+from mhqa_graph.paths import expand_user_path
 
 from .checkpoints import save_weights
 from .configs import DevConfig, ModelConfig, RolloutConfig
@@ -85,15 +87,13 @@ def untrained_key(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, m
     the decoding settings and agent settings, and the guards the agent runs."""
     from mhqa_graph.graphs.guards import selected
 
-    from mhqa_graph.models.packs import file_sha256
-
     run = dev_rollout(rollout, dev)
-    data = Path(run.path).expanduser().resolve()
+    data = expand_user_path(run.path).resolve()
     return {"policy": policy_identity(config),
             "backend": ("llamacpp" if serves_with_llamacpp(model, config) else "transformers")
             if config.rollout_llm == "in_process" else config.rollout_llm.partition("?")[0],  # server | openai:...
             "agent": run.agent, "dataset": run.dataset, "file": str(data),
-            "file_sha256": file_sha256(data) if data.is_file() else None, "store": run.store,
+            "file_sha256": paths.file_sha256(data) if data.is_file() else None, "store": run.store,
             "start": run.start, "limit": run.limit, "temperature": run.temperature,
             "max_new_tokens": run.max_new_tokens, "context": json.loads(json.dumps(run.context, default=str)),
             "guards": sorted(selected(run.context.get("guards"), run.agent))}

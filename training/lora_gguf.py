@@ -2,7 +2,7 @@
 through llama.cpp over its pack's GGUF: generation about 10x faster than transformers on the CPU.
 
     path = write_lora_gguf(model, "runs/x/adapter.gguf")          # a PEFT model with a LoRA adapter
-    llm = load_chat_model(f"llamacpp:qwen2.5-coder-0.5b?lora={path}")
+    llm = load_chat_model(f"llamacpp:qwen2.5-coder-0.5b?lora=file:{path}")
 
 The file is what llama.cpp's `convert_lora_to_gguf.py` writes: `general.type = adapter`, `adapter.type =
 lora`, `adapter.lora.alpha`, and `<base tensor>.lora_a` (r x in) / `.lora_b` (out x r) pairs named after the

@@ -642,7 +642,7 @@ class MAPGRPOTrainer:
         {} if none. A run stopped after a role, or during a later role's dev run, trains no role twice."""
         out, done = Path(self.config.output_dir), []
         for position, role in enumerate(self.config.roles):
-            found = saved_checkpoints(out, role)
+            found = saved_checkpoints(out, role, {"role": str, "state": dict, "summary": dict})
             if not found or found[0][0].get("state") != self.role_state(position):
                 break
             done.append(found[0])

@@ -111,6 +111,9 @@ def sft_rows(records: list[dict[str, Any]], reward: str = "f1") -> list[dict[str
     return mygo_rows(records, reward, min_reward=0.0, think_weight=1.0)
 
 
+STATE_TYPES = {"iteration": int, "tau": (int, float), "row": (dict, type(None))}  # of an iteration's checkpoint
+
+
 class MyGOTrainer:
     """Runs MyGO iterations on one model (LoRA adapter or full weights) and saves it to `output_dir/final`."""
 
@@ -154,7 +157,7 @@ class MyGOTrainer:
         """Load the last saved checkpoint, here or committed with the run's records (weights, τ and its metrics,
         kept in `saved_row`); returns its iteration, -1 if there is none."""
         restore_checkpoint(self.config.dev.records, self.out)
-        saved = saved_checkpoints(self.out, "iter*")
+        saved = saved_checkpoints(self.out, "iter*", STATE_TYPES)
         if not saved:
             return -1
         state, path = max(saved, key=lambda found: found[0]["iteration"])

@@ -59,6 +59,7 @@ from .rollouts import rollout_store, rollouts, teacher_folder, teacher_rollouts
 
 STAGES = {1: "grpo", 2: "sft", 3: "grpo"}
 SUMMARY_KEYS = ("stage", "kind", "steps", "stopped")  # of a stage in train()'s summary (and its checkpoint state)
+STATE_TYPES = {"stage": int, "position": int, "order": list, "kind": str, "steps": int}  # of a stage's checkpoint
 # what rollout_func returns per episode besides logprobs; all but the first three reach the reward functions
 EPISODE_KEYS = ("prompt_ids", "completion_ids", "env_mask", "turns", "episode_rounds", "episode_tool_calls",
                 "episode_successful_calls", "episode_repeated_calls", "episode_forced")
@@ -615,7 +616,8 @@ class OmneTrainer:
         checkpoints `stage<k>/checkpoint` whose stages are this order's first ones), the last one's weights
         loaded; [] if none."""
         order = self.order()
-        by_position = {state.get("position"): (state, path) for state, path in saved_checkpoints(self.out, "stage*")}
+        by_position = {state["position"]: (state, path)
+                       for state, path in saved_checkpoints(self.out, "stage*", STATE_TYPES)}
         done: list[tuple[dict[str, Any], Path]] = []
         for i in range(len(order)):
             found = by_position.get(i)

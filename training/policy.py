@@ -10,6 +10,7 @@ from typing import Any
 
 from mhqa_graph.errors import InvalidInput, ModelError, ModelNotFound, ModelNotInstalled
 from mhqa_graph.models.chat import TransformersChatModel, model_device
+from mhqa_graph.paths import expand_user_path, is_dir
 
 from .configs import ModelConfig
 from .devices import on_main_process, policy_device, policy_dtype
@@ -28,8 +29,8 @@ def policy_identity(config: ModelConfig) -> dict[str, Any]:
         return identity | {"seed": config.seed}
     if config.name in PACKS:
         return identity | {"sha256": PACKS[config.name].sha256}
-    folder = Path(config.name).expanduser()
-    if folder.is_dir():
+    folder = expand_user_path(config.name)
+    if is_dir(folder):
         return identity | {"path": str(folder.resolve()), "files": {
             str(f.relative_to(folder)): [f.stat().st_size, f.stat().st_mtime_ns]
             for f in sorted(folder.rglob("*")) if f.is_file()}}
@@ -83,7 +84,7 @@ def llamacpp_policy(pack: str, adapter: Path | None, temperature: float, max_new
     calls (call n: seed + n)."""
     from mhqa_graph.models.factory import load_chat_model
 
-    spec = f"llamacpp:{pack}" + (f"?lora={adapter}" if adapter else "")
+    spec = f"llamacpp:{pack}" + (f"?lora=file:{adapter}" if adapter else "")
     return load_chat_model(spec, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                            model_name=f"{pack}+{adapter.stem}" if adapter else pack)
 
@@ -106,8 +107,8 @@ def policy_source(name: str) -> tuple[str, bool]:
 
     if name in PACKS:
         return str(pack_path(name)), True
-    if Path(name).expanduser().is_dir():
-        return str(Path(name).expanduser()), True
+    if is_dir(folder := expand_user_path(name)):
+        return str(folder), True
     try:
         validate_repo_id(name)
     except HFValidationError:

@@ -30,7 +30,6 @@ questions in flight (the eval runner's `concurrency`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -43,6 +42,7 @@ from typing import Any, ClassVar
 
 from mhqa_graph.errors import InvalidInput, ModelError, ModelNotInstalled
 from mhqa_graph.models.server import LlamaServer
+from mhqa_graph.paths import file_sha256
 
 from .devices import on_main_process, policy_device
 from .lora_gguf import write_lora_gguf
@@ -211,14 +211,6 @@ def process_gpu() -> str | None:
     return visible[index] if index < len(visible) else str(index)
 
 
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 class PolicyServer:
     """The trainer's server (llama-server or vLLM), started on first use and started again whenever its key
     changes (one server at a time): for llama-server the pack, the slots and the adapters' contents, which it
@@ -262,7 +254,7 @@ def served_policy(model: Any, config: Any, folder: str | Path, adapters: Mapping
         files = [Path(folder) / f"{name}.gguf" for name in names]
         on_main_process(lambda: [write_lora_gguf(model, f, n) for f, n in zip(files, names)])
         slots, options = config.rollout_concurrency, server_options(config.rollout_llm)
-        key = (config.name, slots, tuple(file_digest(f) for f in files), tuple(sorted(options.items())))
+        key = (config.name, slots, tuple(file_sha256(f) for f in files), tuple(sorted(options.items())))
         server = POLICY_SERVER.serve(key, lambda: LlamaServer(config.name, slots=slots,
                                                               lora_path=[str(f) for f in files], **options))
 

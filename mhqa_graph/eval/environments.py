@@ -2,21 +2,29 @@
 
 A passage dataset (HotpotQA, MuSiQue, 2Wiki with `context`) gives a corpus of its pooled
 paragraphs; a KG dataset (2Wiki `evidences`, a PathQuestion KB) gives a graph; 2Wiki rows with
-both give both. Corpus and graph share one name, by default `<dataset>-<file stem>`.
+both give both. Corpus and graph share one name, by default `<dataset>-<file stem>`, and keep the
+digest of the items they were built from, so an edited file is told from the one built.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EntityNotFound, InvalidInput, StoreError
+from ..errors import EntityNotFound, InvalidInput, StoreError, StoreLocked
 from ..ingest.datasets import benchmark, dataset_passages, dataset_triples
-from ..ingest.runner import ingest_dataset
+from ..ingest.runner import environment_sha256, ingest_dataset
 from ..store import open_store
 from ..store.base import KnowledgeStore
+
+# How long an eval that must build its environment waits while another process holds the embedded store's writer
+# lock (most often another eval building the same environment), surveying the store again now and then, before
+# StoreLocked. `mhqa ingest` does not wait: it says StoreLocked at once, and its user retries.
+BUILD_WAIT_S = 300.0
+SURVEY_EVERY_S = 2.0  # the longest pause between two surveys while waiting
 
 
 class EnvironmentMismatch(InvalidInput):
@@ -57,8 +65,14 @@ def ensure_worked_plans(store: KnowledgeStore, data: Path) -> str:
     from ..ingest.runner import ingest
 
     corpus, file = WORKED_PLANS
-    if corpus not in store.corpora():
+    if corpus in store.corpora():
+        return corpus
+    if not getattr(store, "read_only", False):
         ingest(store, corpus=corpus, passages=read_plans_file(Path(data) / file))
+        return corpus
+    with open_store(store.uri) as writer:  # `open_environment` gives a read-only store
+        if corpus not in writer.corpora():
+            ingest(writer, corpus=corpus, passages=read_plans_file(Path(data) / file))
     return corpus
 
 
@@ -90,17 +104,28 @@ SAMPLE = 16  # items of a file looked up in the store's collection of its name
 
 def survey(store: KnowledgeStore, dataset: str, path: str | Path, name: str) -> Survey:
     """Count the file's passages and triples and compare them with the store's (one stats() call,
-    only when the store has a collection of that name). A collection that holds at least as many items but
-    not the file's (a sample of its passages by id and title, of its triples by their facts) was built from
-    another file: EnvironmentMismatch."""
+    only when the store has a collection of that name). A collection that records the digest of other items than
+    this file's (`environment_sha256`, `set_file_sha256`) was built from another file or an edited one:
+    EnvironmentMismatch, however many items it holds. One that records none (a store built before stores kept it)
+    and holds at least as many items is checked by a sample of the file's passages (by id and title) and triples
+    (by their facts), which an edit elsewhere in the file escapes."""
     passages = [p for p in dataset_passages(dataset, path, yield_errors=True) if not isinstance(p, Exception)]
     triples = [t for t in dataset_triples(dataset, path, yield_errors=True) if not isinstance(t, Exception)]
-    has = (passages and name in store.corpora()) or (triples and name in store.graphs())
-    stats = store.stats() if has else None
+    kinds = [k for k, items, names in (("corpus", passages, store.corpora), ("graph", triples, store.graphs))
+             if items and name in names()]
+    stats = store.stats() if kinds else None
     have_passages = stats.corpora.get(name, {}).get("passages", 0) if stats else 0
     have_triples = stats.graphs.get(name, {}).get("triples", 0) if stats else 0
     complete = have_passages >= len(passages) and have_triples >= len(triples)
-    if has and complete:
+    recorded = {kind: store.file_sha256(kind, name) for kind in kinds}
+    if any(recorded.values()):
+        source = benchmark(dataset).environment_file(path)
+        digest = environment_sha256(dataset, path)
+        for kind, sha256 in recorded.items():
+            if sha256 and sha256 != digest:
+                raise EnvironmentMismatch(name, store.uri, source, f"its {kind} was built from items of sha256 "
+                                          f"{sha256[:16]}..., this file's are {digest[:16]}...")
+    if kinds and complete and not all(recorded.values()):
         check_built_from(store, name, path, passages if have_passages else [], triples if have_triples else [])
     return Survey(corpus=name if passages else None, graph=name if triples else None,
                   items=len(passages) + len(triples), complete=complete)
@@ -113,7 +138,7 @@ def _sample(items: list) -> list:
 
 def check_built_from(store: KnowledgeStore, name: str, path: str | Path, passages: list, triples: list) -> None:
     """EnvironmentMismatch unless the store's corpus / graph `name` holds a sample of the file's passages and
-    triples."""
+    triples: the check of a collection that records no file sha256 (one built before stores kept it)."""
     if passages:
         stored = {(p.id, p.title) for p in store.passages(name)}
         missing = next((p for p in _sample(passages) if (p.id, p.title) not in stored), None)
@@ -147,24 +172,51 @@ def prepare(store: KnowledgeStore, dataset: str, path: str | Path, name: str,
     return found.settings(ingested=not found.complete)
 
 
+def _built(store_uri: str | None, dataset: str, path: str | Path, name: str) -> tuple[KnowledgeStore, dict] | None:
+    """The store opened read-only and its settings if it holds the file's whole environment, else None."""
+    try:
+        store = open_store(store_uri, read_only=True)
+    except StoreError:  # no store yet, or not readable without a writer's catch-up
+        return None
+    try:
+        found = survey(store, dataset, path, name)
+    except BaseException:
+        store.close()
+        raise
+    if found.complete:
+        return store, found.settings(ingested=False)
+    store.close()
+    return None
+
+
 @contextmanager
 def open_environment(store_uri: str | None, dataset: str, path: str | Path,
                      announce: Callable[[str, int], Callable[[int], None] | None] | None = None
                      ) -> Iterator[tuple[KnowledgeStore, dict]]:
-    """The store with the dataset file's environment, and `prepare`'s settings. A store that already
-    holds the environment is opened read-only, so several evaluations can share it at once; otherwise
-    it is opened for writing and the environment ingested (`announce` as in `prepare`)."""
+    """The store with the dataset file's environment, and `prepare`'s settings. The store is opened read-only, so
+    several evaluations can share it at once; one that lacks the environment is first opened for writing, the
+    environment ingested (`announce` as in `prepare`) and the writer closed. While another process holds the writer
+    lock (StoreLocked), such as another eval building the same environment, this one waits up to BUILD_WAIT_S,
+    surveying again every few seconds: what that process built is used, not ingested again."""
     name = environment_name(dataset, path)
-    try:
-        store = open_store(store_uri, read_only=True)
-    except StoreError:  # no store yet, or not readable without a writer's catch-up
-        store = None
-    if store is not None:
-        found = survey(store, dataset, path, name)
-        if found.complete:
-            with store:
-                yield store, found.settings(ingested=False)
+    deadline, pause = time.monotonic() + BUILD_WAIT_S, 0.1
+    while True:
+        built = _built(store_uri, dataset, path, name)
+        if built is not None:
+            with built[0]:
+                yield built
             return
-        store.close()
-    with open_store(store_uri) as store:
-        yield store, prepare(store, dataset, path, name, announce)
+        try:
+            writer = open_store(store_uri)
+        except StoreLocked as exc:
+            if time.monotonic() >= deadline:
+                raise StoreLocked(f"{exc}; waited {BUILD_WAIT_S:.0f} s for it to build or give back the store, "
+                                  f"which still lacks {name!r}: retry once that process is done") from None
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+            pause = min(2 * pause, SURVEY_EVERY_S)
+            continue
+        with writer:
+            settings = prepare(writer, dataset, path, name, announce)
+        break
+    with open_store(store_uri, read_only=True) as store:
+        yield store, settings

@@ -3,8 +3,8 @@ question, sorted by id, gzip'd without a timestamp (the same records give the sa
 them (`bench/records.py`), and so does a learning run's dev slice (`DevConfig.records`):
 
     id, cluster (the gold path, else the id: eval/paired.cluster_key), prediction, em, f1, error, failed,
-    latency (seconds), llm_calls, tokens {input, output, total, cached}, health (protocol counts and guard
-    firings), format_repairs, diagnostics (failure class, evidence recall), placeholders (OPERA), plan_size,
+    latency (seconds), llm_calls, llm_calls_cached, tokens {input, output, total, cached}, health (protocol counts
+    and guard firings), format_repairs, diagnostics (failure class, evidence recall), placeholders (OPERA), plan_size,
     carried, route (auto's stage and decisions, each decision's answer scored: f1)
 
 `save` merges a run folder's records into a file (a question asked again replaces its record).
@@ -25,8 +25,8 @@ from .report import RESULTS, read_records
 from .scoring import score
 
 SUFFIX = ".jsonl.gz"
-KEPT = ("id", "prediction", "em", "f1", "error", "failed", "latency", "llm_calls", "tokens", "carried", "route",
-        "confidence")
+KEPT = ("id", "prediction", "em", "f1", "error", "failed", "latency", "llm_calls", "llm_calls_cached", "tokens",
+        "carried", "route", "confidence")
 HEALTH = ("acted", "invented", "malformed", "repairs", "forced", "forced_by", "bad_answer", "guards", "guard_changed",
           "answer_guard", "constrained", "cache_errors")
 DIAGNOSTICS = ("failure", "evidence_recall", "first_missed_hop")
@@ -78,10 +78,14 @@ def natural(qid: str) -> tuple:
     return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", qid))
 
 
-def save(run_folder: Path, path: Path) -> int:
-    """Merge the records of an eval run folder into `path`; returns how many the file holds."""
+def save(run_folder: Path, path: Path, stamp: dict | None = None) -> int:
+    """Merge the records of an eval run folder into `path`; returns how many the file holds. `stamp`: fields the
+    records new to the file carry (a sealed run's commit and settings digest)."""
     merged = {str(r["id"]): r for r in load(path)}
-    merged |= {str(r["id"]): compact(r) for r in read_records(run_folder / RESULTS)}
+    for record in read_records(run_folder / RESULTS):
+        qid, before = str(record["id"]), merged.get(str(record["id"]))
+        kept = stamp if before is None else {k: before[k] for k in stamp or {} if k in before}  # stamped once
+        merged[qid] = compact(record) | (kept or {})
     if merged:
         write(path, merged.values())
     return len(merged)

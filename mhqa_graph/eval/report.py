@@ -15,6 +15,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from ..redaction import redact
 from .diagnostics import FAILURE_CLASSES, FailureTotals
 from .health import HealthTotals
 from .paired import cluster_key, paired_comparison
@@ -23,8 +24,8 @@ RESULTS, SUMMARY = "results.jsonl", "summary.json"
 
 
 # what a summary reads of a record: everything but its trace (the bulk of it)
-SUMMARY_FIELDS = ("id", "em", "f1", "failed", "error", "latency", "tokens", "llm_calls", "type", "hops",
-                  "diagnostics", "health", "route", "chain", "cluster", "prediction", "carried")
+SUMMARY_FIELDS = ("id", "em", "f1", "failed", "error", "latency", "tokens", "llm_calls", "llm_calls_cached", "type",
+                  "hops", "diagnostics", "health", "route", "chain", "cluster", "prediction", "carried")
 
 
 def iter_records(path: str | Path, keep: Iterable[str] | None = None) -> Iterator[dict]:
@@ -105,12 +106,14 @@ class Summary:
     tokens_per_question: float = 0.0
     prefilled_per_question: float | None = None  # prompt tokens no cache held; None: records predate the count
     llm_calls_per_question: float = 0.0
+    llm_calls_cached_per_question: float | None = None  # calls the call cache answered; None: records predate it
     agent: str | None = None
     llm: str | None = None
     dataset: str | None = None
     file: str | None = None
     environment: dict[str, Any] = field(default_factory=dict)  # corpus / graph used, whether ingested now
     wall_time: float | None = None  # seconds of the latest invocation
+    repeats: str | None = None  # whether a rerun gives the same answers (eval/runner.repeats)
     diagnostics: dict[str, Any] = field(default_factory=dict)  # failure classes, evidence recall (diagnostics.py)
     health: dict[str, Any] = field(default_factory=dict)  # protocol health totals (health.py)
     routes: dict[str, Any] = field(default_factory=dict)  # auto: {"answered_by": {stage: n}, "decisions": {...: n}}
@@ -143,8 +146,8 @@ def summarize(records: Iterable[dict], **meta: Any) -> Summary:
     """The metrics of `records`, read once (a generator is never held: only sums, counts and the latencies);
     `meta` fills agent, llm, dataset, file, environment, wall_time."""
     n = failures = with_error = 0
-    sums = dict.fromkeys(("em", "f1", "tokens", "calls", "prefilled"), 0.0)
-    cached = True
+    sums = dict.fromkeys(("em", "f1", "tokens", "calls", "prefilled", "from_cache"), 0.0)
+    cached = counted = True
     latencies: list[float] = []
     groups: dict[str, dict[str, list[float]]] = {"type": {}, "hops": {}}  # name -> [n, em, f1]
     diagnostics, health = FailureTotals(), HealthTotals()
@@ -158,6 +161,8 @@ def summarize(records: Iterable[dict], **meta: Any) -> Summary:
         tokens = r.get("tokens") or {}
         sums["tokens"] += tokens.get("total", 0)
         sums["calls"] += r.get("llm_calls", 0)
+        counted = counted and "llm_calls_cached" in r
+        sums["from_cache"] += r.get("llm_calls_cached", 0)
         cached = cached and "cached" in tokens
         if cached:
             sums["prefilled"] += tokens.get("input", 0) - tokens["cached"]
@@ -185,7 +190,9 @@ def summarize(records: Iterable[dict], **meta: Any) -> Summary:
         latency_p50=percentile(latencies, 50), latency_p90=percentile(latencies, 90),
         tokens_per_question=per(sums["tokens"]),
         prefilled_per_question=per(sums["prefilled"]) if n and cached else None,
-        llm_calls_per_question=per(sums["calls"]), diagnostics=diagnostics.result(), health=health.result(),
+        llm_calls_per_question=per(sums["calls"]),
+        llm_calls_cached_per_question=per(sums["from_cache"]) if n and counted else None,
+        diagnostics=diagnostics.result(), health=health.result(),
         routes={"answered_by": dict(answered.most_common()), "decisions": dict(decisions.most_common())}
         if answered else {},
         **meta,
@@ -206,16 +213,21 @@ def summary_table(summary: Summary, title: str | None = None) -> Table:
         if list(groups) == ["-"]:  # the dataset has no such field
             continue
         for name, g in groups.items():
-            table.add_row(f"{label}={name}", str(g.n), _pct(g.em), _pct(g.f1))
+            table.add_row(f"{label}={escape(str(name))}", str(g.n), _pct(g.em), _pct(g.f1))  # a dataset's text
     routes = summary.routes or {}
     route = ("\nanswered by " + ", ".join(f"{k} {n}" for k, n in routes["answered_by"].items()) + "; " +
              ", ".join(f"{k} {n}" for k, n in routes["decisions"].items())) if routes else ""
     table.caption = (f"failures {summary.failures}, with error {summary.with_error}, latency p50 "
                      f"{summary.latency_p50:.2f}s p90 {summary.latency_p90:.2f}s, "
                      f"{summary.tokens_per_question:.0f} tokens{_prefilled(summary)} and "
-                     f"{summary.llm_calls_per_question:.1f} LLM calls per question"
+                     f"{summary.llm_calls_per_question:.1f} LLM calls per question{_from_cache(summary)}"
                      + _diagnostics_caption(summary) + _guards_caption(summary) + route)
     return table
+
+
+def _from_cache(summary: Summary) -> str:
+    n = summary.llm_calls_cached_per_question
+    return "" if n is None else f" ({n:.1f} from the call cache)"
 
 
 def _prefilled(summary: Summary) -> str:
@@ -240,7 +252,7 @@ def _diagnostics_caption(summary: Summary) -> str:
         return ""
     recall = "-" if d.get("evidence_recall") is None else _pct(d["evidence_recall"])
     classes = ", ".join(f"{k} {d['failures'].get(k, 0)}" for k in FAILURE_CLASSES if d["failures"].get(k))
-    return f"\nmisses: {classes or 'none'}; gold evidence seen {recall}%"
+    return f"\nmisses: {classes or 'none'}; gold evidence seen {recall if recall == '-' else recall + '%'}"
 
 
 # -- comparing runs --------------------------------------------------------------------------
@@ -252,10 +264,11 @@ def load_run(run_dir: str | Path) -> tuple[str, dict, list[dict]]:
 
 def _meta(run_dir: Path) -> dict:
     meta_path = run_dir / SUMMARY
-    return json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
+    return meta if isinstance(meta, dict) else {}
 
 
-def compare(run_dirs: list[str | Path]) -> dict[str, Summary]:
+def compare(run_dirs: list[str | Path], target: float = 0.0) -> dict[str, Summary]:
     """label -> Summary of each run, restricted to the question ids present in every run. The records are
     streamed twice (their ids, then their metrics); what stays in memory is the ids and, per question, the
     F1 and cluster the paired comparison needs, not the records."""
@@ -267,6 +280,7 @@ def compare(run_dirs: list[str | Path]) -> dict[str, Summary]:
     for folder in folders:
         label, meta = folder.name, _meta(folder)
         keep = {k: meta.get(k) for k in ("agent", "llm", "dataset", "file")}
+        keep["llm"] = redact(keep["llm"]) if isinstance(keep["llm"], str) else keep["llm"]  # run folders of before
         while label in out:
             label += "'"
         pairs: list[dict] = []  # id, f1 and cluster of each shared question, for the paired comparison
@@ -279,7 +293,7 @@ def compare(run_dirs: list[str | Path]) -> dict[str, Summary]:
 
         out[label] = summarize(shared(), **keep)
         if first:
-            out[label].paired = paired_comparison(first, pairs)
+            out[label].paired = paired_comparison(first, pairs, target)
         else:
             first = pairs
     return out
@@ -297,14 +311,24 @@ def compare_table(summaries: dict[str, Summary]) -> Table:
     table = Table(title=f"{len(runs)} runs on the {runs[0].n if runs else 0} questions they share")
     table.add_column("metric")
     for label in summaries:
-        table.add_column(label, justify="right")
-    table.add_row("agent", *[s.agent or "-" for s in runs])
-    table.add_row("llm", *[s.llm or "-" for s in runs])
+        table.add_column(escape(label), justify="right")  # folder names and model specs may hold [ ]
+    table.add_row("agent", *[escape(str(s.agent or "-")) for s in runs])
+    table.add_row("llm", *[escape(str(s.llm or "-")) for s in runs])
     table.add_row("failures", *[str(s.failures) for s in runs])
     if len(runs) > 1:
-        table.add_row(f"ΔF1 vs {next(iter(summaries))} [95% CI] (questions, clusters)",
+        first = escape(next(iter(summaries)))
+        table.add_row(f"ΔF1 vs {first} [95% CI] (questions, clusters)",
                       *["-" if not s.paired else _delta(s.paired) for s in runs])
+        target = next((s.paired.get("target", 0.0) for s in runs if s.paired), 0.0)
+        table.add_row(f"≥ {first} {target:+.1f} by the CI (met, within noise, missed)",
+                      *["-" if not s.paired else str(s.paired.get("verdict") or "no interval") for s in runs])
+        table.add_row("smallest ΔF1 these questions detect (80% power)",
+                      *["-" if not s.paired or s.paired.get("detectable") is None else f"{s.paired['detectable']:.1f}"
+                        for s in runs])
     table.add_row("latency p50 / p90 (s)", *[f"{s.latency_p50:.2f} / {s.latency_p90:.2f}" for s in runs])
+    table.add_row("LLM calls / question (from the call cache)", *[
+        f"{s.llm_calls_per_question:.1f}" + ("" if s.llm_calls_cached_per_question is None
+                                             else f" ({s.llm_calls_cached_per_question:.1f})") for s in runs])
     table.add_row("tokens / question", *[f"{s.tokens_per_question:.0f}" for s in runs])
     table.add_row("prompt tokens prefilled / question", *["-" if s.prefilled_per_question is None
                                                           else f"{s.prefilled_per_question:.0f}" for s in runs])
@@ -320,7 +344,7 @@ def compare_table(summaries: dict[str, Summary]) -> Table:
         for key in keys:
             cells = [groups_of(s).get(key) for s in runs]
             n = next((g.n for g in cells if g), 0)
-            label = "EM / F1" if name == "all" else f"{name}={key} (n={n}) EM / F1"
+            label = "EM / F1" if name == "all" else f"{name}={escape(str(key))} (n={n}) EM / F1"
             table.add_row(label, *[f"{_pct(g.em)} / {_pct(g.f1)}" if g else "-" for g in cells],
                           style="bold" if name == "all" else None)
     return table
@@ -336,7 +360,7 @@ def _route_rows(table: Table, runs: list[Summary]) -> None:
     for key, label in (("answered_by", "answered by {}"), ("decisions", "{}")):
         names = list(dict.fromkeys(k for s in runs for k in (s.routes or {}).get(key, {})))
         for name in names:
-            table.add_row(label.format(name), *[str((s.routes or {}).get(key, {}).get(name, 0)) for s in runs])
+            table.add_row(escape(label.format(name)), *[str((s.routes or {}).get(key, {}).get(name, 0)) for s in runs])
 
 
 def _missed_hops(summary: Summary) -> str:

@@ -18,7 +18,6 @@ EvalInterrupted says how far it got.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
@@ -28,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from filelock import FileLock, Timeout
 from langchain_core.language_models import BaseChatModel
@@ -39,6 +38,8 @@ from rich.text import Text
 
 from ..errors import IngestError, InvalidInput, MhqaError
 from ..ingest.datasets import QAItem, check_dataset_file, questions
+from ..paths import file_sha256, read_json_object
+from ..redaction import redact
 from ..store import open_store
 from ..text import encodable
 from ..traces import Trace, TraceRecorder
@@ -83,10 +84,11 @@ def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace,
         "prediction": prediction,
         "em": em,
         "f1": f1,
-        "error": error or (output or {}).get("error"),
+        "error": redact(error or (output or {}).get("error")),
         "failed": error is not None,
         "latency": round(latency, 4),
         "llm_calls": usage["llm_calls"],
+        "llm_calls_cached": usage["llm_calls_cached"],
         "tokens": usage["tokens"],
         "type": item.type,
         "level": item.level,
@@ -128,14 +130,19 @@ def route(output: dict, trace: Trace) -> dict:
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a symlink planted in a run folder is refused, not followed
 
 
-def write_new(path: Path, text: str) -> None:
-    """Write `text` to a file made afresh at `path`: whatever was there (a symlink included) is removed first, and
-    the file is created exclusively, so nothing outside the run folder is written through it."""
+def open_new(path: Path) -> IO[str]:
+    """A text file made afresh at `path`, open for writing: whatever was there (a symlink included) is removed first,
+    and the file is created exclusively (O_EXCL, O_NOFOLLOW), so nothing outside its folder is written through it."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644), "w", encoding="utf-8") as f:
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644), "w", encoding="utf-8")
+
+
+def write_new(path: Path, text: str) -> None:
+    """Write `text` to a file made afresh at `path` (`open_new`)."""
+    with open_new(path) as f:
         f.write(text)
 
 
@@ -223,9 +230,11 @@ def graph_inputs(item: QAItem) -> dict:
 
 
 def _describe(value: Any) -> Any:
-    """A setting as the manifest records it: JSON values as they are, objects (a chat model, a store)
-    by their class name."""
-    if value is None or isinstance(value, (str, int, float, bool)):
+    """A setting as the manifest records it: JSON values as they are (strings with their secrets masked: `redact`),
+    objects (a chat model, a store) by their class name."""
+    if isinstance(value, str):
+        return redact(value)  # a spec's or URI's secrets stay out of run.json
+    if value is None or isinstance(value, (int, float, bool)):
         return value
     if isinstance(value, (list, tuple)):
         return [_describe(v) for v in value]
@@ -234,23 +243,29 @@ def _describe(value: Any) -> Any:
     return type(value).__name__
 
 
+def repeats(context: Any) -> str:
+    """Whether a rerun of this run gives the same answers, as its summary says it (docs/guide.md, "Results that
+    repeat")."""
+    specs = [context.llm, *context.role_llms.values()]
+    if context.llm_cache:
+        return f"yes, through the call cache {redact(str(context.llm_cache))}, on any machine"
+    if not all(isinstance(s, str) for s in specs):
+        return "unknown: a chat model object"
+    if any(s.startswith("openai:") or "slots=" in s for s in specs):
+        return "no: a served model batches or samples calls as it likes; use --llm-cache"
+    if any(s.startswith("llamacpp:") and "chunk=0" in s for s in specs):
+        return "no: chunk=0 computes a reply by what ran before it"
+    return "yes, on this machine (another CPU computes other floats: use --llm-cache)"
+
+
 def run_manifest(agent: str, dataset: str, path: str | Path, llm: Any, settings: dict) -> dict:
     """What a run folder is a run of (see the module docstring)."""
-    from ..models.factory import best_installed_chat_pack
+    from ..models.factory import default_chat_spec
 
     if llm in (None, "", "auto"):
-        llm = best_installed_chat_pack() or "auto"
+        llm = default_chat_spec() or "auto"
     return {"agent": agent, "llm": _describe(llm), "dataset": dataset, "file": str(Path(path).resolve()),
-            "file_sha256": file_digest(path), "settings": _describe(dict(sorted(settings.items())))}
-
-
-def file_digest(path: str | Path) -> str:
-    """The sha256 of a file's bytes: a file edited in place is another run's file."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+            "file_sha256": file_sha256(path), "settings": _describe(dict(sorted(settings.items())))}
 
 
 @contextmanager
@@ -282,7 +297,8 @@ def claim_run_folder(out_dir: Path, manifest: dict, force_new: bool = False) -> 
         for name in (RESULTS, SUMMARY, MANIFEST):
             (out_dir / name).unlink(missing_ok=True)
     elif path.exists():
-        recorded = json.loads(path.read_text(encoding="utf-8"))
+        recorded = read_json_object(path, "a run's record", RunMismatch,
+                                    "use another --out, or --force-new to start it afresh")
         changed = [f"{key} {recorded.get(key)!r} -> {value!r}" for key, value in manifest.items()
                    if key in recorded and recorded[key] != value]  # a key a folder predates is not compared
         if changed:
@@ -345,11 +361,11 @@ async def _answer(graph: Any, agent: str, context: Any, item: QAItem) -> dict:
     try:
         output = await graph.ainvoke(graph_inputs(item), context=context, config={"callbacks": [recorder]})
     except Exception as exc:  # any failure of one question is recorded, the run goes on
-        error = f"{type(exc).__name__}: {exc}"
+        error = redact(f"{type(exc).__name__}: {exc}")
     try:
         return make_record(item, output, time.perf_counter() - start, recorder.trace(output, error), error)
     except Exception as exc:  # an output that cannot be traced or scored: recorded without it
-        error = f"{type(exc).__name__}: {exc}"
+        error = redact(f"{type(exc).__name__}: {exc}")
         trace = Trace(agent=agent, question=encodable(item.question), error=error)
         return make_record(item, None, time.perf_counter() - start, trace, error)
 
@@ -399,7 +415,7 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
         raise InvalidInput(f"concurrency must be a positive integer, got {concurrency!r}")
     overrides = {k: v for k, v in (context_overrides or {}).items() if v is not None}  # None keeps the default
     given = {k: v for k, v in overrides.items() if k in ("corpus", "graph") and v}
-    make_context(agent, **{"llm": llm, **overrides})  # checked before any work: not a failure per question
+    make_context(agent, require_source=False, **{"llm": llm, **overrides})  # before any work; the source: below
     out_dir = Path(out_dir)
     items = load_questions(dataset, path, limit, start)
     if ids is not None:
@@ -409,7 +425,7 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
                                f"e.g. {sorted(unknown)[0]!r}")
         items = [item for item in items if item.id in only]
     graph = build_graph(agent)
-    settings = {k: v for k, v in overrides.items() if k != "llm"}
+    settings = {k: v for k, v in overrides.items() if k not in ("llm", "llm_cache")}  # a cache changes no answer
     started = time.perf_counter()
     console = Console(stderr=True)
     with ExitStack() as stack:
@@ -450,8 +466,8 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
                 interrupted, write_error = True, write_error or exc
         records = [r for r in read_records(results, keep=SUMMARY_FIELDS) if r["id"] in wanted]
         model = context.llm
-        summary = summarize(records, agent=agent, dataset=dataset, file=str(path),
-                            llm=model if isinstance(model, str) or model is None else type(model).__name__,
+        summary = summarize(records, agent=agent, dataset=dataset, file=str(path), repeats=repeats(context),
+                            llm=redact(model) if isinstance(model, str) or model is None else type(model).__name__,
                             environment=env, wall_time=round(time.perf_counter() - started, 3))
         tmp = out_dir / (SUMMARY + ".tmp")
         try:
@@ -466,7 +482,9 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
         if interrupted:
             raise EvalInterrupted(len(records), len(items))
     if progress:
-        Console().print(summary_table(summary))
+        table = summary_table(summary)
+        caption, table.caption = table.caption, None  # at the console's width, not wrapped to the narrow table's
+        Console().print(table, caption)
     return summary
 
 

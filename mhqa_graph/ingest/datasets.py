@@ -20,11 +20,13 @@ collapse and ingesting a file twice adds nothing. With `yield_errors=True` a mal
 yielded as an `IngestError` instead of being raised.
 
 PathQuestion names (entities and relations) are underscored (`ludwig_ii_of_bavaria`,
-`place_of_birth`). They are stored in readable form, underscores turned into spaces
-(`ludwig ii of bavaria`, `place of birth`), so that they read naturally in prompts and match
-questions and answers word by word. No original name contains a space, so the mapping is a
-bijection: `pathquestion_original` gives back the name of the file. Questions and answers are
-converted the same way.
+`place_of_birth`; PathQuestion-Large's relations are Freebase paths, `__people__ethnicity__languages_spoken`).
+They are stored in readable form, each run of underscores one space and none at either end (`ludwig ii of
+bavaria`, `people ethnicity languages spoken`), so that they read naturally in prompts and match questions and
+answers word by word. `pathquestion_name` is the one reader of a name: ingest, the built-from check of a store
+(`eval.environments`) and the gold chains all go through it. For names without a run of underscores (the PQ files'
+names) the mapping is a bijection: `pathquestion_original` gives back the name of the file. Questions and answers
+are converted the same way.
 """
 
 from __future__ import annotations
@@ -77,12 +79,14 @@ class QAItem:
 
 
 def pathquestion_name(original: str) -> str:
-    """`ludwig_ii_of_bavaria` -> `ludwig ii of bavaria` (the form stored in the graph)."""
-    return original.replace("_", " ")
+    """`ludwig_ii_of_bavaria` -> `ludwig ii of bavaria`, `__people__ethnicity__languages_spoken` -> `people ethnicity
+    languages spoken` (the form stored in the graph): each run of underscores one space, none at either end."""
+    return " ".join(original.replace("_", " ").split())
 
 
 def pathquestion_original(readable: str) -> str:
-    """`ludwig ii of bavaria` -> `ludwig_ii_of_bavaria` (the form of the PathQuestion files)."""
+    """`ludwig ii of bavaria` -> `ludwig_ii_of_bavaria` (the form of the PathQuestion files; a PathQuestion-Large
+    Freebase relation is not given back: its leading and doubled underscores are not kept)."""
     return readable.replace(" ", "_")
 
 
@@ -195,6 +199,10 @@ class Benchmark:
     def environment_name(self, path: StrPath) -> str:
         """`hotpotqa-dev_a`: the corpus and graph name of a file's environment."""
         return re.sub(r"[^\w.-]+", "_", f"{self.name}-{Path(path).stem}")
+
+    def environment_file(self, path: StrPath) -> Path:
+        """The file the environment of `path` is built from: `path` itself (a PathQuestion question file: its KB)."""
+        return Path(path)
 
 
 class _ContextBenchmark(Benchmark):
@@ -377,6 +385,9 @@ class PathQuestion(Benchmark):
 
     def environment_name(self, path: StrPath) -> str:
         return super().environment_name(pathquestion_kb(path))
+
+    def environment_file(self, path: StrPath) -> Path:
+        return pathquestion_kb(path)
 
     def questions(self, path: StrPath) -> Iterator[QAItem | IngestError]:
         stem = Path(path).stem

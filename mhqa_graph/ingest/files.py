@@ -2,7 +2,9 @@
 
 Readers stream items lazily. A malformed row becomes an `IngestError` naming the file and
 line; by default it is raised, with `yield_errors=True` it is yielded in place of the item so
-that a caller (see `runner.ingest`) can count it and go on with the next row.
+that a caller (see `runner.ingest`) can count it and go on with the next row. A name no store
+takes (U+001F, or over `MAX_NAME_BYTES`: see store/base.py) makes its row malformed, so every
+backend keeps the same rows.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from os import PathLike
 from typing import Any, TypeVar
 
 from ..errors import IngestError
-from ..store.base import KEY_SEPARATOR
+from ..store.base import KEY_SEPARATOR, name_too_long
 from ..types import Passage, Triple
 
 T = TypeVar("T")
@@ -28,7 +30,14 @@ def passage_id(title: str, text: str) -> str:
     return hashlib.sha1(f"{title}\n{text}".encode("utf-8", "surrogatepass")).hexdigest()[:16]  # lone surrogates too
 
 
+class NameTooLong(ValueError):
+    """A name of a row is longer than a store takes (`MAX_NAME_BYTES`)."""
+
+
 def make_passage(title: str, text: str, id: str | None = None) -> Passage:
+    """A passage, its id `passage_id(title, text)` unless given; NameTooLong for an id no store takes."""
+    if id and (too_long := name_too_long("passage id", id)):
+        raise NameTooLong(too_long)
     return Passage(id=id or passage_id(title, text), title=title, text=text)
 
 
@@ -126,6 +135,8 @@ def triple(parts: Any) -> Triple:
         if KEY_SEPARATOR in part:
             raise ValueError(f"a triple part holds the control character U+001F, which no name may hold: "
                              f"{parts!r:.200}")
+        if too_long := name_too_long("triple part", part.strip()):
+            raise NameTooLong(too_long)
         out.append(part.strip())
     return out[0], out[1], out[2]
 
@@ -147,6 +158,8 @@ def _tsv_triples(path: StrPath) -> Iterator[Triple | IngestError]:
         n, text = item
         try:
             yield triple(text.split("\t"))
+        except NameTooLong as e:
+            yield IngestError(str(e), str(path), n)
         except ValueError:
             yield IngestError(f"expected 'subject<TAB>relation<TAB>object', got {text!r:.200}", str(path), n)
 
@@ -187,7 +200,10 @@ def _json_passages(path: StrPath) -> Iterator[Passage | IngestError]:
         elif id_ is not None and (isinstance(id_, bool) or not isinstance(id_, (str, int)) or not str(id_).strip()):
             yield IngestError("field 'id' must be a non-empty string or an integer", str(path), n)
         else:
-            yield make_passage(title.strip(), text.strip(), None if id_ is None else str(id_).strip())
+            try:
+                yield make_passage(title.strip(), text.strip(), None if id_ is None else str(id_).strip())
+            except NameTooLong as e:
+                yield IngestError(str(e), str(path), n)
 
 
 def read_passages_file(path: StrPath, *, yield_errors: bool = False) -> Iterator[Passage | IngestError]:

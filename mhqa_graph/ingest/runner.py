@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
@@ -115,6 +117,21 @@ def ingest(
     return report
 
 
+def environment_sha256(dataset: str, path: StrPath) -> str:
+    """The sha256 of what a dataset file gives its environment, as read: its passages (id, title, text) and triples,
+    in file order, bad rows left out (a PathQuestion question file gives its KB's triples). A store records it with
+    each collection, so `mhqa eval` tells an edited file from the one a collection was built from, while a file
+    written again with the same items (line endings, key order, a trailing newline) is the same."""
+    digest = hashlib.sha256()
+    for passage in dataset_passages(dataset, path, yield_errors=True):
+        if not isinstance(passage, Exception):
+            digest.update(json.dumps(["p", passage.id, passage.title, passage.text]).encode() + b"\n")
+    for fact in dataset_triples(dataset, path, yield_errors=True):
+        if not isinstance(fact, Exception):
+            digest.update(json.dumps(["t", *fact]).encode() + b"\n")
+    return digest.hexdigest()
+
+
 def ingest_dataset(
     store: KnowledgeStore,
     dataset: str,
@@ -128,8 +145,11 @@ def ingest_dataset(
     """Ingest what a dataset file offers: its pooled paragraphs into corpus `name` and its
     triples into graph `name` (see `datasets`). A corpus or graph is only created if the file
     has rows for it. InvalidInput if the file is plainly of another dataset (`check_dataset_file`) or
-    offers no passage or triple at all (an empty file, or every row bad and skipped)."""
+    offers no passage or triple at all (an empty file, or every row bad and skipped). Once the file is in,
+    each collection records the digest of its items (`environment_sha256`, `set_file_sha256`), by which `mhqa eval`
+    tells the file from an edited one."""
     check_dataset_file(dataset, path)
+    digest = environment_sha256(dataset, path)
     report = ingest(
         store,
         graph=name,
@@ -143,4 +163,7 @@ def ingest_dataset(
     if report.passages_seen + report.triples_seen == 0:
         skipped = f" ({report.skipped_bad} bad rows skipped)" if report.skipped_bad else ""
         raise InvalidInput(f"{path} holds no {dataset} passages or triples{skipped}; nothing was ingested")
+    for kind, seen in (("corpus", report.passages_seen), ("graph", report.triples_seen)):
+        if seen:
+            store.set_file_sha256(kind, name, digest)
     return report

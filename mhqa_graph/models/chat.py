@@ -18,7 +18,9 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import PrivateAttr
 
 from ..errors import DeviceError, ModelError, ModelNotInstalled
+from ..paths import file_sha256
 from . import grammar as G
+from .call_cache import model_key
 from .timeout import ABANDONED, raise_if_abandoned
 
 _ROLES = {"system": "system", "human": "user", "ai": "assistant", "tool": "tool"}
@@ -162,6 +164,16 @@ class TransformersChatModel(BaseChatModel):
     @property
     def _name(self) -> str:
         return self.model_name or Path(self.model_path).name
+
+    def _get_llm_string(self, stop: list[str] | None = None, **kwargs: Any) -> str:
+        """The call cache's key of this model (`models.call_cache`): the sha256 of its folder (or its hub id) in
+        place of its path."""
+        folder = Path(self.model_path)
+        return model_key(self._llm_type, {
+            "model": file_sha256(folder, remember=True) if folder.exists() else self.model_path,
+            "max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "seed": self.seed,
+            "dtype": self.dtype, "context_window": self.context_window, "stop_default": self.stop}, stop, kwargs,
+            repeatable=not self.temperature)
 
     @classmethod
     def from_loaded(cls, model: Any, tokenizer: Any, model_name: str = "", **kwargs: Any) -> TransformersChatModel:

@@ -5,6 +5,14 @@ what no recent call shared: llama.cpp keeps the KV cache of the previous call, a
 the states of the calls before it (`prefix_cache.PrefixCache`), restoring the one sharing the longest
 prefix. A reply's `usage_metadata["input_token_details"]["cache_read"]` counts the prompt tokens not
 prefilled.
+
+Replies repeat: one prompt gives one reply whatever the context or the cache held before. llama.cpp's
+arithmetic for a token depends on the batch it was computed in (its kernels are chosen by batch size, and the
+rows of a batch are grouped), so a prefix restored from another call and a prefill of the rest would compute
+other values than one prefill from the start. A prompt is therefore prefilled in chunks of `prefill_chunk`
+tokens counted from its first token, and only whole chunks of an earlier prompt are reused: every token is
+computed in the same batch, with the same neighbours, as from an empty context. The last prompt token and
+the reply are decoded one at a time, as always.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import PrivateAttr
 
 from ..errors import ModelError, ModelNotInstalled
+from ..paths import file_sha256
+from .call_cache import model_key
 from .chat import CUT_MARKER, call_seed, chat_dicts, fit_chat
 from .grammar import remembered
 from .logprobs import TokenLogprobs
@@ -33,6 +43,7 @@ from .timeout import ABANDONED, raise_if_abandoned
 DEFAULT_CTX = 8192  # tokens; the KV cache of a model's full training context can take gigabytes
 DEFAULT_CACHE_MB = 1024  # qwen2.5-coder-1.5b's KV state takes 28 KB a token: ~18 states of 2,000 tokens
 MIN_RESTORE = 16  # tokens a cached state must add to what the context holds to be worth restoring
+PREFILL_CHUNK = 64  # tokens per prefill batch, from the prompt's first token: the granularity of reuse
 
 
 def usable_cores() -> int:
@@ -82,6 +93,8 @@ class LlamaCppChatModel(BaseChatModel):
     n_threads: int = 0  # 0 = every core this process may use
     lora_path: str = ""  # a llama.cpp LoRA adapter (.gguf) applied over the model, e.g. a policy under training
     prompt_cache_mb: int = DEFAULT_CACHE_MB  # KV states of recent calls kept to restore prompt prefixes; 0 = off
+    prefill_chunk: int = PREFILL_CHUNK  # prefill batch from the prompt's start (module docstring); 0 = llama.cpp's
+    # own batching from wherever a reused prefix ends (faster reuse, replies that depend on what ran before)
 
     _llm: Any = PrivateAttr(default=None)
     _window: int = PrivateAttr(default=0)  # as opened: llama.cpp pads its own n_ctx() up to a multiple of 256
@@ -91,6 +104,7 @@ class LlamaCppChatModel(BaseChatModel):
     _grammars: dict[str, Any] = PrivateAttr(default_factory=dict)  # GBNF text -> LlamaGrammar, or the parse error
     _cache: PrefixCache | None = PrivateAttr(default=None)
     _calls: Any = PrivateAttr(default_factory=itertools.count)  # numbers the calls, for `seed`
+    _whole: int = PrivateAttr(default=0)  # leading context tokens prefilled in whole chunks (reusable as they are)
 
     accepts_grammar: ClassVar[bool] = True  # `grammar=<GBNF text>` constrains a call (mhqa_graph.replies)
     accepts_logprobs: ClassVar[bool] = True  # `logprobs=True`: the reply's token log-probabilities (models.logprobs)
@@ -103,11 +117,21 @@ class LlamaCppChatModel(BaseChatModel):
     def _identifying_params(self) -> dict[str, Any]:
         return {"model_name": self._name, "model_path": self.model_path, "max_new_tokens": self.max_new_tokens,
                 "temperature": self.temperature, "seed": self.seed, "n_ctx": self.n_ctx, "n_threads": self.n_threads,
-                "lora_path": self.lora_path, "prompt_cache_mb": self.prompt_cache_mb}
+                "lora_path": self.lora_path, "prompt_cache_mb": self.prompt_cache_mb,
+                "prefill_chunk": self.prefill_chunk}
 
     @property
     def _name(self) -> str:
         return self.model_name or Path(self.model_path).stem
+
+    def _get_llm_string(self, stop: list[str] | None = None, **kwargs: Any) -> str:
+        """The call cache's key of this model (`models.call_cache`): the model file's and adapter's sha256 in place
+        of their paths; threads and the prompt cache, which choose how a reply is computed, left out."""
+        return model_key(self._llm_type, {
+            "model": file_sha256(self.model_path, remember=True),
+            "lora": file_sha256(self.lora_path, remember=True) if self.lora_path else "",
+            "max_new_tokens": self.max_new_tokens, "temperature": self.temperature, "seed": self.seed,
+            "n_ctx": self.n_ctx, "stop_default": self.stop}, stop, kwargs, repeatable=not self.temperature)
 
     def _open(self, n_ctx: int) -> Any:
         from llama_cpp import Llama
@@ -151,28 +175,52 @@ class LlamaCppChatModel(BaseChatModel):
     def _restore(self, ids: list[int]) -> tuple[int, bool]:
         """Load the cached state sharing the longest prefix with `ids` if it shares at least MIN_RESTORE more
         tokens than the context holds; returns how many prompt tokens need no prefill, and whether a cached
-        state failed to load (llama.cpp refused it: the prompt is then prefilled in full and the entry dropped)."""
+        state failed to load (llama.cpp refused it: the prompt is then prefilled in full and the entry dropped).
+        With `prefill_chunk`, only whole chunks count, of the context and of a cached state."""
         from llama_cpp import llama_cpp as api
 
-        llm = self._llm
-        held = common_prefix(llm.input_ids[:llm.n_tokens].tolist(), ids)
+        llm, chunk = self._llm, self.prefill_chunk
+        body = len(ids) - 1  # llama.cpp evaluates the last prompt token again for its logits
+
+        def whole(n: int) -> int:
+            return n // chunk * chunk if chunk else n
+
+        held = whole(min(common_prefix(llm.input_ids[:self._whole if chunk else llm.n_tokens].tolist(), ids), body))
         found = self._cache.longest(ids) if self._cache is not None else None
         failed = False
-        if found and found[2] >= held + MIN_RESTORE:
+        if found and whole(min(found[2], body)) >= held + MIN_RESTORE:
             tokens, state, shared = found
             llm._ctx.kv_cache_seq_rm(-1, 0, -1)
             if api.llama_state_seq_set_data(llm._ctx.ctx, (ctypes.c_uint8 * len(state)).from_buffer(state),
                                             len(state), 0):
+                held = whole(min(shared, body))
                 llm.input_ids[:len(tokens)] = tokens
-                llm.n_tokens, llm._requires_eval, held = len(tokens), True, shared
+                llm.n_tokens, llm._requires_eval = len(tokens), True
             else:  # nothing usable is left in the context
                 llm.reset()
                 self._cache.drop(tokens)
                 held, failed = 0, True
-        return min(held, len(ids) - 1), failed  # llama.cpp evaluates the last prompt token again for its logits
+        if chunk:
+            self._prefill(ids[:body], held)
+        return held, failed
 
-    def _save(self) -> None:
-        """Keep the context's state (the prompt and reply just run) in the prefix cache."""
+    def _prefill(self, body: list[int], held: int) -> None:
+        """Evaluate `body` after the `held` tokens the context keeps, in chunks of `prefill_chunk` counted from the
+        prompt's first token, and keep the state of its whole chunks in the prefix cache."""
+        llm, chunk = self._llm, self.prefill_chunk
+        llm.n_tokens = held  # `eval` drops what the context held beyond
+        llm._ctx.kv_cache_seq_rm(-1, held, -1)
+        self._whole = len(body) // chunk * chunk
+        for start in range(held, len(body), chunk):
+            if start == self._whole > held:  # the new whole chunks are in: keep them, before the partial one
+                self._save()
+            llm.eval(body[start:start + chunk])
+        if self._whole == len(body) > held:
+            self._save()
+
+    def _save(self, tokens: list[int] | None = None) -> None:
+        """Keep the context's state in the prefix cache, under `tokens` (default: all the context holds: the prompt
+        and reply just run)."""
         from llama_cpp import llama_cpp as api
 
         llm = self._llm
@@ -183,7 +231,18 @@ class LlamaCppChatModel(BaseChatModel):
             return
         state = bytearray(size)  # restored in place later (ctypes from_buffer), so copied once only
         written = api.llama_state_seq_get_data(llm._ctx.ctx, (ctypes.c_uint8 * size).from_buffer(state), size, 0)
-        self._cache.put(llm.input_ids[:llm.n_tokens].tolist(), state[:written] if written < size else state)
+        key = llm.input_ids[:llm.n_tokens].tolist() if tokens is None else tokens
+        self._cache.put(key, state[:written] if written < size else state)
+
+    def forget(self) -> None:
+        """Empty the context and the prefix cache: the next call prefills its prompt from nothing."""
+        with self._lock:
+            if self._llm is not None:
+                self._llm.reset()
+                self._llm._ctx.kv_cache_seq_rm(-1, 0, -1)
+            self._whole = 0
+            if self._cache is not None:
+                self._cache = PrefixCache(self._cache.capacity)
 
     def _tokens(self, formatter: Any, chat: list[dict[str, str]]) -> list[int]:
         text = formatter(messages=chat).prompt
@@ -239,7 +298,8 @@ class LlamaCppChatModel(BaseChatModel):
                                                   stop=stops or None, grammar=grammar, seed=call_seed(self),
                                                   stopping_criteria=stopping_when(abandoned),
                                                   logits_processor=_processors(recorder))
-                self._save()
+                if not self.prefill_chunk:  # else `_restore` kept the prompt's whole chunks
+                    self._save()
                 scored = {} if recorder is None else {
                     "logprobs": {"content": recorder.content(lambda i: self._llm.detokenize([i]))}}
             except (ValueError, RuntimeError) as exc:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ChecksumMismatch, ModelError, ModelNotInstalled
+from ..paths import expand_user_path
 
 Progress = Callable[[str, int, int], None]
 
@@ -78,7 +79,7 @@ def cache_dir() -> Path:
     """Where converted chat models live: $MHQA_CACHE/models, else the user cache dir."""
     root = os.environ.get("MHQA_CACHE")
     if root:
-        return Path(root).expanduser() / "models"
+        return expand_user_path(root, ModelError) / "models"
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("mhqa-graph")) / "models"
@@ -138,15 +139,6 @@ def pack_path(name: str) -> Path:
     if pack.kind == "embedding":
         return _installed_files(pack)[0]
     return pull(name)
-
-
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of a file's content (hex)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def assemble(parts: Sequence[Path], dest: Path, sha256: str, progress: Progress | None = None) -> Path:

@@ -40,6 +40,8 @@ from langchain_core.outputs import ChatResult
 from pydantic import PrivateAttr
 
 from ..errors import ModelError, ModelNotInstalled
+from ..paths import expand_user_path, file_sha256
+from .call_cache import model_key
 from .chat import call_seed
 from .llamacpp import DEFAULT_CACHE_MB, DEFAULT_CTX, usable_cores
 from .packs import PACKS, gguf_path
@@ -82,7 +84,7 @@ def find_binary() -> Path:
     PATH; LlamaServerNotInstalled with the install hint if none is there. Cheap: runs nothing."""
     named = os.environ.get("MHQA_LLAMA_SERVER")
     if named:
-        path = Path(named).expanduser()
+        path = expand_user_path(named, LlamaServerNotInstalled)
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise LlamaServerNotInstalled(f"MHQA_LLAMA_SERVER={named!r} is not an executable file; {INSTALL_HINT}")
         return path
@@ -182,7 +184,7 @@ class LlamaServer:
         binary = Path(self.binary) if self.binary else find_binary()
         if not binary.is_file():
             raise LlamaServerNotInstalled(f"no llama-server at {binary}; {INSTALL_HINT}")
-        gguf = gguf_path(self.model) if self.model in PACKS else Path(self.model).expanduser()
+        gguf = gguf_path(self.model) if self.model in PACKS else expand_user_path(self.model, ModelError)
         if not gguf.is_file():
             raise ModelError(f"llama-server: no GGUF file at {str(gguf)!r}")
         for path in self.lora_paths:
@@ -356,6 +358,17 @@ class LlamaServerChatModel(ChatOpenAI or BaseChatModel):  # type: ignore[misc]
         if self._server is not None and not self._server.alive:
             return f"llama-server died: {self._server.log_tail(3)}"
         return None
+
+    def _get_llm_string(self, stop: list[str] | None = None, **kwargs: Any) -> str:
+        """The call cache's key of this model (`models.call_cache`): its server's model file and adapters by their
+        sha256, not the server's port."""
+        server = self._server
+        model = server.model if server is not None else self.model_name
+        return model_key("mhqa-llama-server", {
+            "model": file_sha256(gguf_path(model) if model in PACKS else model, remember=True),
+            "lora": [file_sha256(p, remember=True) for p in (server.lora_paths if server is not None else ())],
+            "max_tokens": self.max_tokens, "temperature": self.temperature, "seed": self.seed,
+            "n_ctx": server.n_ctx if server is not None else 0}, stop, kwargs, repeatable=not self.temperature)
 
     def _request(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         if self.seed is not None:  # call n samples with seed + n, as in-process (one seed for all would repeat)

@@ -3,6 +3,7 @@ the public methods validate arguments once, here, so every backend behaves alike
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
@@ -18,6 +19,22 @@ MAX_K = 1000
 MAX_QUERY_CHARS = 10_000
 MAX_NODE_FACTS = 1000  # node_info returns at most this many facts each way
 KEY_SEPARATOR = "\u001f"  # joins the parts of a store key (Neo4j's `scope + SEP + name`): no name may hold it
+# The longest name (graph, corpus, entity, relation, passage id), in bytes of UTF-8. Neo4j's range indexes refuse a
+# value over 8,164 bytes, failing the whole batch's transaction; its keys join two names, and its (graph, folded)
+# index holds a name's casefolded form, at most three times as long: 1,024 + 3 x 1,024 stays well under the limit.
+# Every backend refuses the same names, so an ingest keeps the same rows on each (a file's over-long name is a bad
+# row: ingest/files.py).
+MAX_NAME_BYTES = 1024
+COLLECTION_KINDS = ("graph", "corpus")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def name_too_long(kind: str, value: str) -> str | None:
+    """Why `value` cannot be a name because of its length (over MAX_NAME_BYTES bytes of UTF-8), or None."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    if size <= MAX_NAME_BYTES:
+        return None
+    return f"{kind} {value!r:.60}... is {size:,} bytes long in UTF-8; a name takes at most {MAX_NAME_BYTES:,}"
 
 
 def _name(kind: str, value: str) -> str:
@@ -25,7 +42,15 @@ def _name(kind: str, value: str) -> str:
         raise InvalidInput(f"{kind} must be a non-empty string, got {value!r}")
     if KEY_SEPARATOR in value:
         raise InvalidInput(f"{kind} {value!r:.100} holds the control character U+001F, which no name may hold")
+    if too_long := name_too_long(kind, value):
+        raise InvalidInput(too_long)
     return encodable(value)
+
+
+def _kind(kind: str) -> str:
+    if kind not in COLLECTION_KINDS:
+        raise InvalidInput(f"kind must be one of {COLLECTION_KINDS}, got {kind!r}")
+    return kind
 
 
 def _k(k: int) -> int:
@@ -85,7 +110,19 @@ class KnowledgeStore(ABC):
         already in the corpus is skipped. Returns the number added."""
         return self._add_passages(_name("corpus", corpus), clean_passages(passages))
 
+    def set_file_sha256(self, kind: str, name: str, sha256: str) -> None:
+        """Record that graph or corpus `name` (`kind`) holds what the file whose bytes have this sha256 offers
+        (`ingest_dataset` does, once the file is in): `mhqa eval` then knows an edited file from the one it built."""
+        if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+            raise InvalidInput(f"sha256 must be 64 lowercase hex digits, got {sha256!r:.80}")
+        self._set_file_sha256(_kind(kind), _name(kind, name), sha256)
+
     # -- reading -----------------------------------------------------------------
+    def file_sha256(self, kind: str, name: str) -> str | None:
+        """The sha256 of the file graph or corpus `name` was last built from in full (`set_file_sha256`); None where
+        none was recorded (no such collection, one built before stores kept it, or one not built from a file)."""
+        return self._file_sha256(_kind(kind), _name(kind, name))
+
     def match_entities(self, graph: str, text: str, k: int = 5) -> list[EntityHit]:
         """Entities of `graph` whose names best match `text` (semantic + lexical), best first."""
         text = _query(text)
@@ -165,3 +202,10 @@ class KnowledgeStore(ABC):
 
     @abstractmethod
     def _stats(self) -> StoreStats: ...
+
+    def _file_sha256(self, kind: str, name: str) -> str | None:
+        """A backend that keeps no file digests (a test double) has none: evaluations then check a sample."""
+        return None
+
+    def _set_file_sha256(self, kind: str, name: str, sha256: str) -> None:
+        return None

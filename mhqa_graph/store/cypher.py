@@ -1,14 +1,16 @@
 """Every Cypher statement the Neo4j backend sends, the schema it expects, and Lucene query building.
 
 Model:
-    (:Collection {key, kind: 'graph'|'corpus', namespace, name, scope, embedder, dim, gid, size, next_seq})
+    (:Collection {key, kind: 'graph'|'corpus', namespace, name, scope, embedder, dim, gid, size, next_seq,
+                  file_sha256})
     (:Entity {key, graph, gid, name, folded, embedding})-[:REL {relation}]->(:Entity)
     (:Passage {key, corpus, gid, pid, seq, title, text, embedding})
 A collection's `scope` is its name, prefixed by its namespace if it has one; entities and passages
 store it as `graph`/`corpus`. Keys join parts with "\\u001f" (see `key`): Collection `kind, scope`,
 Entity `scope, name`, Passage `scope, pid`. `gid` (see `collection_gid`) is one Lucene token per
 collection, indexed with the text so full-text queries filter inside the index. `size` counts the
-collection's entities or passages. Embeddings are 32-bit float arrays (`db.create.setNodeVectorProperty`),
+collection's entities or passages; `file_sha256` the file it was last built from in full, where one was
+recorded (`KnowledgeStore.set_file_sha256`). Embeddings are 32-bit float arrays (`db.create.setNodeVectorProperty`),
 absent when the embedding is all zeros. User data only ever travels in parameters; the statements
 below are the complete, fixed query text (index names, too, are parameters).
 """
@@ -115,7 +117,13 @@ PING = "RETURN 1 AS ok"  # is the server there, and are the credentials good
 
 # -- collections -------------------------------------------------------------------------------
 EMBEDDERS = "MATCH (c:Collection) RETURN DISTINCT c.embedder AS embedder, c.dim AS dim"
-COLLECTION = "MATCH (c:Collection {key: $collection}) RETURN c.embedder AS embedder, c.dim AS dim, c.size AS size"
+COLLECTION = """\
+MATCH (c:Collection {key: $collection})
+RETURN c.embedder AS embedder, c.dim AS dim, c.size AS size, c.file_sha256 AS file_sha256"""
+SET_FILE_SHA256 = """\
+MATCH (c:Collection {key: $collection})
+SET c.file_sha256 = $sha256
+RETURN count(c) AS updated"""
 MERGE_COLLECTION = """\
 MERGE (c:Collection {key: $collection})
   ON CREATE SET c.kind = $kind, c.namespace = $namespace, c.name = $name, c.scope = $scope,

@@ -35,7 +35,7 @@ from urllib.parse import quote
 import numpy as np
 from filelock import FileLock, Timeout
 
-from ..embeddings import Embedder, load_embedder, resolve_spec
+from ..embeddings import Embedder, check_spec, load_embedder, resolve_spec
 from ..errors import (
     CorruptStore,
     EmbedderMismatch,
@@ -48,7 +48,7 @@ from ..errors import (
     UnknownGraph,
 )
 from ..types import EntityHit, Fact, NodeInfo, Passage, PassageHit, SearchMode, StoreStats, Triple
-from .base import MAX_NODE_FACTS, KnowledgeStore
+from .base import KEY_SEPARATOR, MAX_NODE_FACTS, KnowledgeStore
 from .fusion import candidate_depth, reciprocal_rank_fusion
 from .pool import Pool
 from .vectors import VectorIndex
@@ -157,8 +157,10 @@ class EmbeddedStore(KnowledgeStore):
     backend = "embedded"
 
     def __init__(self, root: Path, embedder: str | None = None, read_only: bool = False) -> None:
+        check_spec(embedder)  # before anything is made
         self.root = Path(root)
-        self.uri = f"embedded://{self.root.resolve()}"
+        # percent-encoded, so that open_store(store.uri) opens this folder even if its name holds '#', '?' or '%'
+        self.uri = f"embedded://{quote(str(self.root.resolve()), safe='/')}"
         self.read_only = read_only
         self._write_lock = threading.RLock()
         self._sqlite: Pool[sqlite3.Connection] = Pool(self._connect, POOL_SIZE)
@@ -189,7 +191,8 @@ class EmbeddedStore(KnowledgeStore):
     @typed_errors
     def _open_files(self) -> None:
         sqlite_path = self.root / "store.sqlite"
-        if self.root.exists() and not sqlite_path.exists() and any(p.name != LOCK_FILE for p in self.root.iterdir()):
+        names = {p.name for p in self.root.iterdir()} if self.root.is_dir() else set()  # one look: a writer may be
+        if names and sqlite_path.name not in names and names - {LOCK_FILE}:              # creating the store now
             raise CorruptStore(f"{self.root} is not an mhqa store (no store.sqlite); give an empty or new directory")
         if self.read_only and not sqlite_path.exists():
             raise CorruptStore(f"{self.root} holds no store to open read-only")
@@ -345,6 +348,24 @@ class EmbeddedStore(KnowledgeStore):
                                        [(corpus, p.id, p.title, p.text) for p in passages]).rowcount
             self._flush_vectors("corpus", corpus)
         return added
+
+    @staticmethod
+    def _file_key(kind: str, name: str) -> str:
+        """The `meta` key of a collection's file sha256 (names never hold the separator)."""
+        return KEY_SEPARATOR.join(("file_sha256", kind, name))
+
+    @typed_errors
+    def _set_file_sha256(self, kind: str, name: str, sha256: str) -> None:
+        self._check_writable()
+        with self._write_lock, self._db as db:
+            self._require(db, kind, name)
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (self._file_key(kind, name), sha256))
+
+    @typed_errors
+    def _file_sha256(self, kind: str, name: str) -> str | None:
+        with self._sqlite.lend() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (self._file_key(kind, name),)).fetchone()
+        return row[0] if row else None
 
     def _flush_vectors(self, kind: str, name: str) -> None:
         """Catch the collection's vector index up with what was just committed, and write it."""

@@ -489,7 +489,16 @@ class Neo4jStore(KnowledgeStore):
             added += self._write(add, rows, vectors)
         return added
 
+    def _set_file_sha256(self, kind: str, name: str, sha256: str) -> None:
+        params = {"collection": cypher.key(kind, self._scope(name)), "sha256": sha256}
+        if not self._write(_run, cypher.SET_FILE_SHA256, params)[0]["updated"]:
+            raise UnknownGraph(name, self.uri) if kind == "graph" else UnknownCorpus(name, self.uri)
+
     # -- reading -----------------------------------------------------------------------------
+    def _file_sha256(self, kind: str, name: str) -> str | None:
+        rows = self._read(_run, cypher.COLLECTION, {"collection": cypher.key(kind, self._scope(name))})
+        return rows[0].get("file_sha256") if rows else None
+
     def _shorter_on_too_many_clauses(self, fn: Callable[[ManagedTransaction, int], T]) -> T:
         """Run the read `fn(tx, max_tokens)`, retrying with a quarter of the tokens when Lucene refuses the
         full-text query as too many clauses (its limit can be lower than the default 1024)."""

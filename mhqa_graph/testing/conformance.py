@@ -18,7 +18,7 @@ import random
 import pytest
 
 from ..errors import EntityNotFound, InvalidInput, UnknownCorpus, UnknownGraph
-from ..store.base import MAX_NODE_FACTS
+from ..store.base import MAX_NAME_BYTES, MAX_NODE_FACTS
 from ..types import EntityHit, Fact, Passage, PassageHit
 
 TRIPLES = [
@@ -189,6 +189,57 @@ class StoreConformance:
                 store.add_passages(odd if where == "corpus" else "c",
                                    [Passage(odd if where == "passage id" else "p", "t", "x")])
         assert "a\u001fb" not in store.graphs() + store.corpora()
+
+    @pytest.mark.parametrize("where", ["graph", "subject", "relation", "object", "corpus", "passage id"])
+    def test_a_name_over_the_byte_cap_is_refused_and_one_at_it_kept(self, store, where):
+        """A name over MAX_NAME_BYTES of UTF-8 (fewer characters, but two bytes each) is InvalidInput on every
+        backend, before anything is written (Neo4j's range indexes refuse a key over about 8 KB); one of exactly
+        MAX_NAME_BYTES is kept."""
+        for name, fits in (("é" * (MAX_NAME_BYTES // 2 + 1), False), ("é" * (MAX_NAME_BYTES // 2), True)):
+            collection = name if where in ("graph", "corpus") else "c" if where == "passage id" else "g"
+
+            def add(name: str = name, collection: str = collection) -> None:
+                if where in ("graph", "subject", "relation", "object"):
+                    store.add_triples(collection, [tuple(name if where == part else part[0]
+                                                         for part in ("subject", "relation", "object"))])
+                else:
+                    store.add_passages(collection, [Passage(name if where == "passage id" else "p", "t", "x")])
+
+            if fits:
+                add()
+                assert collection in store.graphs() + store.corpora()
+                continue
+            with pytest.raises(InvalidInput, match=f"{2 * (MAX_NAME_BYTES // 2 + 1):,} bytes"):
+                add()
+            assert store.graphs() + store.corpora() == []
+        if where in ("subject", "object"):
+            assert store.node_info("g", "é" * (MAX_NAME_BYTES // 2)).facts
+            with pytest.raises(InvalidInput, match="bytes"):
+                store.node_info("g", "é" * (MAX_NAME_BYTES // 2 + 1))
+        if where == "passage id":
+            assert [p.id for p in store.passages("c")] == ["é" * (MAX_NAME_BYTES // 2)]
+
+    @pytest.mark.parametrize("kind", ["graph", "corpus"])
+    def test_a_collection_keeps_the_sha256_of_its_file(self, store, reopen, kind):
+        """`set_file_sha256` records the file a graph or corpus was built from, kept across a reopen; None where none
+        was recorded; an unknown collection or a digest that is not one is refused."""
+        if kind == "graph":
+            store.add_triples("env", TRIPLES)
+        else:
+            store.add_passages("env", PASSAGES)
+        assert store.file_sha256(kind, "env") is None
+        with pytest.raises(UnknownGraph if kind == "graph" else UnknownCorpus):
+            store.set_file_sha256(kind, "nope", "a" * 64)
+        for bad in ("A" * 64, "a" * 63, "sha256:" + "a" * 57, 7):
+            with pytest.raises(InvalidInput, match="sha256"):
+                store.set_file_sha256(kind, "env", bad)
+        with pytest.raises(InvalidInput, match="kind"):
+            store.file_sha256("table", "env")
+        store.set_file_sha256(kind, "env", "a" * 64)
+        store.set_file_sha256(kind, "env", "b" * 64)  # the last file built in full
+        again = reopen(store)
+        assert again.file_sha256(kind, "env") == "b" * 64
+        assert again.file_sha256("corpus" if kind == "graph" else "graph", "env") is None
 
     def test_invalid_arguments(self, store):
         store.add_passages("docs", PASSAGES)

@@ -48,16 +48,33 @@ def fake_llm() -> Callable[..., FakeChatModel]:
 @pytest.fixture
 def fake_llms() -> Callable[..., dict[str, FakeChatModel]]:
     """Per-role scripts for an agent's `role_llms`: `fake_llms("opera", plan=[...], analysis=[...], ...)`;
-    with the agent, every script must name one of its roles and every role needs a script."""
+    with the agent, every script must name one of its roles and every role needs a script. For `auto` (rag's role
+    and one design's), the roles of the design left unscripted get a model that fails when called, so that every
+    role has a model and none falls back to `llm`."""
 
     def make(agent: str | None = None, latency: float = 0.0,
              **scripts: list[str] | Callable) -> dict[str, FakeChatModel]:
         if agent is not None:
             check_roles(agent, scripts)
-        return {role: FakeChatModel(respond=s, latency=latency) if callable(s) else
-                FakeChatModel(responses=list(s), latency=latency) for role, s in scripts.items()}
+        models = {role: FakeChatModel(respond=s, latency=latency) if callable(s) else
+                  FakeChatModel(responses=list(s), latency=latency) for role, s in scripts.items()}
+        if agent == "auto":
+            from ..graphs import ROLES
+
+            models |= {role: FakeChatModel(respond=_unscripted(role)) for role in ROLES["auto"] if role not in models}
+        return models
 
     return make
+
+
+def _unscripted(role: str) -> Callable[[Any], str]:
+    """A fake's `respond` that fails, naming `role`: auto escalated to a design whose roles have no script."""
+
+    def respond(messages: Any) -> str:
+        raise InvalidInput(f"fake_llms('auto'): role {role!r} has no script (auto escalated to a design whose roles "
+                           "were not scripted)")
+
+    return respond
 
 
 def check_roles(agent: str, scripts: dict[str, object]) -> None:
@@ -69,7 +86,8 @@ def check_roles(agent: str, scripts: dict[str, object]) -> None:
     build_graph(agent)  # an unknown agent fails here
     needs = [ROLES[agent]] if agent != "auto" else [("answer", *ROLES[d]) for d in DESIGNS]
     missing = min(([role for role in roles if role not in scripts] for roles in needs), key=len)
-    make_context(agent, role_llms={role: "fake" for role in scripts}, llm="fake")  # an unknown role fails here
+    # an unknown role fails here; the corpus or graph is the test's to give
+    make_context(agent, require_source=False, role_llms={role: "fake" for role in scripts}, llm="fake")
     if missing:
         raise InvalidInput(f"fake_llms({agent!r}): no script for role(s) {', '.join(missing)}; "
                            "they would fall back to the default model")

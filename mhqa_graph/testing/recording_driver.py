@@ -21,6 +21,8 @@ answering in the shape the code expects:
   the index's dimension, and a full-text query has at most `max_clauses` Lucene clauses (counted
   with an analyser of its own: one token per CJK character, one per other run of word characters,
   times the index's properties for unfielded terms).
+- A write that MERGEs a node on a string over `RANGE_VALUE_LIMIT` bytes (a row's `key`, `$collection`, `$graph`,
+  `$corpus`: range-indexed properties) fails its whole transaction, as the server's range index does.
 - Every transaction starts from its session's bookmarks (from the session's bookmark manager, if
   any), and commits with a new bookmark, as `driver.transactions` records; so a read that could
   miss an earlier write on a cluster shows up as a transaction that did not start from it.
@@ -43,6 +45,7 @@ from neo4j.exceptions import Neo4jError
 
 Responder = Callable[[str, dict[str, Any]], list[dict[str, Any]]]
 Row = dict[str, Any]
+RANGE_VALUE_LIMIT = 8164  # bytes: Neo4j 5 refuses a longer string in a range index (neo4j/neo4j#13967)
 
 
 def server_error(code: str, message: str) -> Neo4jError:
@@ -210,6 +213,7 @@ class RecordingTransaction:
         if schema_rows is not None:
             return RecordedResult(schema_rows)
         driver.check_index_query(query, params)
+        driver.check_index_values(query, params)
         return RecordedResult(list(driver.responder(query, params)))
 
 
@@ -302,6 +306,21 @@ class RecordingDriver:
                                "Failed to invoke procedure `db.index.fulltext.queryNodes`: Caused by: "
                                "org.apache.lucene.search.IndexSearcher$TooManyNestedClauses: Query contains too "
                                f"many nested clauses; maxClauseCount is set to {self.max_clauses}")
+
+    def check_index_values(self, query: str, params: Row) -> None:
+        """Fail a MERGE of a range-indexed string over RANGE_VALUE_LIMIT bytes as the server does (an internal
+        error that rolls back the whole transaction): a row's `key`, `$collection`, `$graph` or `$corpus`."""
+        if "MERGE" not in query:
+            return
+        rows = params.get("rows") if isinstance(params.get("rows"), list) else []
+        values = [row.get("key") for row in rows if isinstance(row, dict)]
+        values += [params.get(name) for name in ("collection", "graph", "corpus")]
+        for value in values:
+            if isinstance(value, str) and len(value.encode("utf-8", "surrogatepass")) > RANGE_VALUE_LIMIT:
+                raise server_error("Neo.DatabaseError.Statement.ExecutionFailed",
+                                   "general processing exception - internal error. Internal exception raised "
+                                   "CypherExecution: Property value is too large to index, please see index "
+                                   "documentation for limitations.")
 
     def verify_connectivity(self, **config: Any) -> None:
         if self.connect_error is not None:

@@ -1,0 +1,136 @@
+"""Do runs repeat? One eval of an agent, made again three ways on this machine, every prediction compared:
+
+    python bench/repeat.py --env pq2h --agent auto --start 140 --limit 20       # ~30 min on 2 cores, 1.5B
+    python bench/repeat.py --report-only --env pq2h --agent auto               # the table of finished runs
+
+1. `first`: the questions in order, one at a time (`-k 1`), into a fresh call cache.
+2. `again`: the same questions at `-k 2`, after `--warm` other questions of the file have filled the model's
+   prefix cache (and in the same model process), with no call cache: what llama.cpp computes anew.
+3. `cached`: the same questions through the call cache of run 1: no model call at all.
+
+It prints, per run, the predictions equal to run 1's, the model calls made and answered from the cache, and the
+seconds; `--record FILE.json` writes the rows and run 1's predictions as JSON, and run 1's call cache beside it
+(`FILE.calls.sqlite`, a few KB a question), both committed in bench/results/. Runs resume (`mhqa eval` run folders
+under `--out`).
+
+    python bench/repeat.py --replay bench/results/repeat-pq2h-auto.json     # another machine: seconds
+
+`--replay` asks the recorded questions again through the committed call cache, on whatever machine this is, and
+compares every prediction with the recorded ones: a run that repeats makes no model call and changes no answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from mhqa_graph.eval.environments import DEV_ENVIRONMENTS
+from mhqa_graph.eval.report import RESULTS, read_records
+
+BENCH = Path(__file__).resolve().parent
+DATA = BENCH.parents[1] / "shared" / "data"
+
+
+def eval_run(args: argparse.Namespace, out: Path, start: int, limit: int, concurrency: int,
+             cache: Path | None, ids: list[str] | None = None) -> None:
+    """One `mhqa eval` of the asked agent into `out` (resumed if it is there)."""
+    spec = DEV_ENVIRONMENTS[args.env]
+    cmd = [str(Path(sys.executable).with_name("mhqa")), "eval", str(args.data / spec.file), "--dataset", spec.dataset,
+           "--agent", args.agent, "--llm", args.llm, "--store", args.store, "--start", str(start), "--limit",
+           str(limit), "--concurrency", str(concurrency), "--out", str(out),
+           *(["--llm-cache", str(cache)] if cache else []), *(["--ids", ",".join(ids)] if ids else [])]
+    done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode:
+        raise SystemExit(f"{' '.join(cmd)}\nfailed: {done.stderr[-2000:]}")
+
+
+def rows(args: argparse.Namespace) -> list[dict]:
+    """Each run against `first`: predictions equal, model calls made and cached, seconds."""
+    runs = {name: {r["id"]: r for r in read_records(args.out / name / RESULTS)} for name in ("first", "again",
+                                                                                             "cached")}
+    first = runs["first"]
+    out = []
+    for name, records in runs.items():
+        ids = sorted(set(records) & set(first))
+        if not ids:
+            continue
+        calls = sum(records[i].get("llm_calls") or 0 for i in ids)
+        cached = sum(records[i].get("llm_calls_cached") or 0 for i in ids)
+        out.append({"run": name, "questions": len(ids), "same": sum(records[i]["prediction"] == first[i]["prediction"]
+                                                                   for i in ids),
+                    "llm_calls": calls, "llm_calls_cached": cached, "model_calls": calls - cached,
+                    "seconds": round(sum(records[i]["latency"] for i in ids), 1)})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--env", choices=sorted(DEV_ENVIRONMENTS), default="pq2h")
+    parser.add_argument("--agent", default="auto")
+    parser.add_argument("--llm", default="llamacpp:qwen2.5-coder-1.5b?threads=1")
+    parser.add_argument("--start", type=int, default=140)
+    parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--warm", type=int, default=5, help="other questions asked first in run 2 (the prefix cache)")
+    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--store", default=f"embedded://{BENCH / 'out' / 'store'}")
+    parser.add_argument("--out", type=Path, default=BENCH / "out" / "repeat")
+    parser.add_argument("--record", type=Path, help="write the rows as JSON here")
+    parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--replay", type=Path, help="a --record file: its questions through its committed call cache")
+    args = parser.parse_args()
+    if args.replay:
+        return replay(args)
+    args.out = args.out / args.env / args.agent
+    cache = args.out / "calls.sqlite"
+    if not args.report_only:
+        args.out.mkdir(parents=True, exist_ok=True)  # bench/out too: the default store's parent
+        eval_run(args, args.out / "first", args.start, args.limit, 1, cache)
+        # run 2 asks `--warm` earlier questions first, in the same eval (one model process), then the slice at -k 2
+        warm = max(0, args.start - args.warm)
+        eval_run(args, args.out / "again", warm, args.start - warm + args.limit, 2, None)
+        eval_run(args, args.out / "cached", args.start, args.limit, 2, cache)
+    table = rows(args)
+    print(f"`{args.agent}` on {args.env} {args.start}..{args.start + args.limit - 1}, `{args.llm}`\n\n"
+          "| run | questions | predictions as run 1 | LLM calls | from the call cache | model calls | seconds |\n"
+          "|---|---|---|---|---|---|---|")
+    for r in table:
+        print(f"| {r['run']} | {r['questions']} | {r['same']}/{r['questions']} | {r['llm_calls']} | "
+              f"{r['llm_calls_cached']} | {r['model_calls']} | {r['seconds']} |")
+    if args.record:
+        first = {r["id"]: r["prediction"] for r in read_records(args.out / "first" / RESULTS)}
+        args.record.write_text(json.dumps({"env": args.env, "agent": args.agent, "llm": args.llm, "start": args.start,
+                                           "limit": args.limit, "warm": args.warm, "rows": table,
+                                           "predictions": dict(sorted(first.items()))}, indent=2) + "\n",
+                               encoding="utf-8")
+        with sqlite3.connect(cache) as db:  # one self-contained file: the WAL folded in
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        shutil.copyfile(cache, args.record.with_suffix(".calls.sqlite"))
+
+
+def replay(args: argparse.Namespace) -> None:
+    """The questions of a --record file through its committed call cache: predictions and model calls."""
+    recorded = json.loads(args.replay.read_text(encoding="utf-8"))
+    args.env, args.agent, args.llm = recorded["env"], recorded["agent"], recorded["llm"]
+    out = args.out / "replay" / args.replay.stem
+    shutil.rmtree(out, ignore_errors=True)
+    cache = out.parent / f"{args.replay.stem}.calls.sqlite"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(args.replay.with_suffix(".calls.sqlite"), cache)  # the committed file stays as it is
+    eval_run(args, out, recorded["start"], recorded["limit"], 2, cache)
+    records = {r["id"]: r for r in read_records(out / RESULTS)}
+    same = sum(records[i]["prediction"] == p for i, p in recorded["predictions"].items() if i in records)
+    calls = sum(r.get("llm_calls") or 0 for r in records.values())
+    cached = sum(r.get("llm_calls_cached") or 0 for r in records.values())
+    asked = len(recorded["predictions"])
+    print(f"| replay of {args.replay.name} | questions | predictions as recorded | LLM calls | from the call cache |\n"
+          f"|---|---|---|---|---|\n| {args.agent} on {args.env} | {len(records)} | {same}/{asked} | {calls} | "
+          f"{cached} |")
+
+
+if __name__ == "__main__":
+    main()
