@@ -61,7 +61,7 @@ from mhqa_graph.graphs.guards import GUARDS, selected
 from mhqa_graph.eval.diagnostics import FAILURE_CLASSES, failure_summary
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, ensure_worked_plans, open_environment
 from mhqa_graph.eval.health import format_repairs, health_summary
-from mhqa_graph.eval.paired import cluster_key, detectable, paired_interval
+from mhqa_graph.eval.paired import cluster_key, interval_and_detectable, paired_interval
 from mhqa_graph.eval.paired import verdict as by_interval
 from mhqa_graph.eval.report import RESULTS, prefilled_per_question, read_records
 from mhqa_graph.eval.report import carry_over as carry_records
@@ -657,10 +657,9 @@ def pooled(cells: list[dict]) -> dict | None:
     pairs = [(c["records"][i], c["rag"][i]) for c in done for i in sorted(c["records"])]
     diffs = [a["f1"] - b["f1"] for a, b in pairs]
     clusters = _clusters(pairs)
-    return {"df1": 100 * _mean(diffs), "ci": paired_interval(diffs, clusters=clusters), "n": len(diffs),
-            "clusters": len(set(clusters)), "detectable": detectable(diffs, clusters),
-            "calls": sum(a.get("llm_calls") or 0 for a, _ in pairs) / max(1, sum(b.get("llm_calls") or 0
-                                                                               for _, b in pairs))}
+    ci, smallest = interval_and_detectable(diffs, clusters)
+    return {"df1": 100 * _mean(diffs), "ci": ci, "n": len(diffs), "clusters": len(set(clusters)),
+            "detectable": smallest}
 
 
 def _verdict(ok: bool | None) -> str:
@@ -730,18 +729,21 @@ def pooled_cost(by_env: dict[str, dict], envs: list[str]) -> tuple[float, float]
         for i in ids:
             a, r = cell["records"][i], rag["records"][i]
             calls, rag_calls = calls + (a.get("llm_calls") or 0), rag_calls + (r.get("llm_calls") or 0)
-            stage = next((st["seconds"] for st in (a.get("route") or {}).get("stages") or []
-                          if st.get("stage") == "rag" and st.get("seconds") is not None), None)
-            secs, rag_secs = secs + a["latency"], rag_secs + (stage if own is not None else r["latency"])
+            secs, rag_secs = secs + a["latency"], rag_secs + (_stage_seconds(a) if own is not None else r["latency"])
     return calls / max(rag_calls, 1.0), secs / max(rag_secs, 1e-9)
 
 
 def _rag_stage_seconds(cell: dict) -> float | None:
     """The mean seconds of auto's own `rag` stage (the same subgraph and settings as `rag`), when every record
     says: the baseline of auto's seconds measured in the same run, on the same machine."""
-    stages = [next((s["seconds"] for s in (r.get("route") or {}).get("stages") or [] if s.get("stage") == "rag"
-                    and s.get("seconds") is not None), None) for r in cell["records"].values()]
+    stages = [_stage_seconds(r) for r in cell["records"].values()]
     return _mean(stages) if stages and None not in stages else None
+
+
+def _stage_seconds(record: dict) -> float | None:
+    """The seconds of auto's own `rag` stage in one record, None where the record does not say."""
+    return next((s["seconds"] for s in (record.get("route") or {}).get("stages") or [] if s.get("stage") == "rag"
+                 and s.get("seconds") is not None), None)
 
 
 def _escalated(cell: dict) -> str:

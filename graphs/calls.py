@@ -55,7 +55,7 @@ def check_sources(ctx: AgentContext) -> None:
 
 MAX_LOADED_MODELS = 4  # chat models a process keeps loaded, the least recently used dropped first
 MAX_OPEN_STORES = 8  # stores a process keeps open, the least recently used closed first
-_models: OrderedDict[str, BaseChatModel] = OrderedDict()  # by spec and call cache; the reply length is per call
+_models: OrderedDict[tuple[str, str], BaseChatModel] = OrderedDict()  # (spec, call cache); reply length: per call
 _stores: OrderedDict[str, KnowledgeStore] = OrderedDict()  # by store_key: one store under every spelling
 _lock = threading.Lock()
 
@@ -85,12 +85,12 @@ def chat_model(ctx: AgentContext, role: str) -> BaseChatModel:
         if spec is None:
             raise ModelError("no chat model: install an offline pack (pip install 'mhqa-graph[models]') or set llm")
     spec = str(spec)
-    key = f"{spec}\0{ctx.llm_cache or ''}"
+    key = (spec, ctx.llm_cache or "")
     with _lock:
         if key in _models:
             _models.move_to_end(key)
             return _models[key]
-        loaded = next((m for k, m in _models.items() if k.partition("\0")[0] == spec), None) or load_chat_model(spec)
+        loaded = next((m for (s, _), m in _models.items() if s == spec), None) or load_chat_model(spec)
         _models[key] = model = with_cache(loaded, ctx.llm_cache) if ctx.llm_cache else loaded
         while len(_models) > MAX_LOADED_MODELS:
             _models.popitem(last=False)  # freed once no running graph holds it

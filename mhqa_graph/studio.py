@@ -40,7 +40,7 @@ from starlette.middleware import Middleware
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import Forbidden, InvalidInput, MhqaError
+from .errors import Forbidden, InvalidInput, MhqaError, shown
 
 RUN_PATH = re.compile(r"^(/threads/[^/]+)?/runs(/wait|/stream|/crons)?/?$")
 BATCH_PATH = re.compile(r"^/runs/batch/?$")
@@ -50,7 +50,6 @@ STUDIO_ORIGIN = "https://smith.langchain.com"
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 ORIGINS_ENV, HOSTS_ENV, LLMS_ENV, STORES_ENV = ("MHQA_SERVE_ORIGINS", "MHQA_SERVE_HOSTS", "MHQA_SERVE_LLMS",
                                                 "MHQA_SERVE_STORES")
-MAX_ECHO = 120  # characters of a refused value a message repeats
 INTERNAL_HEADER, INTERNAL_TOKEN = "x-mhqa-internal", secrets.token_urlsafe(32)  # this process's requests to itself
 SCHEMES = ("fake", "openai", "hf", "llamacpp")  # of the model specs that load something (models.factory)
 
@@ -81,20 +80,21 @@ def check_client(headers: dict[str, str]) -> None:
     host = headers.get("host", "")
     hosts = _listed(HOSTS_ENV)
     if "*" not in hosts and _host(host) not in {*LOOPBACK_HOSTS, *hosts}:
-        raise Forbidden(f"host {host[:MAX_ECHO]!r} is not this server's; an operator serving other names lists "
+        raise Forbidden(f"host {shown(host)} is not this server's; an operator serving other names lists "
                         f"them in {HOSTS_ENV}")
     origin = headers.get("origin")
     if origin is None:
         return
     same = origin in (f"http://{host}", f"https://{host}") and _host(host) in LOOPBACK_HOSTS
     if not same and origin.rstrip("/") not in {STUDIO_ORIGIN, *_listed(ORIGINS_ENV), *_cors_origins()}:
-        raise Forbidden(f"requests from the web page {origin[:MAX_ECHO]!r} are refused; LangGraph Studio "
+        raise Forbidden(f"requests from the web page {shown(origin)} are refused; LangGraph Studio "
                         f"({STUDIO_ORIGIN}) and the origins in {ORIGINS_ENV} may call this server")
 
 
 def _local_spec(spec: str) -> bool:
     """Whether a model spec reaches no network and reads no file the operator did not install: `fake:` scripts,
     a pack by name, `llamacpp:<pack>` with its options and a shipped adapter by name."""
+    from .models.factory import FILE_PREFIX
     from .models.packs import PACKS
 
     scheme, _, rest = spec.partition(":")
@@ -104,7 +104,7 @@ def _local_spec(spec: str) -> bool:
         return False
     ref, _, query = rest.partition("?")
     lora = [value for key, value in parse_qsl(query, keep_blank_values=True) if key == "lora"]
-    return ref in PACKS and not any("/" in value or value.endswith(".gguf") or value.startswith(("~", "file:"))
+    return ref in PACKS and not any("/" in value or value.endswith(".gguf") or value.startswith(("~", FILE_PREFIX))
                                     for value in lora)
 
 
@@ -120,7 +120,7 @@ def check_served(context: dict[str, Any]) -> None:
         if spec in (None, "", "auto") or not isinstance(spec, str) or spec.partition(":")[0] not in SCHEMES or (
                 _local_spec(spec) or any(fnmatchcase(spec, p) for p in _listed(LLMS_ENV))):
             continue  # allowed, or not a spec at all: the checks after this one say why it cannot load
-        raise Forbidden(f"{where}: this server runs no model a request names by {str(spec)[:MAX_ECHO]!r}; it runs "
+        raise Forbidden(f"{where}: this server runs no model a request names by {shown(spec)}; it runs "
                         f"fake: scripts and the installed packs by name, and the specs its operator lists in "
                         f"{LLMS_ENV}")
     if context.get("llm_cache"):
@@ -137,7 +137,7 @@ def check_served(context: dict[str, Any]) -> None:
                                                          for u in (store, key)):
             return
     raise Forbidden(f"store: this server opens its own store and those its operator lists in {STORES_ENV}, not "
-                    f"{str(store)[:MAX_ECHO]!r}")
+                    f"{shown(store)}")
 
 
 def _known(agent: str) -> set[str]:
@@ -248,7 +248,7 @@ async def check_payload(path: str, payload: Any) -> None:
     except Exception as exc:
         if getattr(getattr(exc, "response", None), "status_code", None) == 404:
             return  # no such assistant: the server answers 404 itself
-        raise Forbidden(f"the settings of assistant {assistant_id[:MAX_ECHO]!r} cannot be checked: "
+        raise Forbidden(f"the settings of assistant {shown(assistant_id)} cannot be checked: "
                         f"{type(exc).__name__}") from None
     check_context_keys(agent, payload.get("context"))
     known = _known(agent)

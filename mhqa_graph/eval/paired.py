@@ -60,20 +60,24 @@ def paired_interval(diffs: list[float], resamples: int = 2000, seed: int = 0,
                     clusters: list[str] | None = None) -> tuple[float, float] | None:
     """The 95% paired-bootstrap interval of the mean of per-question differences, in F1 points. With `clusters`
     (one key per difference) whole clusters are resampled; fewer than 2 clusters give None."""
-    means = bootstrap_means(diffs, resamples, seed, clusters)
-    if means is None:
-        return None
-    return 100 * means[int(0.025 * resamples)], 100 * means[int(0.975 * resamples) - 1]
+    return interval_and_detectable(diffs, clusters, resamples, seed)[0]
 
 
 def detectable(diffs: list[float], clusters: list[str] | None = None) -> float | None:
     """The smallest true mean difference, in points, that a comparison of this many questions and clusters, this
     spread, detects 80% of the time at the 5% level (two-sided): `Z_DETECT` bootstrap standard errors."""
-    means = bootstrap_means(diffs, clusters=clusters)
+    return interval_and_detectable(diffs, clusters)[1]
+
+
+def interval_and_detectable(diffs: list[float], clusters: list[str] | None = None, resamples: int = 2000,
+                            seed: int = 0) -> tuple[tuple[float, float] | None, float | None]:
+    """`paired_interval` and `detectable` of one bootstrap; (None, None) with fewer than 2 clusters."""
+    means = bootstrap_means(diffs, resamples, seed, clusters)
     if means is None:
-        return None
+        return None, None
     mean = sum(means) / len(means)
-    return 100 * Z_DETECT * math.sqrt(sum((m - mean) ** 2 for m in means) / (len(means) - 1))
+    spread = math.sqrt(sum((m - mean) ** 2 for m in means) / (len(means) - 1))
+    return (100 * means[int(0.025 * resamples)], 100 * means[int(0.975 * resamples) - 1]), 100 * Z_DETECT * spread
 
 
 def verdict(low: float | None, high: float | None, target: float = 0.0) -> Verdict | None:
@@ -105,9 +109,9 @@ def paired_comparison(before: list[dict[str, Any]], after: list[dict[str, Any]],
     pairs = [r for r in after if str(r["id"]) in old]
     diffs = [(r.get("f1") or 0.0) - old[str(r["id"])] for r in pairs]
     keys = [cluster_key(r) for r in pairs]
-    interval = paired_interval(diffs, clusters=keys)
+    interval, smallest = interval_and_detectable(diffs, keys)
     better, worse = sum(d > 0 for d in diffs), sum(d < 0 for d in diffs)
     low, high = interval if interval else (None, None)
     return {"paired": len(diffs), "clusters": len(set(keys)), "df1": 100 * _mean(diffs), "df1_low": low,
             "df1_high": high, "better": better, "worse": worse, "sign_p": sign_test(better, worse),
-            "detectable": detectable(diffs, keys), "target": target, "verdict": verdict(low, high, target)}
+            "detectable": smallest, "target": target, "verdict": verdict(low, high, target)}

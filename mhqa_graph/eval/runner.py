@@ -360,8 +360,8 @@ async def _answer(graph: Any, agent: str, context: Any, item: QAItem) -> dict:
     output, error = None, None
     try:
         output = await graph.ainvoke(graph_inputs(item), context=context, config={"callbacks": [recorder]})
-    except Exception as exc:  # any failure of one question is recorded, the run goes on
-        error = redact(f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # any failure of one question is recorded, the run goes on (redacted there)
+        error = f"{type(exc).__name__}: {exc}"
     try:
         return make_record(item, output, time.perf_counter() - start, recorder.trace(output, error), error)
     except Exception as exc:  # an output that cannot be traced or scored: recorded without it
@@ -465,10 +465,9 @@ def run_eval(agent: str, dataset: str, path: str | Path, llm: str | BaseChatMode
             except OSError as exc:
                 interrupted, write_error = True, write_error or exc
         records = [r for r in read_records(results, keep=SUMMARY_FIELDS) if r["id"] in wanted]
-        model = context.llm
         summary = summarize(records, agent=agent, dataset=dataset, file=str(path), repeats=repeats(context),
-                            llm=redact(model) if isinstance(model, str) or model is None else type(model).__name__,
-                            environment=env, wall_time=round(time.perf_counter() - started, 3))
+                            llm=_describe(context.llm), environment=env,
+                            wall_time=round(time.perf_counter() - started, 3))
         tmp = out_dir / (SUMMARY + ".tmp")
         try:
             write_new(tmp, json.dumps(summary.as_dict() | {"complete": not interrupted, "questions": len(items)},

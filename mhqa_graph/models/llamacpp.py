@@ -218,9 +218,9 @@ class LlamaCppChatModel(BaseChatModel):
         if self._whole == len(body) > held:
             self._save()
 
-    def _save(self, tokens: list[int] | None = None) -> None:
-        """Keep the context's state in the prefix cache, under `tokens` (default: all the context holds: the prompt
-        and reply just run)."""
+    def _save(self) -> None:
+        """Keep the context's state in the prefix cache, under the tokens it holds (with `prefill_chunk`, the prompt's
+        whole chunks; without, the prompt and reply just run)."""
         from llama_cpp import llama_cpp as api
 
         llm = self._llm
@@ -231,8 +231,7 @@ class LlamaCppChatModel(BaseChatModel):
             return
         state = bytearray(size)  # restored in place later (ctypes from_buffer), so copied once only
         written = api.llama_state_seq_get_data(llm._ctx.ctx, (ctypes.c_uint8 * size).from_buffer(state), size, 0)
-        key = llm.input_ids[:llm.n_tokens].tolist() if tokens is None else tokens
-        self._cache.put(key, state[:written] if written < size else state)
+        self._cache.put(llm.input_ids[:llm.n_tokens].tolist(), state[:written] if written < size else state)
 
     def forget(self) -> None:
         """Empty the context and the prefix cache: the next call prefills its prompt from nothing."""
