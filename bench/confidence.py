@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 import records as R
-from agents import DATA, asked_ids
+from variants import DATA, asked_ids
 
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS
 from mhqa_graph.eval.runner import load_questions

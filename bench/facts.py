@@ -1,5 +1,5 @@
 """Where the gold first hop's fact lands among a Mujica worker's graph contexts, with no model: the worker's
-retrieval (`graphs/mujica.retrieve`) for each question of a dev slice, the question itself as the query, in the
+retrieval (`graphs/mujica/graph.retrieve`) for each question of a dev slice, the question itself as the query, in the
 matched entities' turn order and with `rank_facts` (the asked relation's facts first). It is how `rank_facts`
 was found (PQ-2H 0-99); the model's answers with it are measured by `bench/agents.py`.
 
@@ -13,7 +13,7 @@ import argparse
 from pathlib import Path
 
 from mhqa_graph.graphs import make_context
-from mhqa_graph.graphs.mujica import retrieve
+from mhqa_graph.graphs.mujica.graph import retrieve
 
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, open_environment
 from mhqa_graph.eval.runner import load_questions

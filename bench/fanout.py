@@ -22,8 +22,8 @@ import sys
 import tempfile
 import time
 
-from mhqa_graph.graphs import mujica
-from mhqa_graph.graphs.mujica_state import MujicaContext
+import mhqa_graph.graphs.mujica.graph as mujica
+from mhqa_graph.graphs.mujica import MujicaContext
 
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel

@@ -19,7 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from mhqa_graph.graphs import make_context, parse_settings
-from mhqa_graph.graphs.opera import plan
+from mhqa_graph.graphs.opera.graph import plan
 
 from mhqa_graph.eval.diagnostics import chain_json
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS, ensure_worked_plans, open_environment

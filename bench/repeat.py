@@ -16,7 +16,10 @@ under `--out`).
     python bench/repeat.py --replay bench/results/repeat-pq2h-auto.json     # another machine: seconds
 
 `--replay` asks the recorded questions again through the committed call cache, on whatever machine this is, and
-compares every prediction with the recorded ones: a run that repeats makes no model call and changes no answer.
+compares every prediction with the recorded ones: a run that repeats makes no model call and changes no answer. It
+builds a store of its own, holding the record's environment only, as the recorded runs' store did: the embedded
+store ranks entities and passages by word statistics of the whole store, so other collections in it change what a
+search returns first, and with it the prompt.
 """
 
 from __future__ import annotations
@@ -77,7 +80,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--warm", type=int, default=5, help="other questions asked first in run 2 (the prefix cache)")
     parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--store", default=f"embedded://{BENCH / 'out' / 'store'}")
+    parser.add_argument("--store", default=None, help="store URI (default: bench/out/store; with --replay, a fresh "
+                        "store that holds the record's environment only, as its runs' did)")
     parser.add_argument("--out", type=Path, default=BENCH / "out" / "repeat")
     parser.add_argument("--record", type=Path, help="write the rows as JSON here")
     parser.add_argument("--report-only", action="store_true")
@@ -85,6 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.replay:
         return replay(args)
+    args.store = args.store or f"embedded://{BENCH / 'out' / 'store'}"
     args.out = args.out / args.env / args.agent
     cache = args.out / "calls.sqlite"
     if not args.report_only:
@@ -121,6 +126,10 @@ def replay(args: argparse.Namespace) -> None:
     cache = out.parent / f"{args.replay.stem}.calls.sqlite"
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(args.replay.with_suffix(".calls.sqlite"), cache)  # the committed file stays as it is
+    if not args.store:  # what else a store holds changes its lexical ranking, and so the prompts (docs/benchmarks.md)
+        store = out.parent / f"{args.replay.stem}.store"
+        shutil.rmtree(store, ignore_errors=True)
+        args.store = f"embedded://{store}"
     eval_run(args, out, recorded["start"], recorded["limit"], 2, cache)
     records = {r["id"]: r for r in read_records(out / RESULTS)}
     same = sum(records[i]["prediction"] == p for i, p in recorded["predictions"].items() if i in records)

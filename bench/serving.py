@@ -59,7 +59,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from langchain_core.messages import convert_to_messages
-from mhqa_graph.graphs.mujica_prompts import GRAPH_WORKER_SYSTEM, WORKER_SYSTEM
+from mhqa_graph.graphs.mujica.prompts import GRAPH_WORKER_SYSTEM, WORKER_SYSTEM
 
 from mhqa_graph.eval.report import RESULTS, prefilled_per_question, read_records
 from mhqa_graph.models.factory import load_chat_model
@@ -235,7 +235,8 @@ def runs_reuse(folder: Path, slots: int) -> None:
 def eval_speed(args: argparse.Namespace, sep: str) -> None:
     """Whole evals with the cache off and on, side by side (see the module docstring), and their table."""
     sys.path.insert(0, str(BENCH))
-    from agents import asked_ids, build_environments, run_dir, start, stopping_children, wait
+    from agents import build_environments, run_dir, start, stopping_children, wait
+    from variants import asked_ids
 
     specs = {"off": f"{args.llm}{sep}cache=0", "on": args.llm}
     envs = [e for e in args.eval.split(",") if e]

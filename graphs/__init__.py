@@ -19,7 +19,7 @@ What each role (`ROLES`, the keys of `role_llms`) must reply, e.g. to script fak
                         "arguments": {"query": "Inception", "graph_type": "kg"}}</tool_call>,
                         node_info with {"entity", "graph_type"}, then <answer>London</answer>
     rag, direct answer  <think>...</think><answer>London</answer>
-    auto    rag's answer, then the roles of the design it escalates to (graphs/auto.py)
+    auto    rag's answer, then the roles of the design it escalates to (graphs/auto/)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from mhqa_graph.errors import InvalidInput
 from .calls import check_sources
 from .settings import validate_context
 
-# agent name -> (module in this package, builder function)
+# agent name -> (module or design package in this package, its builder function)
 AGENTS: dict[str, tuple[str, str]] = {
     "opera": ("opera", "build"),
     "mujica": ("mujica", "build"),

@@ -30,7 +30,7 @@ from mhqa_graph.text import encodable_all
 
 from .settings import MAX_ANSWER_CHARS, AgentContext
 
-# run before each model call, raising to refuse it (auto's budget, graphs/auto.py); None: every call is made
+# run before each model call, raising to refuse it (auto's budget, graphs/auto/limit.py); None: every call is made
 CALL_GATE: ContextVar[Callable[[], None] | None] = ContextVar("call_gate", default=None)
 MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
 REPAIR_PREFIX = "That reply could not be used"  # how ask_json's repair message starts (tagged `repair`)

@@ -45,8 +45,8 @@ from typing import Any
 from .errors import InvalidInput, MhqaError
 from .eval.health import guard_health
 from .eval.runner import open_new
-from .eval.scoring import normalize_answer
 from .messages import FORCED_FINAL, HANDED_OVER, RETRIES, legacy_kind
+from .text import normalize_answer
 from .traces import LLMCall, Trace, TraceError, load_trace
 
 FORMATS = ("sft", "roles", "grpo", "mygo")

@@ -50,9 +50,9 @@ def kind_of(message: BaseMessage) -> str | None:
 def legacy_kind(text: str) -> str | None:
     """The kind of an untagged message (a trace written before kinds), from the designs' marker texts."""
     from .graphs.calls import REPAIR_PREFIX
-    from .graphs.mujica_prompts import NO_MORE
-    from .graphs.omne_prompts import FORCE_ANSWER, is_send_back
-    from .graphs.omne_prompts import NUDGE as NUDGE_TEXT
+    from .graphs.mujica.prompts import NO_MORE
+    from .graphs.omne.prompts import FORCE_ANSWER, is_send_back
+    from .graphs.omne.prompts import NUDGE as NUDGE_TEXT
 
     if text.startswith(REPAIR_PREFIX):
         return REPAIR

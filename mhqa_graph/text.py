@@ -1,18 +1,28 @@
 """Text that every file and database can carry: lone surrogates (valid in a JSON escape, `"\\ud800"`,
-but not in UTF-8, SQLite or Bolt) become U+FFFD."""
+but not in UTF-8, SQLite or Bolt) become U+FFFD. Answers in the form they are compared in: `normalize_answer`,
+the HotpotQA / SQuAD scripts' normalisation (eval/scoring.py scores with it)."""
 
 from __future__ import annotations
 
 import re
+import string
 from collections.abc import Callable
 from typing import Any
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = set(string.punctuation)
 
 
 def encodable(text: str) -> str:
     """`text` with lone surrogates as U+FFFD."""
     return _SURROGATE.sub("\ufffd", text)
+
+
+def normalize_answer(text: str) -> str:
+    """lower -> remove punctuation -> remove articles -> collapse white space (the official order)."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
 
 
 def map_strings(value: Any, fn: Callable[[str], str]) -> Any:

@@ -47,15 +47,15 @@ def run(store, models, question=QUESTION, recorder=None, **settings):
 def test_registered_like_the_other_agents():
     assert "auto" in AGENTS and set(ROLES["auto"]) == {r for a in ("rag", *A.DESIGNS) for r in ROLES[a]}
     langgraph = json.load(open("langgraph.json"))
-    assert langgraph["graphs"]["auto"]["path"] == "mhqa_graph.graphs.auto:graph"
+    assert langgraph["graphs"]["auto"]["path"] == "mhqa_graph.graphs.auto.graph:graph"
 
 
 def test_a_supported_answer_stops_after_one_call(store):
     models = roles("London")
     out = run(store, models)
     assert out["answer"] == "London" and out["answered_by"] == "rag"
-    assert out["decisions"] == [{"stage": "rag", "action": "stop", "reason": "found in its evidence",
-                                 "answer": "London"}]
+    assert out["decisions"] == [{"stage": "rag", "action": "stop", "code": "found_in_evidence",
+                                 "reason": "found in its evidence", "answer": "London"}]
     assert len(models["answer"].calls) == 1 and not models["plan"].calls
 
 
@@ -267,15 +267,21 @@ def test_decisions_and_stages_start_afresh_with_each_run_on_a_thread(store):
 
 
 def test_a_design_that_raises_falls_back_to_the_first_answer(store, monkeypatch):
-    class Broken:
+    import importlib
+
+    class Broken:  # OPERA's graph, failing when run
+        builder = build_graph("opera").builder
+
         def invoke(self, *args, **kwargs):
             raise RuntimeError("subgraph down")
 
-    monkeypatch.setitem(A._graphs, "opera", Broken())
+    module, builder = AGENTS["opera"]
+    monkeypatch.setattr(importlib.import_module(f"mhqa_graph.graphs.{module}"), builder,
+                        lambda checkpointer=None: Broken())
     out = run(store, roles("Paris"))
     assert out["answer"] == "Paris" and out["answered_by"] == "rag"
-    assert out["decisions"][-1] == {"stage": "opera", "action": "fallback", "reason": "RuntimeError: subgraph down",
-                                    "answer": ""}
+    assert out["decisions"][-1] == {"stage": "opera", "action": "fallback", "code": "stage_failed",
+                                    "reason": "RuntimeError: subgraph down", "answer": ""}
 
 
 def test_the_budget_caps_the_design(store):
@@ -383,3 +389,63 @@ def test_streaming_messages_needs_subgraphs(store):
         counts.append(len(list(graph.stream({"question": QUESTION}, context=ctx, stream_mode="messages",
                                             subgraphs=subgraphs))))
     assert counts[0] == 0 and counts[1] >= 1
+
+
+def test_the_stages_are_subgraphs_that_xray_and_streaming_show(store):
+    """Each stage is a node running its agent's compiled graph: xray draws the designs' own nodes, and
+    `stream(subgraphs=True)` yields the updates of rag's and OPERA's inner nodes under their stage's namespace."""
+    graph = build_graph("auto")
+    nodes = set(graph.get_graph(xray=True).nodes)
+    assert {"start", "judge", "reconcile", "rag:retrieve", "rag:answer", "second_look:answer", "opera:plan",
+            "opera:analyze", "mujica:planner", "mujica:worker", "omne:agent", "omne:tools"} <= nodes
+    ctx = make_context("auto", llm=FakeChatModel(responses=["unused"]), role_llms=roles("Paris"), store=store,
+                       corpus="wiki")
+    seen = {(ns[0].split(":")[0] if ns else "", node) for ns, update in graph.stream(
+        {"question": QUESTION}, context=ctx, subgraphs=True) for node in update}
+    assert {("rag", "retrieve"), ("rag", "answer"), ("opera", "plan"), ("", "judge"), ("", "opera"),
+            ("", "reconcile")} <= seen
+
+
+def test_every_decision_carries_a_reason_code_beside_its_sentence(store):
+    import typing
+
+    codes = set(typing.get_args(A.Reason))
+    assert set(A.REASONS) == codes - {"stage_failed"}  # a failed stage's sentence is its error
+    out = run(store, roles("Paris"))
+    assert [(d["code"], d["reason"]) for d in out["decisions"]] == [
+        ("not_in_evidence", "not in its evidence"), ("differs_from_rag", "differs from rag")]
+    assert A.reason_code({"reason": "agrees with rag"}) == "agrees_with_rag"  # a record written before codes
+    assert A.reason_code({"code": "refusal", "reason": "a refusal"}) == "refusal"
+    assert A.reason_code({"reason": "RoundCap: no answer within 7 rounds"}) is None
+
+
+def test_stage_settings_reach_their_stage_only(store):
+    """`stage_settings` gives one stage its own settings over auto's common ones: rag retrieves one passage here,
+    while OPERA keeps the common top_k."""
+    models = roles("Paris")
+    out = run(store, models, top_k=2, stage_settings={"rag": {"top_k": 1}, "opera": {"max_rewrites": 0}})
+    assert len(out["stages"][0]["retrieved"]) == 1
+    assert out["answered_by"] == "opera" and not models["rewrite"].calls
+
+
+@pytest.mark.parametrize("stage_settings, match", [
+    ({"react": {}}, "stage_settings has no stage 'react'; auto's stages: rag, opera, mujica, omne"),
+    ({"omne": {"max_round": 5}}, "unknown setting.*max_round.*did you mean 'max_rounds'"),
+    ({"omne": {"max_rounds": 0}}, "max_rounds must be an integer from 1 to 100, got 0"),
+    ({"rag": {"role_llms": {}}}, "give a stage's models in auto's role_llms"),
+    ({"rag": 5}, r"stage_settings\['rag'\] must be a mapping")])
+def test_stage_settings_are_checked_with_the_context(stage_settings, match):
+    with pytest.raises(InvalidInput, match=match):
+        make_context("auto", llm="fake", graph="kg", stage_settings=stage_settings)
+
+
+def test_the_budget_is_one_limit_over_the_stages():
+    """Each stage may make what the budget leaves after the calls made and the fewest the stages after it need;
+    the same sum refuses a budget below need."""
+    from mhqa_graph.graphs.auto.state import calls_left
+
+    ctx = make_context("auto", llm="fake", corpus="wiki", budget=12, second_look=True)
+    assert [calls_left(ctx, made, stage) for made, stage in ((0, "rag"), (1, "second_look"), (2, "opera"))] == [
+        8, 8, 10]  # 12 - (1 + 3), 12 - 1 - 3, 12 - 2
+    assert calls_left(make_context("auto", llm="fake", corpus="wiki", budget=0), 5, "opera") == 0  # no cap
+    assert calls_left(make_context("auto", llm="fake", corpus="wiki", budget=4), 4, "opera") == 1  # at least one

@@ -1,4 +1,4 @@
-"""bench/agents.py's tables and plot, from run folders written here (no model, no eval)."""
+"""bench/agents.py, its tables (bench/tables.py) and plot, from run folders written here (no model, no eval)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 from mhqa_graph.graphs.calls import REPAIR_PREFIX
+from mhqa_graph.graphs.guards import GUARDS
 
+from mhqa_graph.eval.paired import paired_interval
 from mhqa_graph.eval.report import RESULTS, read_records
+from mhqa_graph.eval.runner import load_questions
 
 SPEC = importlib.util.spec_from_file_location("bench_agents", Path(__file__).parents[1] / "bench" / "agents.py")
 bench = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(bench)
+SPEC.loader.exec_module(bench)  # puts bench/ on sys.path: its modules import each other by name
+import doc  # noqa: E402
+import tables  # noqa: E402
+import variants  # noqa: E402
 
 LLM = "fake:llm"
 ROW = "who is q{n} 's spouse ?\tanswer_{n}(answer_{n}/)\tq{n}#spouse#answer_{n}#<end>#answer_{n}\n"
@@ -28,7 +34,7 @@ def folders(tmp_path: Path) -> argparse.Namespace:
     (data / "PQ-2H.txt").write_text("".join(ROW.format(n=n) for n in range(6)), encoding="utf-8")
     args = argparse.Namespace(out=tmp_path / "out", llm=LLM, data=tmp_path / "data", start=0, limit=6,
                               results=tmp_path / "results")
-    ids = [q.id for q in bench.load_questions("pathquestion", data / "PQ-2H.txt")]
+    ids = [q.id for q in load_questions("pathquestion", data / "PQ-2H.txt")]
     for agent, answered, right in (("rag", ids, ids[::2]), ("opera", ids[:4], ids[:4])):
         folder = bench.run_dir(args.out, LLM, "pq2h", agent)
         folder.mkdir(parents=True)
@@ -47,7 +53,7 @@ def save(args: argparse.Namespace, env: str, variant: str) -> None:
 
 
 def test_a_table_covers_the_asked_range_that_every_agent_answered(folders):
-    n, rows = bench.env_rows(folders, "pq2h", ["rag", "opera"])
+    n, rows = tables.env_rows(folders, "pq2h", ["rag", "opera"])
     by_agent = {r["agent"]: r for r in rows}
     assert n == 4  # opera has not answered questions 4 and 5
     assert by_agent["rag"]["f1"] == 50.0 and by_agent["opera"]["f1"] == 100.0
@@ -55,11 +61,11 @@ def test_a_table_covers_the_asked_range_that_every_agent_answered(folders):
     assert by_agent["opera"]["acted_pct"] == 100.0
 
     folders.start, folders.limit = 1, 2  # questions 1 and 2 only: rag right on 2, opera on both
-    n, rows = bench.env_rows(folders, "pq2h", ["rag", "opera"])
+    n, rows = tables.env_rows(folders, "pq2h", ["rag", "opera"])
     assert n == 2 and {r["agent"]: r["f1"] for r in rows} == {"rag": 50.0, "opera": 100.0}
 
     folders.start, folders.limit = 4, 2  # only rag answered these
-    assert bench.env_rows(folders, "pq2h", ["rag", "opera"]) == (0, [])
+    assert tables.env_rows(folders, "pq2h", ["rag", "opera"]) == (0, [])
 
 
 def test_report_only_writes_the_table_and_the_plot(folders, monkeypatch, capsys):
@@ -74,25 +80,26 @@ def test_report_only_writes_the_table_and_the_plot(folders, monkeypatch, capsys)
 
 
 def test_variants_and_intervals():
-    assert bench.parse_variant("omne:guards=none;guard_mode=log") == ("omne", {"guards": "none", "guard_mode": "log"})
-    assert bench.parse_variant("rag") == ("rag", {})
-    assert bench.split_agents("rag, opera:guards=-unecho,-options_line,omne") == [
+    assert variants.parse_variant("omne:guards=none;guard_mode=log") == ("omne", {"guards": "none",
+                                                                                 "guard_mode": "log"})
+    assert variants.parse_variant("rag") == ("rag", {})
+    assert variants.split_agents("rag, opera:guards=-unecho,-options_line,omne") == [
         "rag", "opera:guards=-unecho,-options_line", "omne"]
     for bad in ("omne:tools=x", "gpt", "rag:decoding"):
         with pytest.raises(ValueError, match="bad agent"):
-            bench.parse_variant(bad)
+            variants.parse_variant(bad)
     assert bench.run_dir(Path("o"), LLM, "pq2h", "omne:guards=none").name == "omne_guards=none"
     args = argparse.Namespace(data=Path("d"), llm="llamacpp:x", store="embedded:///s", limit=4, start=100,
                               out=Path("o"))
     cmd = bench.eval_command(args, "pq2h", "omne:guards=none;decoding=prompt")
     assert "--guards=none" in cmd and "--decoding=prompt" in cmd
-    assert bench.paired_interval([0.0, 0.0, 0.0]) == (0.0, 0.0) and bench.paired_interval([1.0]) is None
-    low, high = bench.paired_interval([1.0, 0.0] * 20)
+    assert paired_interval([0.0, 0.0, 0.0]) == (0.0, 0.0) and paired_interval([1.0]) is None
+    low, high = paired_interval([1.0, 0.0] * 20)
     assert 30 < low < 50 < high < 70
 
 
 def test_a_guards_off_variant_reasks_only_where_one_of_its_guards_fired(folders):
-    ids = [q.id for q in bench.load_questions("pathquestion", folders.data / "pathquestion" / "PQ-2H.txt")]
+    ids = [q.id for q in load_questions("pathquestion", folders.data / "pathquestion" / "PQ-2H.txt")]
     fired = {ids[0]: {"send_back_one_hop": 1}, ids[1]: {"send_back_ungrounded": 1, "send_back_one_hop": 1},
              ids[2]: {"send_back_ungrounded": 2}}
     base = bench.run_dir(folders.out, LLM, "pq2h", "omne")
@@ -105,12 +112,12 @@ def test_a_guards_off_variant_reasks_only_where_one_of_its_guards_fired(folders)
                                 "tokens": {"total": 9}, "health": {"guards": fired.get(qid, {})}}) + "\n")
     save(folders, "pq2h", "omne")
 
-    assert bench.guards_off("omne:guards=none") == ("omne", frozenset({"send_back_one_hop", "send_back_ungrounded"}))
-    assert bench.guards_off("omne:decoding=prompt;guards=-send_back_one_hop") == (
+    assert variants.guards_off("omne:guards=none") == ("omne", frozenset({"send_back_one_hop", "send_back_ungrounded"}))
+    assert variants.guards_off("omne:decoding=prompt;guards=-send_back_one_hop") == (
         "omne:decoding=prompt", frozenset({"send_back_one_hop"}))
     for variant in ("omne", "rag:decoding=prompt", "omne:guards=none;guard_mode=log", "omne:guards=auto",
                     "opera:guards=-send_back_one_hop"):
-        assert bench.guards_off(variant) is None
+        assert variants.guards_off(variant) is None
     assert bench.fired_guards(folders, "pq2h", "omne") == ["send_back_one_hop", "send_back_ungrounded"]
 
     # none of the guards fired on questions 3 and 4; question 5 failed, so it is asked again
@@ -128,12 +135,12 @@ def test_a_guards_off_variant_reasks_only_where_one_of_its_guards_fired(folders)
             f.write(json.dumps({"id": qid, "f1": f1, "em": f1, "latency": 1.0, "llm_calls": 2,
                                 "tokens": {"total": 5}, "health": {}}) + "\n")
     save(folders, "pq2h", "omne:guards=none")
-    n, rows = bench.env_rows(folders, "pq2h", ["omne", "omne:guards=none"])
+    n, rows = tables.env_rows(folders, "pq2h", ["omne", "omne:guards=none"])
     share = {r["agent"]: r["guards_share"] for r in rows}
     assert n == 6 and share["omne"] is None
     assert share["omne:guards=none"]["better"] == 2 and share["omne:guards=none"]["worse"] == 1
     assert share["omne:guards=none"]["reasked"] == 4 and round(share["omne:guards=none"]["df1"], 1) == 16.7
-    table = bench.markdown("pq2h", n, rows, LLM)
+    table = tables.markdown("pq2h", n, rows, LLM)
     assert "| omne: send_back_one_hop, send_back_ungrounded | +16.7 [" in table and "| 2 / 1 | 4 | +0.67, +3 |" in table
 
 
@@ -162,7 +169,7 @@ def scored(env: str, f1s: list[float], **extra) -> list[dict]:
 
 @pytest.fixture
 def summary_args(tmp_path: Path, monkeypatch) -> argparse.Namespace:
-    monkeypatch.setattr(bench, "asked_ids", lambda args, env: set(IDS[env][args.start:args.start + args.limit]))
+    monkeypatch.setattr(tables, "asked_ids", lambda args, env: set(IDS[env][args.start:args.start + args.limit]))
     return argparse.Namespace(out=tmp_path / "out", llm=LLM, start=0, limit=4, results=tmp_path / "results")
 
 
@@ -180,8 +187,8 @@ def test_the_matrix_gives_f1_and_the_paired_interval_against_rag_or_says_what_is
         r | {"carried": "opera"} for r in pq3h[1:]])
     write_run(summary_args, "pq3h", "opera:guards=none", [record("pq3h-0", 0.5)])  # turns default guards off too
     write_run(summary_args, "hotpot", "rag", scored("hotpot", [1, 1, 0, 0]))
-    by_env = bench.summary_envs(summary_args, ["pq2h", "pq3h", "hotpot"], list(bench.AGENTS))
-    table = bench.matrix_table(by_env, ["rag", "opera", "mujica", "omne"])
+    by_env = tables.summary_envs(summary_args, ["pq2h", "pq3h", "hotpot"], list(variants.AGENTS))
+    table = tables.matrix_table(by_env, ["rag", "opera", "mujica", "omne"])
 
     assert "| pq2h | 4 (4) | 25.0 | 50.0 (+25.0 [+0.0, +75.0]) | not run | 2 of 4 |" in table
     assert "| pq3h | 4 (4) | 0.0 | 100.0 (+100.0 [+100.0, +100.0]) | not run | not run |" in table
@@ -191,12 +198,12 @@ def test_the_matrix_gives_f1_and_the_paired_interval_against_rag_or_says_what_is
 
     # without the run that turned that guard alone off, that question is left out of opera's default records
     bench.R.path_of(LLM, "pq3h", "opera:guards=-date_comparison", summary_args.results).unlink()
-    by_env = bench.summary_envs(summary_args, ["pq3h"], ["rag", "opera"])
-    assert "| pq3h | 4 (4) | 0.0 | 3 of 4 |" in bench.matrix_table(by_env, ["rag", "opera"])
+    by_env = tables.summary_envs(summary_args, ["pq3h"], ["rag", "opera"])
+    assert "| pq3h | 4 (4) | 0.0 | 3 of 4 |" in tables.matrix_table(by_env, ["rag", "opera"])
 
     summary_args.start, summary_args.limit = 2, 2  # the asked range decides what complete means
-    by_env = bench.summary_envs(summary_args, ["pq2h"], ["rag", "opera", "omne"])
-    table = bench.matrix_table(by_env, ["rag", "opera", "omne"])
+    by_env = tables.summary_envs(summary_args, ["pq2h"], ["rag", "opera", "omne"])
+    table = tables.matrix_table(by_env, ["rag", "opera", "omne"])
     assert "| pq2h | 2 (2) | 0.0 | 0.0 (+0.0 [+0.0, +0.0]) | not run |" in table
 
 
@@ -214,7 +221,7 @@ def test_the_guard_table_pools_a_paired_bootstrap_over_the_questions_of_every_en
         r | {"carried": "opera"} for r in opera[1:]])
     write_run(summary_args, "pq2h", "mujica", scored("pq2h", [1, 1, 0, 0]))
     write_run(summary_args, "pq2h", "mujica:guards=-date_comparison", scored("pq2h", [1, 0, 0, 0]))
-    table = bench.guards_table(bench.summary_envs(summary_args, ["pq2h", "pq3h"], ["rag"]))
+    table = tables.guards_table(tables.summary_envs(summary_args, ["pq2h", "pq3h"], ["rag"]))
 
     lines = table.splitlines()
     assert lines[0].startswith("| guards off | pq2h | pq3h | pooled: share [95% CI], better / worse, questions |")
@@ -232,13 +239,13 @@ def test_the_guard_table_pools_a_paired_bootstrap_over_the_questions_of_every_en
     # a guards-off run still going: its environment says how far it is and stays out of the pool
     bench.R.path_of(LLM, "pq3h", "omne:guards=none", summary_args.results).unlink()
     write_run(summary_args, "pq3h", "omne:guards=none", scored("pq3h", [1, 1]))
-    table = bench.guards_table(bench.summary_envs(summary_args, ["pq2h", "pq3h"], ["rag"]))
+    table = tables.guards_table(tables.summary_envs(summary_args, ["pq2h", "pq3h"], ["rag"]))
     assert "| omne: all | +25.0 (1/0, 4 re-asked) | 2 of 4 | +25.0 [+0.0, +75.0], 1 / 0, 4 | +1.00, +0 |" in table
 
     # a guard named off against the default run, even one today's default set leaves out
-    assert bench.guards_off("opera:guards=-date_comparison") == ("opera", frozenset({"date_comparison"}))
-    assert bench.guards_off("opera:guards=none")[1] == frozenset(
-        n for n, g in bench.GUARDS.items() if "opera" in g.agents)
+    assert variants.guards_off("opera:guards=-date_comparison") == ("opera", frozenset({"date_comparison"}))
+    assert variants.guards_off("opera:guards=none")[1] == frozenset(
+        n for n, g in GUARDS.items() if "opera" in g.agents)
 
 
 def test_targets_say_met_or_missed_and_by_how_much(summary_args):
@@ -259,7 +266,7 @@ def test_targets_say_met_or_missed_and_by_how_much(summary_args):
     write_run(summary_args, "hotpot", "opera", scored("hotpot", [1, 0, 0, 0.2]))  # +5
     write_run(summary_args, "hotpot", "auto", scored("hotpot", [1, 0, 0, 0.2], calls=3))  # +5
     agents = ["rag", "opera", "mujica", "omne", "auto"]
-    rows = bench.targets_table(bench.summary_envs(summary_args, ["pq2h", "hotpot"], agents), agents).splitlines()
+    rows = tables.targets_table(tables.summary_envs(summary_args, ["pq2h", "hotpot"], agents), agents).splitlines()
 
     assert rows[2] == ("| `auto` ≥ the best single design − 1 F1 on every environment | **met** | "
                        "pq2h: 40.0 vs omne 25.0 (+15.0); hotpot: 30.0 vs opera 30.0 (+0.0) |")
@@ -287,7 +294,7 @@ def test_targets_say_met_or_missed_and_by_how_much(summary_args):
     assert rows[10].endswith("the highest share in one run: rag on hotpot, 4 of 4 (100.0%) |")
 
     write_run(summary_args, "pq2h", "omne", scored("pq2h", [1, 1, 0, 0]))  # 50: auto falls short by 10
-    rows = bench.targets_table(bench.summary_envs(summary_args, ["pq2h"], agents), agents).splitlines()
+    rows = tables.targets_table(tables.summary_envs(summary_args, ["pq2h"], agents), agents).splitlines()
     assert rows[2] == ("| `auto` ≥ the best single design − 1 F1 on every environment | **missed** | "
                        "pq2h: 40.0 vs omne 50.0 (-10.0) |")
 
@@ -295,10 +302,10 @@ def test_targets_say_met_or_missed_and_by_how_much(summary_args):
 def test_clustered_intervals_draw_paraphrases_together():
     """Four questions in two clusters: a bootstrap by cluster is wider than one by question."""
     diffs, clusters = [1.0, 1.0, 0.0, 0.0], ["a", "a", "b", "b"]
-    assert bench.paired_interval(diffs, clusters=clusters) == (0.0, 100.0)
-    by_question = bench.paired_interval(diffs * 10)
+    assert paired_interval(diffs, clusters=clusters) == (0.0, 100.0)
+    by_question = paired_interval(diffs * 10)
     assert 20 < by_question[0] and by_question[1] < 80
-    assert bench.paired_interval([1.0, 0.0], clusters=["a", "a"]) is None  # one cluster: no interval
+    assert paired_interval([1.0, 0.0], clusters=["a", "a"]) is None  # one cluster: no interval
 
 
 def test_summary_reads_the_run_folders_and_writes_summary_md(summary_args, monkeypatch, capsys):
@@ -319,15 +326,15 @@ def test_summary_reads_the_run_folders_and_writes_summary_md(summary_args, monke
     # records that count the prompt tokens read from the prefix cache: the tokens prefilled per question
     write_run(summary_args, "pq3h", "rag", [r | {"tokens": {"input": 8, "cached": 2 * n, "total": 10}}
                                             for n, r in enumerate(scored("pq3h", [1, 0, 0, 0]))])
-    cells = bench.summary_envs(summary_args, ["pq3h"], ["rag"])
-    assert "| pq3h | rag | 4 | 3.0 | 2.0 | 10 | 5 |" in bench.cost_table(cells, ["rag"])
+    cells = tables.summary_envs(summary_args, ["pq3h"], ["rag"])
+    assert "| pq3h | rag | 4 | 3.0 | 2.0 | 10 | 5 |" in tables.cost_table(cells, ["rag"])
 
 
 def test_a_records_file_that_names_no_variant_is_left_out(folders):
     """A file beside the records (a one-off experiment) must not stand in for a variant."""
     env = bench.R.path_of(LLM, "pq2h", "rag", folders.results).parent
     (env / ("opera_by-hand" + bench.R.SUFFIX)).write_bytes((env / ("opera" + bench.R.SUFFIX)).read_bytes())
-    assert bench.variants(folders, "pq2h") == {"opera": env / "opera.jsonl.gz", "rag": env / "rag.jsonl.gz"}
+    assert tables.recorded_variants(folders, "pq2h") == {"opera": env / "opera.jsonl.gz", "rag": env / "rag.jsonl.gz"}
 
 
 def test_records_are_compact_sorted_and_merged(folders):
@@ -355,7 +362,7 @@ def test_a_run_asks_only_the_questions_the_records_lack(folders, monkeypatch):
     folders.store, folders.jobs = "embedded:///s", 1
     bench.run_all(folders, [("pq2h", "rag"), ("pq2h", "opera")])
     assert len(commands) == 1 and "--agent" in commands[0] and commands[0][commands[0].index("--agent") + 1] == "opera"
-    ids = [q.id for q in bench.load_questions("pathquestion", folders.data / "pathquestion" / "PQ-2H.txt")]
+    ids = [q.id for q in load_questions("pathquestion", folders.data / "pathquestion" / "PQ-2H.txt")]
     assert commands[0][commands[0].index("--ids") + 1] == ",".join(sorted(ids[4:]))
 
 
@@ -397,7 +404,7 @@ with ThreadPoolExecutor(2) as pool:  # four evals, two at a time
 def test_a_design_takes_its_answers_from_autos_stage_and_asks_the_rest(folders):
     """auto ran OPERA on questions 0 and 1 (rag stopped on 2): OPERA's run gets those two, scored against the
     gold answer, with the stage's calls, seconds and tokens; the others are left to ask."""
-    ids = [q.id for q in bench.load_questions("pathquestion", folders.data / "pathquestion" / "PQ-2H.txt")]
+    ids = [q.id for q in load_questions("pathquestion", folders.data / "pathquestion" / "PQ-2H.txt")]
     auto = bench.run_dir(folders.out, LLM, "pq2h", "auto")
     auto.mkdir(parents=True)
     stage = {"stage": "opera", "calls": 4, "seconds": 9.5, "tokens": {"input": 30, "output": 5, "total": 35}}
@@ -438,12 +445,12 @@ def test_a_mechanism_is_compared_with_the_run_without_it_on_the_questions_both_a
     for asked, size in zip(after, (1, 2, 1)):  # a planner's plan: one sub-question, two, one
         asked["trace"]["plan"] = [{"question": f"q{n}"} for n in range(size)]
     write_run(summary_args, "pq2h", "mujica:plan_examples=plans", after)
-    table = bench.mechanisms_table(summary_args, ["pq2h", "pq3h"], [("mujica", "mujica:plan_examples=plans")])
+    table = tables.mechanisms_table(summary_args, ["pq2h", "pq3h"], [("mujica", "mujica:plan_examples=plans")])
     assert "| `mujica` → `mujica:plan_examples=plans` | pq2h | 3 (3) | 33.3 → 66.7 | +33.3 [+0.0, +100.0] |" in table
     assert "| 6.00 → 3.00 | 3.0 → 3.0 | 0 of 3 → 1 of 3 | - → 2 of 3 |" in table and "pq3h" not in table
-    assert bench.mechanisms_table(summary_args, ["pq3h"], [("mujica", "mujica:plan_examples=plans")]) is None
+    assert tables.mechanisms_table(summary_args, ["pq3h"], [("mujica", "mujica:plan_examples=plans")]) is None
     summary_args.mechanism, summary_args.only_mechanisms = [["mujica", "mujica:plan_examples=plans"]], True
-    alone = bench.summary(summary_args, ["pq2h", "pq3h"], ["rag", "mujica"])  # a slice where only the pair ran
+    alone = tables.summary(summary_args, ["pq2h", "pq3h"], ["rag", "mujica"])  # a slice where only the pair ran
     assert alone == table
 
 
@@ -463,7 +470,7 @@ def test_what_auto_did_counts_the_judge_of_a_second_look():
     golds = {"a": ["x"], "b": ["x"], "c": ["x"], "d": ["y"]}  # rag's answer "x": right on a-c, wrong on d
     records = [bench.R.compact(r | {"answers": golds[r["id"]]}) for r in records]  # each decision scored
     assert [d["f1"] for d in records[2]["route"]["decisions"]] == [1.0, 1.0, 1.0]
-    table = bench.routes_table({"hotpot": {"runs": {"auto:second_look=true": {r["id"]: r for r in records},
+    table = tables.routes_table({"hotpot": {"runs": {"auto:second_look=true": {r["id"]: r for r in records},
                                                     "opera": {"a": records[0]}}}})
     assert "| hotpot | `auto:second_look=true` | 4 | 2 (100.0) | 2 (50.0) | 1 (0.0; 0 agree with rag) | 1 (50.0) |" \
         in table and "opera" not in table
@@ -473,7 +480,7 @@ def test_what_auto_did_counts_the_judge_of_a_second_look():
 def test_the_confidence_report_says_how_well_confidence_splits_right_from_wrong(summary_args, monkeypatch):
     import confidence
 
-    monkeypatch.setattr(confidence, "asked_ids", bench.asked_ids)
+    monkeypatch.setattr(confidence, "asked_ids", tables.asked_ids)
     write_run(summary_args, "hotpot", "rag:confidence=true",
               [r | {"confidence": c} for r, c in zip(scored("hotpot", [1, 0, 1, 0]), [0.9, 0.2, 0.95, 0.4])])
     summary_args.env = ["hotpot"]
@@ -483,7 +490,7 @@ def test_the_confidence_report_says_how_well_confidence_splits_right_from_wrong(
     assert "| 0.5 | 2 | 0.0 | 100.0 |" in lines and "| 0.95 | 3 | 33.3 | 100.0 |" in lines
     assert confidence.auroc([0.5, 0.5], [True, False]) == 0.5 and confidence.auroc([0.9], [True]) is None
     command = f"python bench/confidence.py --env hotpot --start 0 --limit 4 --llm {LLM}"
-    block = bench.generated(command, summary_args.results)
+    block = doc.generated(command, summary_args.results)
     assert block.splitlines() == lines  # a generated block of docs/benchmarks.md
 
 
@@ -510,7 +517,7 @@ def test_a_slice_asks_its_own_range_of_each_environment():
     cmd = bench.eval_command(sliced(slice="validation"), "pq2h", "rag")
     assert cmd[cmd.index("--start") + 1] == "140" and cmd[cmd.index("--limit") + 1] == "60"
     cmd = bench.eval_command(sliced(slice=None, start=7, limit=3), "pq2h", "rag")
-    assert cmd[cmd.index("--start") + 1] == "7" and "2wiki-text" not in bench.SLICES["sealed"]
+    assert cmd[cmd.index("--start") + 1] == "7" and "2wiki-text" not in variants.SLICES["sealed"]
 
 
 def test_sealed_records_carry_the_commit_and_settings_digest_they_were_first_made_with(tmp_path):

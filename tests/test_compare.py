@@ -1,6 +1,6 @@
-"""Date comparisons settled in code (graphs/guards/compare.py)."""
+"""Date comparisons settled in code (graphs/answers.py)."""
 import pytest
-from mhqa_graph.graphs.guards.compare import (
+from mhqa_graph.graphs.answers import (
     Step,
     as_option,
     asks_yes_or_no,

@@ -72,13 +72,11 @@ def test_the_detectable_difference_shrinks_with_more_clusters_and_a_comparison_s
     assert paired_comparison(before, after, target=80.0)["verdict"] == "missed"
 
 
-def test_the_bench_tables_use_the_same_interval():
-    import importlib.util
+def test_the_bench_tables_use_the_same_interval(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[1] / "bench"))  # bench/'s modules import each other
+    import tables
 
-    spec = importlib.util.spec_from_file_location("bench_agents", Path(__file__).parents[1] / "bench" / "agents.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    assert bench.paired_interval is paired_interval and bench.format_repairs is format_repairs
+    assert tables.paired_interval is paired_interval and tables.format_repairs is format_repairs
 
 
 # -- behaviour rates ------------------------------------------------------------------------------------
@@ -99,7 +97,7 @@ def record(prediction: str, agent: str, calls: list[dict] = (), tools: list[dict
 
 def test_behaviour_rates_of_omne_records():
     from mhqa_graph.graphs.calls import REPAIR_PREFIX
-    from mhqa_graph.graphs.omne_prompts import NUDGE, ONE_HOP_SHORT
+    from mhqa_graph.graphs.omne.prompts import NUDGE, ONE_HOP_SHORT
 
     records = [
         record("Tulsa", "omne", [call("agent"), call("agent")], [tool(), tool(repeated=True)]),

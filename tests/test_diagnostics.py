@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 from langchain_core.messages import HumanMessage
-from mhqa_graph.graphs import build_graph, make_context, mujica_prompts, omne_prompts
+from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs.calls import ask_json
+from mhqa_graph.graphs.mujica import prompts as mujica_prompts
+from mhqa_graph.graphs.omne import prompts as omne_prompts
 
 from mhqa_graph.eval.diagnostics import diagnose, failure_summary, hop_seen
 from mhqa_graph.eval.health import health, health_summary

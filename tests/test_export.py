@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from mhqa_graph.graphs import build_graph
-from mhqa_graph.graphs.opera_state import OperaContext
+from mhqa_graph.graphs.opera import OperaContext
 from test_traces import QUESTION, analysis, opera_roles, run_mujica, run_omne, run_opera, store  # noqa: F401
 
 from mhqa_graph import traces
@@ -295,7 +295,7 @@ def test_a_repaired_reply_and_its_repair_message_weigh_nothing(store, tmp_path):
 
 
 def test_omne_nudges_and_replies_without_action_weigh_nothing(store, tmp_path):  # noqa: F811
-    from mhqa_graph.graphs.omne_prompts import FORCE_ANSWER, NUDGE
+    from mhqa_graph.graphs.omne.prompts import FORCE_ANSWER, NUDGE
     from test_traces import OMNE_SCRIPT, run_omne
 
     idle = "<think>Let me think about the director.</think>"
@@ -317,7 +317,7 @@ def test_omne_nudges_and_replies_without_action_weigh_nothing(store, tmp_path): 
 
 def test_omne_answers_sent_back_weigh_nothing(store, tmp_path):  # noqa: F811
     """An answer that Omne sent back (here: a made-up one) is no target; the one that stood is."""
-    from mhqa_graph.graphs.omne_prompts import UNGROUNDED
+    from mhqa_graph.graphs.omne.prompts import UNGROUNDED
     from test_traces import OMNE_SCRIPT, run_omne
 
     script = [*OMNE_SCRIPT[:3], "<answer>Paris</answer>", OMNE_SCRIPT[3]]
@@ -334,7 +334,7 @@ def test_omne_answers_sent_back_weigh_nothing(store, tmp_path):  # noqa: F811
 def test_a_call_written_in_the_models_place_weighs_nothing(store, tmp_path):  # noqa: F811
     """Omne handed its start (`start_from`, auto's hand-over): the node_info turn the system wrote is context in the
     exported chat, the model's own replies are the targets."""
-    from mhqa_graph.graphs.omne_state import OmneContext
+    from mhqa_graph.graphs.omne import OmneContext
     from test_traces import OMNE_SCRIPT
 
     model = FakeChatModel(responses=OMNE_SCRIPT[2:], cycle=False)

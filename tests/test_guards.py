@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from mhqa_graph.graphs import build_graph, make_context, opera_analysis
+from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs import guards as G
-from mhqa_graph.graphs.mujica import repair_plan
+from mhqa_graph.graphs.mujica.plan import repair_plan
+from mhqa_graph.graphs.opera import guard_rules as opera_guard_rules
 
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.eval.health import guard_health, health_summary
@@ -102,7 +103,7 @@ def test_a_guard_that_raises_is_recorded_and_skipped(monkeypatch, tmp_path):
     def broken(answer, passages):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(opera_analysis, "grounded", broken)
+    monkeypatch.setattr(opera_guard_rules, "grounded", broken)
     s = open_store(f"embedded://{tmp_path}/s?embedder=hash")
     s.add_triples("films", [("Inception", "directed by", "Christopher Nolan")])
     roles = {"plan": FakeChatModel(responses=['{"subgoals": ["Who directed Inception?"]}']),
@@ -151,7 +152,7 @@ def test_health_counts_guards_and_answer_replacements():
 
 def test_log_mode_follows_the_path_of_a_guard_that_is_off():
     """In log mode a chain of guards stops at the first that fires, as in enforce mode, and changes nothing."""
-    from mhqa_graph.graphs.opera_analysis import check_analysis
+    from mhqa_graph.graphs.opera.analysis import check_analysis
 
     reply = {"sufficient": True, "answer": "unknown"}
     for mode, firings, answer in (("enforce", ["analysis_refusal"], ""), ("log", ["analysis_refusal"], "unknown")):

@@ -1,6 +1,7 @@
 """The floors of the layout (README, "Layout"): `mhqa_graph/` (the core) imports nothing from `graphs/` or
 `training/` at load time, `graphs/` nothing from `training/`; an import inside a function is allowed (it runs
-when that function does)."""
+when that function does). The guard layer (`graphs/guards/`) stands below the designs: of the project it imports
+only `graphs/settings.py` and the errors, anywhere in it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 UPPER = {"mhqa_graph": ("mhqa_graph.graphs", "mhqa_graph.training"), "graphs": ("mhqa_graph.training",)}
+GUARD_LAYER = ROOT / "graphs" / "guards"
+GUARD_LAYER_IMPORTS = ("mhqa_graph.graphs.guards", "mhqa_graph.graphs.settings", "mhqa_graph.errors")
 
 
 def package_of(path: Path) -> str:
@@ -24,6 +27,15 @@ def package_of(path: Path) -> str:
     return ".".join(parts[:-1] if rel.name != "__init__" else parts)
 
 
+def imported(node: ast.Import | ast.ImportFrom, package: str) -> list[tuple[int, str]]:
+    """(line, absolute module) of each name an import statement of `package` imports."""
+    if isinstance(node, ast.Import):
+        return [(node.lineno, a.name) for a in node.names]
+    base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
+    module = ".".join([*base, node.module] if node.module else base)
+    return [(node.lineno, f"{module}.{a.name}") for a in node.names]
+
+
 def load_time_imports(path: Path) -> list[tuple[int, str]]:
     """(line, absolute module) of each import run when the module loads: module level, not in a function (nor
     under `if TYPE_CHECKING:`)."""
@@ -32,12 +44,8 @@ def load_time_imports(path: Path) -> list[tuple[int, str]]:
 
     def visit(nodes: list[ast.stmt]) -> None:
         for node in nodes:
-            if isinstance(node, ast.Import):
-                found.extend((node.lineno, a.name) for a in node.names)
-            elif isinstance(node, ast.ImportFrom):
-                base = package.split(".")[:len(package.split(".")) - node.level + 1] if node.level else []
-                module = ".".join([*base, node.module] if node.module else base)
-                found.extend((node.lineno, f"{module}.{a.name}") for a in node.names)
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                found.extend(imported(node, package))
             elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
                 continue
             elif isinstance(node, (ast.If, ast.Try, ast.With)):
@@ -57,9 +65,25 @@ def upward(floor: str) -> list[str]:
     return out
 
 
+def every_import(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of each import anywhere in a source file: in functions and under TYPE_CHECKING too."""
+    package = package_of(path)
+    return [found for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.Import, ast.ImportFrom)) for found in imported(node, package)]
+
+
 @pytest.mark.parametrize("floor", list(UPPER))
 def test_no_import_runs_upward_at_load_time(floor):
     assert upward(floor) == []
+
+
+def test_the_guard_layer_imports_only_the_settings():
+    """`graphs/guards/` (the registry, switches and verbs of the guards) imports no design, model call, tool or store,
+    even inside a function: of the project, only `graphs/settings.py` and `mhqa_graph.errors`."""
+    found = [f"{path.relative_to(ROOT)}:{line} imports {module}" for path in sorted(GUARD_LAYER.rglob("*.py"))
+             for line, module in every_import(path) if module.startswith("mhqa_graph")
+             and not any(module == m or module.startswith(m + ".") for m in GUARD_LAYER_IMPORTS)]
+    assert found == []
 
 
 def test_the_core_loads_without_the_designs():
@@ -75,5 +99,20 @@ def test_the_core_loads_without_the_designs():
               "sys.meta_path.insert(0, Block())\n"
               f"for m in {modules!r}:\n"
               "    importlib.import_module(m)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_loading_an_agent_loads_no_evaluation_module():
+    """Importing each agent's graph module (`mhqa_graph.graphs.AGENTS`) loads no `mhqa_graph.eval` module: the
+    evaluator is not loaded with every agent. A failure names, per agent, the evaluation modules loaded once it
+    was imported."""
+    script = ("import importlib, sys\n"
+              "from mhqa_graph.graphs import AGENTS\n"
+              "loaded = {}\n"
+              "for agent, (module, _) in AGENTS.items():\n"
+              "    importlib.import_module('mhqa_graph.graphs.' + module)\n"
+              "    loaded[agent] = sorted(m for m in sys.modules if m.startswith('mhqa_graph.eval'))\n"
+              "sys.exit(f'evaluation modules loaded: {loaded}' if any(loaded.values()) else 0)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -11,10 +11,12 @@ import time
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
-from mhqa_graph.graphs import make_context, mujica, mujica_chat
-from mhqa_graph.graphs.guards.refusals import is_sentence
-from mhqa_graph.graphs.mujica import read_plan, repair_plan
-from mhqa_graph.graphs.mujica_state import MujicaContext, merge_results
+from mhqa_graph.graphs import make_context
+from mhqa_graph.graphs.answers import is_sentence
+from mhqa_graph.graphs.mujica import chat as mujica_chat
+from mhqa_graph.graphs.mujica import graph as mujica
+from mhqa_graph.graphs.mujica.plan import read_plan, repair_plan
+from mhqa_graph.graphs.mujica.state import MujicaContext, merge_results
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion
 from mhqa_graph.messages import kind_of

@@ -5,10 +5,10 @@ import json
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langgraph.checkpoint.sqlite import SqliteSaver
-from mhqa_graph.graphs import omne_prompts as P
-from mhqa_graph.graphs.omne import build, graph
-from mhqa_graph.graphs.omne_protocol import parse_reply
-from mhqa_graph.graphs.omne_state import OmneContext
+from mhqa_graph.graphs.omne import OmneContext, build
+from mhqa_graph.graphs.omne import prompts as P
+from mhqa_graph.graphs.omne.graph import graph
+from mhqa_graph.graphs.omne.protocol import parse_reply
 from mhqa_graph.graphs.settings import AgentContext
 
 from mhqa_graph.errors import InvalidQuestion

@@ -8,10 +8,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
-from mhqa_graph.graphs import omne_prompts as P
-from mhqa_graph.graphs.omne import graph
-from mhqa_graph.graphs.omne_protocol import canonical_reply, parse_reply
-from mhqa_graph.graphs.omne_state import OmneContext
+from mhqa_graph.graphs.omne import OmneContext
+from mhqa_graph.graphs.omne import prompts as P
+from mhqa_graph.graphs.omne.graph import graph
+from mhqa_graph.graphs.omne.protocol import canonical_reply, parse_reply
 
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel, FakeToolCallingModel

@@ -15,7 +15,7 @@ from collections import Counter
 
 import pytest
 from mhqa_graph.graphs import build_graph
-from mhqa_graph.graphs.omne_protocol import canonical_reply, parse_reply
+from mhqa_graph.graphs.omne.protocol import canonical_reply, parse_reply
 from mhqa_graph.training.configs import RolloutConfig  # noqa: E402
 from mhqa_graph.training.omne_templates import (  # noqa: E402
     MADE,

@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 pytest.importorskip("trl")
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from mhqa_graph.graphs.omne_prompts import FORCE_ANSWER  # noqa: E402
-from mhqa_graph.graphs.omne_protocol import parse_reply  # noqa: E402
+from mhqa_graph.graphs.omne.prompts import FORCE_ANSWER  # noqa: E402
+from mhqa_graph.graphs.omne.protocol import parse_reply  # noqa: E402
 from mhqa_graph.training.configs import DevConfig, ModelConfig, load_config  # noqa: E402
 from mhqa_graph.training.omne import (  # noqa: E402
     LOG,
@@ -280,9 +281,9 @@ def test_tool_result_tokens_get_no_gradient(config, monkeypatch):
 
 @pytest.mark.parametrize("forced_masked", [True, False])
 def test_a_groups_update_is_unchanged_by_tokens_the_grammar_forced(config, monkeypatch, forced_masked):
-    """On-policy: two groups whose episodes differ only in the last token of each completion, marked forced
-    (env_mask 0, as `ForcedTokens` marks a token the grammar left alone), give the same parameter update. Were
-    forced tokens scored as the policy's own (mask 1, the off-policy update), the updates would differ."""
+    """Two groups whose episodes differ only in the last token of each completion, marked forced (env_mask 0, as
+    `GrammarSteps` marks a token the grammar left alone), give the same parameter update. Were forced tokens scored
+    as the policy's own (mask 1), the updates would differ."""
     trainer, grpo, inputs = scored_group(config, monkeypatch)
     assert inputs["advantages"].abs().min() > 0
     last = inputs["completion_mask"].sum(dim=1) - 1  # each completion's last token (completions are right-padded)
@@ -301,6 +302,72 @@ def test_a_groups_update_is_unchanged_by_tokens_the_grammar_forced(config, monke
     first, second = update(inputs), update(other)
     same = all(torch.allclose(first[n], second[n], atol=1e-7) for n in first)
     assert same is forced_masked
+
+
+def scored_logps(grpo, inputs, monkeypatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the per-token log-probabilities the loss scored `inputs` with, the policy's own at the trainer's
+    temperature, every token allowed), each (rows, completion tokens)."""
+    seen = []
+    original = grpo._get_per_token_logps_and_entropies
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        seen.append(out[0].detach())
+        return out
+
+    monkeypatch.setattr(grpo, "_get_per_token_logps_and_entropies", spy)
+    grpo.model.train()
+    grpo.current_gradient_accumulation_steps = 1  # set by the training loop otherwise
+    assert torch.isfinite(grpo.compute_loss(grpo.model, inputs))
+    ids = inputs["completion_ids"]
+    with torch.no_grad():
+        logits = grpo.model(input_ids=torch.cat([inputs["prompt_ids"], ids], 1),
+                            attention_mask=torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)).logits
+    own = torch.log_softmax(logits[:, -ids.size(1) - 1:-1].float() / grpo.temperature, -1)
+    return seen[-1], own
+
+
+def test_the_loss_scores_a_partly_constrained_token_under_the_grammars_distribution(config, monkeypatch):
+    """A token sampled where the grammar allowed it and one other is scored as log p / (p + p_other): the policy's
+    distribution at the trainer's temperature, renormalised over what the grammar allowed; a token without a
+    recorded step is scored as TRL scores it (the policy's own distribution)."""
+    trainer, grpo, inputs = scored_group(config, monkeypatch)
+    assert inputs["grammar_allowed"] == [{}, {}]  # the scripted episodes ran without a grammar
+    ids, mask = inputs["completion_ids"], (inputs["completion_mask"] * inputs["tool_mask"]).bool()
+    pos = int(mask[0].nonzero()[0])  # the first token of row 0 the policy sampled
+    token, other = int(ids[0, pos]), (int(ids[0, pos]) + 1) % trainer.model.config.vocab_size
+    allowed = np.zeros(trainer.model.config.vocab_size, dtype=bool)
+    allowed[[token, other]] = True
+    inputs["grammar_allowed"] = [{pos: np.packbits(allowed)}, {}]
+    scored, own = scored_logps(grpo, inputs, monkeypatch)
+    renormalised = own[0, pos, token] - torch.logsumexp(own[0, pos, [token, other]], 0)
+    assert scored[0, pos] == pytest.approx(float(renormalised), abs=1e-4) and scored[0, pos] > own[0, pos, token]
+    mask[0, pos] = False
+    assert torch.allclose(scored[mask], own.gather(-1, ids.unsqueeze(-1)).squeeze(-1)[mask], atol=1e-4)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("xgrammar") is None, reason="needs xgrammar (models extra)")
+def test_a_group_decoded_under_the_grammar_is_scored_under_it(config, monkeypatch):
+    """Episodes sampled under the reply grammar reach the loss with what the grammar allowed at each partly
+    constrained step: there the loss's log-probability is the renormalised one (at least the policy's own, above it
+    where the grammar ruled out some of the policy's mass); elsewhere it is the policy's own."""
+    trainer = OmneTrainer(dataclasses.replace(config, model=ModelConfig(name="tiny", lora=False)))
+    with open_store(config.rollout.store) as store:
+        env = OmneEnvironment(config.rollout, store)
+        grpo = trainer.grpo_trainer(1, env)
+        row = env.dataset()[0]
+        inputs = grpo._generate_and_score_completions([dict(row), dict(row)])
+    rows = inputs["grammar_allowed"]
+    assert all(rows)
+    scored, own = scored_logps(grpo, inputs, monkeypatch)
+    ids = inputs["completion_ids"]
+    own = own.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    steps = torch.zeros_like(ids, dtype=torch.bool)
+    for r, allowed in enumerate(rows):
+        steps[r, list(allowed)] = True
+    assert torch.all(scored[steps] >= own[steps] - 1e-5) and torch.any(scored[steps] > own[steps] + 1e-3)
+    mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool() & ~steps
+    assert torch.allclose(scored[mask], own[mask], atol=1e-4)
 
 
 def test_a_group_of_episodes_is_sampled_with_the_trainers_settings(config):
@@ -333,6 +400,10 @@ def test_episodes_are_decoded_under_the_inference_grammar(config):
     turns = episode["turns"]
     assert turns and all(parse_reply(t).calls or parse_reply(t).answer for t in turns), turns
     assert all(not call["error"] for t in turns for call in parse_reply(t).calls)
+    # the grammar's partly constrained steps, by completion position: the policy's own tokens, each one they allowed
+    steps, ids, mask = episode["grammar_allowed"], episode["completion_ids"], episode["env_mask"]
+    assert steps and all(mask[p] == 1 for p in steps)
+    assert all(np.unpackbits(allowed, count=trainer.model.config.vocab_size)[ids[p]] for p, allowed in steps.items())
 
 
 def test_stage3_reward_is_lower_for_repeated_identical_calls():
@@ -577,10 +648,10 @@ def test_a_stage_stopped_between_steps_resumes_at_its_last_step(config, stop_tra
 def test_tokens_the_grammar_forces_get_no_gradient():
     """Under a grammar whose reply starts with a fixed text, a step where the grammar leaves one token is the
     grammar's choice, not the policy's: the recorder marks it forced (env_mask 0); the steps where the policy chose
-    among several tokens are not. (A fixed text may still be spelt in several tokenizations: those steps count as
-    chosen.)"""
+    among several tokens are not, and keep the tokens the grammar allowed, the sampled one among them. (A fixed text
+    may still be spelt in several tokenizations: those steps count as chosen.)"""
     import torch
-    from mhqa_graph.training.omne import ForcedTokens
+    from mhqa_graph.training.grammar_scoring import GrammarSteps
     from mhqa_graph.training.tiny import tiny_model_and_tokenizer
 
     from mhqa_graph.models import grammar as G
@@ -588,7 +659,7 @@ def test_tokens_the_grammar_forces_get_no_gradient():
     model, tokenizer = tiny_model_and_tokenizer(seed=0)
     processor = G.cache_for(tokenizer, model.config.vocab_size).processor(
         'root ::= "<answer>" [a-z]{1,8} "</answer>"\n')
-    recorder = ForcedTokens()
+    recorder = GrammarSteps()
     ids = torch.tensor([tokenizer("Question: who?")["input_ids"]])
     torch.manual_seed(0)
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=True,
@@ -599,6 +670,9 @@ def test_tokens_the_grammar_forces_get_no_gradient():
     forced = [recorder.forced_at(i) for i in range(len(new))]
     assert forced[0] and not all(forced), (text, forced)  # "<" can only open the tag; the letters are chosen
     assert len(recorder.forced) >= len(new) - 1
+    chosen = [i for i in range(len(new)) if recorder.allowed_at(i) is not None]
+    assert chosen and not any(forced[i] for i in chosen)
+    assert all(np.unpackbits(recorder.allowed_at(i), count=model.config.vocab_size)[new[i]] for i in chosen)
 
 
 def test_the_environment_needs_no_chat_pack_its_model_is_the_policy(config, monkeypatch):

@@ -12,12 +12,14 @@ import threading
 import pytest
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph.state import CompiledStateGraph
-from mhqa_graph.graphs import opera_prompts
-from mhqa_graph.graphs.guards.refusals import grounded, is_no_answer
-from mhqa_graph.graphs.opera import build, topk_for
-from mhqa_graph.graphs.opera_analysis import check_analysis, parse_rewrite
-from mhqa_graph.graphs.opera_plan import check_plan, cut_runaway, dependencies, fill_placeholders
-from mhqa_graph.graphs.opera_state import RECURSION_LIMIT, OperaContext, merge_steps
+from mhqa_graph.graphs.answers import grounded, is_no_answer
+from mhqa_graph.graphs.opera import build
+from mhqa_graph.graphs.opera import prompts as opera_prompts
+from mhqa_graph.graphs.opera.analysis import check_analysis, parse_rewrite
+from mhqa_graph.graphs.opera.graph import topk_for
+from mhqa_graph.graphs.opera.guard_rules import cut_runaway
+from mhqa_graph.graphs.opera.plan import check_plan, dependencies, fill_placeholders
+from mhqa_graph.graphs.opera.state import RECURSION_LIMIT, OperaContext, merge_steps
 from mhqa_graph.graphs.settings import AgentContext
 
 from mhqa_graph import Passage, open_store
@@ -662,7 +664,7 @@ def test_short_answers_must_appear_in_a_passage():
 
 
 def test_an_empty_analysis_answer_is_insufficient_without_a_flag():
-    from mhqa_graph.graphs.opera_analysis import check_analysis
+    from mhqa_graph.graphs.opera.analysis import check_analysis
 
     assert check_analysis({"answer": ""}) == {"reasoning": "", "sufficient": False, "answer": "", "flag": None}
     assert check_analysis({"answer": "London"})["flag"] == "no sufficiency given"

@@ -71,7 +71,7 @@ def test_doubled_braces_do_not_crash_the_parser():
 
 
 def test_prompts_sent_unformatted_show_single_braces():
-    from mhqa_graph.graphs import mujica_prompts
+    from mhqa_graph.graphs.mujica import prompts as mujica_prompts
 
     planner = mujica_prompts.PLANNER_SYSTEM
     assert "{{" not in planner and '{"subquestions": [{"id": "q1"' in planner

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 from mhqa_graph.graphs import build_graph, make_context
+from mhqa_graph.graphs.answers import comparison
 from mhqa_graph.graphs.calls import REPAIR_PREFIX, clean_answer
-from mhqa_graph.graphs.guards.compare import NOTE as DATE_NOTE
-from mhqa_graph.graphs.guards.compare import comparison
-from mhqa_graph.graphs.omne_prompts import is_send_back
-from mhqa_graph.graphs.omne_protocol import parse_reply
+from mhqa_graph.graphs.omne.prompts import is_send_back
+from mhqa_graph.graphs.omne.protocol import parse_reply
+from mhqa_graph.graphs.option_guards import DATE_NOTE
 
 from mhqa_graph.eval.scoring import score
 from mhqa_graph.parsing import extract_tag

@@ -12,14 +12,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs import mujica_prompts as M
-from mhqa_graph.graphs import omne_prompts as W
-from mhqa_graph.graphs import opera_prompts as O
 from mhqa_graph.graphs.calls import get_llm
-from mhqa_graph.graphs.mujica import read_plan, read_worker
-from mhqa_graph.graphs.omne_protocol import parse_reply
-from mhqa_graph.graphs.opera_analysis import check_analysis, parse_final, parse_rewrite
-from mhqa_graph.graphs.opera_plan import check_plan
+from mhqa_graph.graphs.mujica import prompts as M
+from mhqa_graph.graphs.mujica.graph import read_worker
+from mhqa_graph.graphs.mujica.plan import read_plan
+from mhqa_graph.graphs.omne import prompts as W
+from mhqa_graph.graphs.omne.protocol import parse_reply
+from mhqa_graph.graphs.opera import prompts as O
+from mhqa_graph.graphs.opera.analysis import check_analysis, parse_final, parse_rewrite
+from mhqa_graph.graphs.opera.plan import check_plan
 from mhqa_graph.graphs.settings import check_question
 
 from mhqa_graph.errors import InvalidInput
@@ -504,7 +505,7 @@ def test_a_model_that_cannot_give_the_schema_falls_back_to_the_prompt(model, why
 
 
 def test_a_shape_gives_the_schema_and_the_format_line_from_one_declaration():
-    from mhqa_graph.graphs import opera_prompts as P
+    from mhqa_graph.graphs.opera import prompts as P
 
     from mhqa_graph.replies import Shape, text
 

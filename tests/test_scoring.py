@@ -2,8 +2,9 @@
 
 import pytest
 
-from mhqa_graph.eval.scoring import exact_match, f1_score, normalize_answer, score
+from mhqa_graph.eval.scoring import exact_match, f1_score, score
 from mhqa_graph.ingest.datasets import questions
+from mhqa_graph.text import normalize_answer
 
 
 @pytest.mark.parametrize("text, normal", [

@@ -13,9 +13,9 @@ import time
 import pytest
 from mhqa_graph.graphs import build_graph
 from mhqa_graph.graphs.baselines import BaselineContext
-from mhqa_graph.graphs.mujica_state import MujicaContext
-from mhqa_graph.graphs.omne_state import OmneContext
-from mhqa_graph.graphs.opera_state import OperaContext
+from mhqa_graph.graphs.mujica import MujicaContext
+from mhqa_graph.graphs.omne import OmneContext
+from mhqa_graph.graphs.opera import OperaContext
 
 from mhqa_graph import Passage, open_store
 from mhqa_graph.errors import InvalidQuestion

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 from mhqa_graph.training import evaluate as ev  # noqa: E402
 from mhqa_graph.training.configs import DevConfig, ModelConfig, load_config  # noqa: E402
-from mhqa_graph.training.dev import UNTRAINED  # noqa: E402
+from mhqa_graph.training.dev import UNTRAINED, check_disjoint  # noqa: E402
 from mhqa_graph.training.omne import OmneConfig  # noqa: E402
 from mhqa_graph.training.policy import load_model  # noqa: E402
 from mhqa_graph.training.runs import dev_runs  # noqa: E402
@@ -97,3 +97,48 @@ def test_a_bad_adapter_or_slice_is_refused(run, tmp_path):
         model, _ = load_model(other)
         with pytest.raises(InvalidInput, match="holds an adapter of"):
             ev.load_adapter(model, adapter, other)
+
+
+# PQ-2H.txt's lines 99-102 (ids PQ-2H-99 to -102) beside a training line: the dev slice of the shipped adapter ended at
+# PQ-2H-100 and its fresh slice began at PQ-2H-101, a paraphrase of it, as is PQ-2H-102
+SVANTE = "svante_nilsson#children#sten_sture_the_younger#gender#male#<end>#male"
+PQ_LINES = ["who is alpha_beta 's father 's wife ?\tgamma(gamma/)\talpha_beta#father#delta#spouse#gamma#<end>#gamma",
+            "svante_nilsson 's child 's nation ?\tsweden(sweden/)\t"
+            "svante_nilsson#children#sten_sture_the_younger#nationality#sweden#<end>#sweden",
+            f"what is the sex of svante_nilsson 's child ?\tmale(male/)\t{SVANTE}",
+            f"what sex is svante_nilsson 's child  ?\tmale(male/)\t{SVANTE}",
+            f"the sex of child of svante_nilsson ?\tmale(male/)\t{SVANTE}",
+            "mary_de_bohun 's kid 's nationality ?\tengland(england/)\t"
+            "mary_de_bohun#children#philippa_of_england#nationality#england#<end>#england"]
+
+
+def test_a_fresh_slice_may_not_paraphrase_the_dev_slice(tmp_path, monkeypatch):
+    """Questions of the dev slice's gold paths are not fresh, whatever their ids and texts: the fresh slice that
+    starts with two paraphrases of the dev slice's last question is refused (and a training slice of them too), the
+    one after them is not."""
+    data = tmp_path / "PQ-2H.txt"
+    data.write_text("\n".join(PQ_LINES) + "\n", encoding="utf-8")
+    (tmp_path / "2H-kb.txt").write_text("".join(
+        f"{a}\t{r}\t{b}\n" for line in PQ_LINES for a, r, b in [line.split("\t")[2].split("#")[i:i + 3]
+                                                                 for i in (0, 2)]), encoding="utf-8")
+    cfg = load_config(OmneConfig, YAML)
+    rollout = dataclasses.replace(cfg.rollout, dataset="pathquestion", path=str(data), start=0, limit=1)
+    cfg = dataclasses.replace(cfg, model=ModelConfig(name="tiny", lora_r=4), rollout=rollout,
+                              dev=DevConfig(path=str(data), start=1, limit=2, min_questions=1),
+                              output_dir=str(tmp_path / "omne"))
+    config = tmp_path / "omne.yaml"
+    config.write_text(yaml.safe_dump(dataclasses.asdict(cfg)), encoding="utf-8")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / WEIGHTS).write_bytes(b"")
+
+    def checked(*args, **kwargs):
+        raise RuntimeError("the slice passed its checks")
+
+    monkeypatch.setattr(ev, "load_model", checked)
+    with pytest.raises(DevSliceError, match="share 2 with the run's own dev slice .* gold path, e.g. 'PQ-2H-4'"):
+        ev.evaluate("omne", config, adapter, start=3, limit=2, name="stage1", records=tmp_path / "fresh")
+    with pytest.raises(RuntimeError, match="passed its checks"):
+        ev.evaluate("omne", config, adapter, start=5, limit=1, name="stage1", records=tmp_path / "fresh")
+    with pytest.raises(DevSliceError, match="share 1 question"):  # a training slice of a paraphrase
+        check_disjoint(dataclasses.replace(rollout, start=4), cfg.dev)

@@ -1,6 +1,8 @@
 """What the trainers rely on in TRL beyond its public API, pinned so that an upgrade fails here, loudly, and
 not in the middle of a run: ExpertGRPOTrainer overrides `_generate` and `_generate_and_score_completions`
-(training/mapgrpo.py), Omne's stage 1 passes episodes through `rollout_func` with `env_mask` (training/omne.py)."""
+(training/mapgrpo.py), Omne's stage 1 passes episodes through `rollout_func` with `env_mask` (training/omne.py), and
+GrammarGRPOTrainer overrides `_generate`, `_generate_and_score_completions`, `_compute_loss` and
+`_get_per_token_logps_and_entropies` (training/grammar_scoring.py)."""
 
 from __future__ import annotations
 
@@ -47,3 +49,18 @@ def test_rollout_func_and_env_mask_are_there_for_omne():
     for name in ("num_generations", "num_generations_eval", "beta", "generation_batch_size", "max_completion_length",
                  "use_vllm", "vllm_mode"):
         assert name in fields, name
+
+
+def test_the_scoring_the_grammar_trainer_overrides():
+    """`_generate` hands back the rollout's extra fields as item 5 (where `grammar_allowed` is taken from); every
+    log-probability of a batch, the loss's and the old and reference ones, comes from
+    `_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size,
+    compute_entropy, ...)` at `self.temperature`, and `_compute_loss(model, inputs)` gets the batch's fields."""
+    returned = re.findall(r"return (prompt_ids, .*)", inspect.getsource(GRPOTrainer._generate))
+    assert [p.strip() for p in returned[-1].split(",")][5] == "extra_fields"
+    assert list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)[:7] == [
+        "self", "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy"]
+    assert list(inspect.signature(GRPOTrainer._compute_loss).parameters) == ["self", "model", "inputs"]
+    for method in (GRPOTrainer._generate_and_score_completions, GRPOTrainer._compute_loss):
+        assert "self._get_per_token_logps_and_entropies(" in inspect.getsource(method)
+    assert "self.temperature = args.temperature" in inspect.getsource(GRPOTrainer.__init__)

@@ -14,10 +14,12 @@ from typing import Any
 
 from mhqa_graph import paths
 from mhqa_graph.errors import DevSliceError
+from mhqa_graph.eval.diagnostics import chain_json
 from mhqa_graph.eval.health import behaviour
-from mhqa_graph.eval.paired import paired_comparison
+from mhqa_graph.eval.paired import cluster_key, paired_comparison
 from mhqa_graph.eval.records import SUFFIX
 from mhqa_graph.eval.report import RESULTS, read_records
+from mhqa_graph.ingest.datasets import QAItem
 from mhqa_graph.paths import expand_user_path
 
 from .checkpoints import save_weights
@@ -43,7 +45,7 @@ def dev_rollout(rollout: RolloutConfig, dev: DevConfig) -> RolloutConfig:
 
 def check_disjoint(rollout: RolloutConfig, dev: DevConfig) -> None:
     """DevSliceError (an InvalidInput) when the dev slice holds fewer than `dev.min_questions` questions, or
-    shares a question (by id or by text) with the training slice."""
+    shares a question (by id, text or gold path: `shared_questions`) with the training slice."""
     from mhqa_graph.eval.runner import load_questions
 
     if not dev.path:
@@ -56,16 +58,22 @@ def check_disjoint(rollout: RolloutConfig, dev: DevConfig) -> None:
     train = load_questions(rollout.dataset, rollout.path, rollout.limit, rollout.start)
     if shared := shared_questions(held, train):
         raise DevSliceError(f"the training slice ({rollout.path} from #{rollout.start}) and the dev slice ({dev.path} "
-                            f"from #{dev.start}) share {len(shared)} question(s), e.g. {shared[0]!r}")
+                            f"from #{dev.start}) share {len(shared)} question(s) by id, text or gold path, "
+                            f"e.g. {shared[0]!r}")
 
 
-def shared_questions(held: list[Any], other: list[Any]) -> list[str]:
-    """The ids of `other`'s questions that are also in `held`, by id or by text (case and spacing aside)."""
+def shared_questions(held: list[QAItem], other: list[QAItem]) -> list[str]:
+    """The ids of `other`'s questions that are also in `held`: by id, by text (case and spacing aside) or by gold
+    path (the chain `load_questions` reads, keyed as the bootstrap clusters it: `eval.paired.cluster_key`), so a
+    paraphrase of a held question counts (PathQuestion asks each path in about three)."""
     def norm(text: str) -> str:
         return " ".join(text.lower().split())
 
-    ids, texts = {q.id for q in held}, {norm(q.question) for q in held}
-    return [q.id for q in other if q.id in ids or norm(q.question) in texts]
+    def path(q: QAItem) -> str:
+        return cluster_key({"id": q.id, "chain": chain_json(q.chain)})
+
+    ids, texts, chains = {q.id for q in held}, {norm(q.question) for q in held}, {path(q) for q in held}
+    return [q.id for q in other if q.id in ids or norm(q.question) in texts or path(q) in chains]
 
 
 def dev_metrics(records: list[dict[str, Any]], untrained: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """A committed adapter on another dev slice: the untrained policy and the policy with the adapter, each answered as
 the learning run's dev runs are (its config's agent, settings, store, serving and guards; greedy), with compact
-records that `training/runs.py` tables. Use it to measure a run's adapter on questions no decision looked at.
+records that `training/runs.py` tables. Use it to measure a run's adapter on questions no decision looked at: a
+slice that shares a question with the training slice or the run's own dev slice, by id, text or gold path (a
+paraphrase counts), is refused.
 
     python training/evaluate.py omne configs/train/learn/omne-templates-pq2h.yaml \\
-        docs/runs/omne-templates-pq2h/adapter --start 100 --limit 100 --name stage1 \\
-        --records docs/runs/omne-templates-pq2h-fresh
-    python training/runs.py docs/runs/omne-templates-pq2h-fresh
+        mhqa_graph/adapters/omne-pq2h --start 102 --limit 100 --name stage1 --records <folder to commit>
+    python training/runs.py <folder to commit>
 
 One adapter (MyGO's, Omne's); MAPGRPO's role adapters are not served this way. The untrained run is cached (and
 resumed) as a trainer's is, in `dev.cache` (default: `runs/learn/untrained` beside the run); the adapter's run
@@ -71,11 +72,12 @@ def evaluate(method: str, config_path: Path, adapter: Path, start: int, limit: i
     out = out or Path(f"{config.output_dir}-eval")
     dev = dataclasses.replace(config.dev, start=start, limit=limit, records=str(records))
     check_disjoint(config.rollout, dev)
-    if config.dev.path:  # the run's own dev slice is where its decisions were read: not fresh
+    if config.dev.path:  # the run's own dev slice (its questions, their gold paths) is where its decisions were read
         used = load_questions(config.rollout.dataset, config.dev.path, config.dev.limit, config.dev.start)
         if shared := shared_questions(used, load_questions(config.rollout.dataset, dev.path, limit, start)):
             raise DevSliceError(f"questions {start}-{start + limit - 1} share {len(shared)} with the run's own dev "
-                                f"slice (from #{config.dev.start}), e.g. {shared[0]!r}: pick questions it did not see")
+                                f"slice (from #{config.dev.start}) by id, text or gold path, e.g. {shared[0]!r}: pick "
+                                "questions it did not see, nor paraphrases of them")
     out.mkdir(parents=True, exist_ok=True)
     write_log(out / LOG, {"event": "evaluate", "config": str(config_path), "adapter": str(adapter), "start": start,
                           "limit": limit})

@@ -59,10 +59,10 @@ from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatResult
 from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs import opera_prompts as P
 from mhqa_graph.graphs.calls import REPAIR_PREFIX
-from mhqa_graph.graphs.opera import retrieve_contexts
-from mhqa_graph.graphs.opera_analysis import parse_rewrite
+from mhqa_graph.graphs.opera import prompts as P
+from mhqa_graph.graphs.opera.analysis import parse_rewrite
+from mhqa_graph.graphs.opera.graph import retrieve_contexts
 from trl import GRPOConfig, GRPOTrainer
 
 from mhqa_graph.errors import InvalidInput

@@ -9,14 +9,15 @@
    rollout trajectories need F1 >= `sft_min_reward` (0.5) and the format.
 3. GRPO again, with R minus a penalty per repeated identical tool call.
 
-An RL episode is a run of the Omne graph itself (graphs/omne.py: its prompts, parsing, tools over the
+An RL episode is a run of the Omne graph itself (graphs/omne/: its prompts, parsing, tools over the
 store, round cap, nudge and forced answer) with the policy as its chat model. `EpisodeModel` keeps the
 episode as one token sequence: the first prompt, then each reply as sampled (env_mask 1, but 0 for a token its
-reply grammar forced: `ForcedTokens`) and the template
+reply grammar forced) and the template
 tokens of what the graph adds in between, tool results and nudges (env_mask 0), and it generates every
-reply from that sequence. TRL's GRPOTrainer gets these through `rollout_func` and trains only the env_mask
-1 tokens. TRL 1.16 has no PPOTrainer: GRPO (group-relative advantages, no value model) is the closest
-supported alternative.
+reply from that sequence. TRL's GRPOTrainer (`GrammarGRPOTrainer`) gets these through `rollout_func` and trains
+only the env_mask 1 tokens, each scored under the distribution it was sampled from: the policy's, renormalised over
+the tokens the reply grammar allowed at its step (`training/grammar_scoring.py`). TRL 1.16 has no PPOTrainer: GRPO
+(group-relative advantages, no value model) is the closest supported alternative.
 
     trainer = OmneTrainer(load_config(OmneConfig, "configs/train/omne.yaml"))
     summary = trainer.train()   # output_dir/log.jsonl, output_dir/final
@@ -38,8 +39,8 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs import omne_prompts as P
-from mhqa_graph.graphs.omne_protocol import canonical_reply
+from mhqa_graph.graphs.omne import prompts as P
+from mhqa_graph.graphs.omne.protocol import canonical_reply
 from pydantic import PrivateAttr
 
 from mhqa_graph.errors import InvalidInput, MhqaError, ModelError, TrainingError
@@ -60,9 +61,11 @@ from .rollouts import rollout_store, rollouts, teacher_folder, teacher_rollouts
 STAGES = {1: "grpo", 2: "sft", 3: "grpo"}
 SUMMARY_KEYS = ("stage", "kind", "steps", "stopped")  # of a stage in train()'s summary (and its checkpoint state)
 STATE_TYPES = {"stage": int, "position": int, "order": list, "kind": str, "steps": int}  # of a stage's checkpoint
-# what rollout_func returns per episode besides logprobs; all but the first three reach the reward functions
-EPISODE_KEYS = ("prompt_ids", "completion_ids", "env_mask", "turns", "episode_rounds", "episode_tool_calls",
-                "episode_successful_calls", "episode_repeated_calls", "episode_forced")
+# what rollout_func returns per episode besides logprobs: the sequence, its env_mask, what the grammar allowed at its
+# partly constrained steps (the trainer's, not a reward's), then what reaches the reward functions
+EPISODE_COUNTS = ("episode_rounds", "episode_tool_calls", "episode_successful_calls", "episode_repeated_calls",
+                  "episode_forced")  # logged as episodes/<name>
+EPISODE_KEYS = ("prompt_ids", "completion_ids", "env_mask", "grammar_allowed", "turns", *EPISODE_COUNTS)
 # 3,072 episode tokens: a clean 3-hop PathQuestion episode (entity_matcher, node_info x 3, answer) measures
 # 660-1,080 completion tokens, leaving room for longer reasoning, a failed call or two and the forced answer
 GRPO_DEFAULTS = {"report_to": [], **STEP_SAVES, "logging_steps": 1, "max_completion_length": 3072}
@@ -157,9 +160,9 @@ class EpisodeModel(TransformersChatModel):
     temperature, top_p, top_k, ...; None: the model's own), stopping at the graph's stop strings
     (`<tool_response>`: results are the system's to write); the text before the stop is the reply. As at
     inference, the graph's reply grammar constrains each reply where xgrammar is installed (its mask comes
-    before the sampling warpers; the GRPO loss then scores the sampled tokens under the unconstrained
-    policy). Without it the 0.5B policy writes its calls after `<|im_start|>`, a token the
-    decoded text drops, and never the `<tool_call>` tag (docs/training.md).
+    before the sampling warpers: `GrammarSteps` records, per step, the tokens it left, and the GRPO loss scores
+    each sampled token under the policy renormalised over them). Without it the 0.5B policy writes its calls
+    after `<|im_start|>`, a token the decoded text drops, and never the `<tool_call>` tag (docs/training.md).
 
     The graph keeps a reply only through its last tool call (`parse_reply(...).kept`). When the next
     prompt holds such a cut reply, the sampled tokens are cut to the shortest prefix that decodes to it
@@ -179,6 +182,7 @@ class EpisodeModel(TransformersChatModel):
     _prompt: list[int] = PrivateAttr(default_factory=list)
     _completion: list[int] = PrivateAttr(default_factory=list)
     _mask: list[int] = PrivateAttr(default_factory=list)  # 1: sampled by the policy, 0: added by the graph
+    _allowed: dict[int, Any] = PrivateAttr(default_factory=dict)  # completion position -> what the grammar allowed
     _replies: list[str] = PrivateAttr(default_factory=list)
     _chat: list[dict[str, str]] = PrivateAttr(default_factory=list)  # the conversation through the last reply
     _reply_start: int = PrivateAttr(default=0)  # where the last reply's tokens start in _completion
@@ -187,14 +191,16 @@ class EpisodeModel(TransformersChatModel):
     _fault: str | None = PrivateAttr(default=None)
 
     def episode(self) -> dict[str, Any]:
-        """prompt_ids, completion_ids, env_mask, the reply texts (`turns`) and whether the budget forced
-        the last answer (`forced`)."""
+        """prompt_ids, completion_ids, env_mask, the allowed sets of its partly constrained tokens by completion
+        position (`grammar_allowed`), the reply texts (`turns`) and whether the budget forced the last answer
+        (`forced`)."""
         if self.device_fault:
             raise TrainingError(f"the policy failed on its device or dtype during an episode ({self.device_fault})")
         if self._fault:
             raise MhqaError(f"cannot train on this episode: {self._fault}")
         return {"prompt_ids": list(self._prompt), "completion_ids": list(self._completion),
-                "env_mask": list(self._mask), "turns": list(self._replies), "forced": self._forced}
+                "env_mask": list(self._mask), "grammar_allowed": dict(self._allowed), "turns": list(self._replies),
+                "forced": self._forced}
 
     def _template(self, chat: list[dict[str, str]], generation_prompt: bool) -> list[int]:
         return self._tokenizer.apply_chat_template(chat, add_generation_prompt=generation_prompt,
@@ -216,6 +222,7 @@ class EpisodeModel(TransformersChatModel):
         cut = self._reply_start + n
         self._completion[cut:] = [*rest, eos]
         self._mask[cut:] = [0] * (len(rest) + 1)
+        self._allowed = {p: a for p, a in self._allowed.items() if p < cut}
 
     def _added_ids(self, chat: list[dict[str, str]]) -> list[int]:
         """The template tokens of the messages after the last reply, through the generation prompt; the
@@ -258,6 +265,8 @@ class EpisodeModel(TransformersChatModel):
                   run_manager: CallbackManagerForLLMRun | None = None, **kwargs: Any) -> ChatResult:
         import torch
 
+        from .grammar_scoring import GrammarSteps
+
         if self._closed:
             raise ModelError(f"the episode used its budget of {self.budget} completion tokens")
         turn = int(kwargs.get("max_new_tokens", self.max_new_tokens))  # a constrained turn adds its think budget
@@ -280,15 +289,16 @@ class EpisodeModel(TransformersChatModel):
         config = copy.deepcopy(self.generation_config or self._model.generation_config)
         config.max_new_tokens, config.stop_strings = max_new, stops or None
         processors, decoding = self.constrained(kwargs)
-        recorder = ForcedTokens()
+        steps = GrammarSteps()
         ids = torch.tensor([self._prompt + self._completion], device=model_device(self._model))
         out = self.generate_ids(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                                logits_processor=[*processors, recorder] if processors else [],
+                                logits_processor=[*processors, steps] if processors else [],
                                 tokenizer=self._tokenizer)
         new = out[0, ids.shape[1]:].tolist()
         self._reply_start = len(self._completion)
         self._completion += new
-        self._mask += [0 if recorder.forced_at(i) else 1 for i in range(len(new))]
+        self._mask += [0 if steps.forced_at(i) else 1 for i in range(len(new))]
+        self._allowed |= {self._reply_start + i: a for i in range(len(new)) if (a := steps.allowed_at(i)) is not None}
         text = self._tokenizer.decode(new, skip_special_tokens=True)
         for s in stops:
             text = text.split(s, 1)[0]
@@ -297,23 +307,6 @@ class EpisodeModel(TransformersChatModel):
         finish = "stop" if new and (new[-1] == self._tokenizer.eos_token_id or len(new) < max_new) else "length"
         return ChatResult(generations=[ChatGeneration(message=AIMessage(
             text, response_metadata={"model_name": self._name, "finish_reason": finish, **decoding}))])
-
-
-class ForcedTokens:
-    """A logits processor placed after the reply grammar's: per generated step, whether the grammar left one
-    token only. The policy did not choose such a token (its probability under the grammar is 1, whatever the
-    model rates it), so it gets env_mask 0: no gradient pushes the unconstrained policy toward it, and GRPO's
-    update stays on the tokens the policy sampled."""
-
-    def __init__(self) -> None:
-        self.forced: list[bool] = []
-
-    def __call__(self, input_ids: Any, scores: Any) -> Any:
-        self.forced.append(bool((scores[0] > float("-inf")).sum() == 1))
-        return scores
-
-    def forced_at(self, step: int) -> bool:
-        return step < len(self.forced) and self.forced[step]
 
 
 @dataclass
@@ -413,7 +406,7 @@ def stage_rewards(stage: int, reward: OmneRewardConfig, repetition_weight: float
         if log_metric is not None:  # TRL averages these per logging step
             formats = [format_reward(t, base, n) for t, n in zip(turns, successful)]
             log_metric("episodes/format", sum(formats) / len(formats))
-            for key in EPISODE_KEYS[4:]:
+            for key in EPISODE_COUNTS:
                 values = episode_successful_calls if key == "episode_successful_calls" else kwargs.get(key)
                 if values is not None:
                     log_metric(f"episodes/{key.removeprefix('episode_')}", sum(values) / len(values))
@@ -462,7 +455,7 @@ def format_stop(patience: int, stage: int) -> Any:
 
 
 def canonical_row(row: dict[str, Any], think_weight: float, answer_thought: str | None = None) -> dict[str, Any]:
-    """An SFT row with every trained assistant reply in the protocol's form (`graphs.omne.canonical_reply`),
+    """An SFT row with every trained assistant reply in the protocol's form (`graphs.omne.protocol.canonical_reply`),
     its loss segments made anew: a teacher that writes its calls as bare JSON, which the graph reads, still
     teaches tagged calls. With `answer_thought`, a reply that opens with its answer gets that thought first."""
     def canonical(text: str) -> str:
@@ -499,15 +492,17 @@ class OmneTrainer:
             raise InvalidInput(f"stage {stage} TRL arguments: {exc}") from None
 
     def grpo_trainer(self, stage: int, env: OmneEnvironment, callbacks: list | None = None) -> Any:
-        """The GRPOTrainer of RL stage `stage` over the episodes of `env`, on the current weights."""
-        from trl import GRPOConfig, GRPOTrainer
+        """The GrammarGRPOTrainer of RL stage `stage` over the episodes of `env`, on the current weights."""
+        from trl import GRPOConfig
+
+        from .grammar_scoring import GrammarGRPOTrainer
 
         args = self._trl_args(GRPOConfig, GRPO_DEFAULTS,
                               {**self.config.grpo, **(self.config.grpo_stage3 if stage == 3 else {})}, stage)
-        return GRPOTrainer(model=self.model, args=args, processing_class=self.tokenizer,
-                           reward_funcs=stage_rewards(stage, self.config.reward, self.config.repetition_weight),
-                           train_dataset=env.dataset(), rollout_func=env.rollout_func(self.config.episode_reserve),
-                           callbacks=callbacks)
+        return GrammarGRPOTrainer(model=self.model, args=args, processing_class=self.tokenizer,
+                                  reward_funcs=stage_rewards(stage, self.config.reward, self.config.repetition_weight),
+                                  train_dataset=env.dataset(),
+                                  rollout_func=env.rollout_func(self.config.episode_reserve), callbacks=callbacks)
 
     def _grpo(self, stage: int, log: Any, state: dict[str, Any]) -> Any:
         stop = format_stop(self.config.format_patience, stage)

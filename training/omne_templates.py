@@ -29,7 +29,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from mhqa_graph.graphs import build_graph, make_context
-from mhqa_graph.graphs import omne_prompts as P
+from mhqa_graph.graphs.omne import prompts as P
 
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.eval.environments import environment_name, open_environment

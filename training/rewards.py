@@ -20,7 +20,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mhqa_graph.graphs.omne_prompts import TOOL_SPECS
+from mhqa_graph.graphs.omne.prompts import TOOL_SPECS
 
 from mhqa_graph.eval.diagnostics import hop_seen
 from mhqa_graph.eval.scoring import score
@@ -207,7 +207,7 @@ class RewriteRewardConfig:
     format: float = 0.2  # ω2
 
 
-_PLACEHOLDER = re.compile(r"\[[^\[\]\d]{0,40}?(\d{1,2})[^\[\]\d]{0,40}\]")  # as graphs/opera.py: [Answer1]
+_PLACEHOLDER = re.compile(r"\[[^\[\]\d]{0,40}?(\d{1,2})[^\[\]\d]{0,40}\]")  # as graphs/opera/plan.py: [Answer1]
 
 
 def plan_subgoals(completion: str, max_subgoals: int | None = None) -> list[str] | None:

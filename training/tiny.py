@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from mhqa_graph.graphs import omne_prompts, opera_prompts
+from mhqa_graph.graphs.omne import prompts as omne_prompts
+from mhqa_graph.graphs.opera import prompts as opera_prompts
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -1,9 +1,11 @@
 """Guards: rules that exist for a small model's sake, kept apart from the papers' mechanisms.
 
-This package is the layer: the registry, the switches and the verbs here; the bodies of the larger rules beside
-them (`refusals`: answers that are not answers; `compare`: comparisons settled in code; `mujica_plan`: the rules
-that drop a sub-question of Mujica's plan; `mujica_conclusion`: the checks on Mujica's conclusion;
-`omne_send_back`: what Omne's send-backs check).
+This package is the layer's registry: each guard's name, stage and switches, and the verbs that run a rule under
+them (`apply`, `check`, `first_that_fires`). It stands below the designs and imports none of them
+(tests/test_layout.py): a design's guards carry their rules in its own package, one entry point per stage
+(`opera/guard_rules.py`; `mujica/guard_rules.py` and Mujica's conclusion step, `mujica/conclusion.py`;
+`omne/guard_rules.py`). The conclusion guards OPERA and Mujica share are `option_guards.py`; the answer predicates
+the rules test (refusals, grounding, comparisons) are pure functions of text in `answers.py`.
 
 Each guard has a name, the stage it acts at and the agents that have it. Two settings pick them:
 `guards` ("auto": the agent's default set, `defaults(agent)`; "none"; a comma-separated list of names;

@@ -8,9 +8,9 @@
 from .environments import environment_name, prepare
 from .report import Summary, compare, compare_table, plot, read_records, summarize, summary_table
 from .runner import make_record, run_eval
-from .scoring import exact_match, f1_score, normalize_answer, score
+from .scoring import exact_match, f1_score, score
 
 __all__ = [
-    "Summary", "compare", "compare_table", "environment_name", "exact_match", "f1_score", "make_record",
-    "normalize_answer", "plot", "prepare", "read_records", "run_eval", "score", "summarize", "summary_table",
+    "Summary", "compare", "compare_table", "environment_name", "exact_match", "f1_score", "make_record", "plot",
+    "prepare", "read_records", "run_eval", "score", "summarize", "summary_table",
 ]

@@ -179,7 +179,7 @@ def behaviour(records: list[dict]) -> dict[str, Any]:
     - Mujica: `worker_rate` (at least one worker consulted) and `dispatches` (worker calls, repairs not counted);
     - `answer_chars` (median characters of the answers), `unknown` (answers that say there is none:
       empty, "unknown", "not stated", ...) and `guarded` (questions on which a guard fired)."""
-    from ..graphs.guards.refusals import is_no_answer  # here: the graphs import this package (refusals -> scoring)
+    from ..graphs.answers import is_no_answer  # here, not at load time: the core never loads graphs/ (test_layout)
 
     n = max(1, len(records))
     malformed = [bool((r.get("health") or {}).get("malformed")) for r in records]

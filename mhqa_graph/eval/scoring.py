@@ -1,27 +1,19 @@
 """Answer scoring exactly as the HotpotQA / SQuAD evaluation scripts do it.
 
-`normalize_answer` is the official normalisation (lower-case, drop ASCII punctuation, drop the
-articles a/an/the, collapse white space). `f1_score` is HotpotQA's token F1, which scores a
+`normalize_answer` (mhqa_graph/text.py) is the official normalisation (lower-case, drop ASCII punctuation,
+drop the articles a/an/the, collapse white space). `f1_score` is HotpotQA's token F1, which scores a
 yes/no/noanswer mismatch as 0. `score` takes the max over all gold aliases (MuSiQue
 `answer_aliases`, PathQuestion alternates), each metric separately, as MuSiQue's script does.
 """
 
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from collections.abc import Iterable
 
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = set(string.punctuation)
+from ..text import normalize_answer
+
 _SPECIAL = ("yes", "no", "noanswer")
-
-
-def normalize_answer(text: str) -> str:
-    """lower -> remove punctuation -> remove articles -> collapse white space (the official order)."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
 
 
 def exact_match(prediction: str, gold: str) -> float:

@@ -3,9 +3,9 @@
 Each is a PEFT adapter folder in `mhqa_graph/adapters/<name>/` (its float32 weights as trained: to evaluate or
 continue training, e.g. `training/evaluate.py`), trained over one chat pack. llama.cpp reads a GGUF adapter, written
 from those weights once into the model cache (`<cache>/adapters/<name>-<digest>.gguf`) as llama.cpp's
-`convert_lora_to_gguf.py` would write it: tensor for tensor the file the measurement used (float16 would change a
-near-tied token: 1 of 8 first replies differed). Only an adapter that beat its untrained base on a fresh dev slice, with
-its interval above 0 and its records committed, is shipped: see `docs/runs.md`.
+`convert_lora_to_gguf.py` would write it: tensor for tensor the file the measurement used, float32 (a float16 file
+would be half the size, but is not what was measured). Only an adapter that beat its untrained base on a fresh dev
+slice, with its interval above 0 and its records committed, is shipped: see `docs/runs.md`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ import json
 
 from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, line_reply, obj, text
 
-from .mechanisms import relation_schema
+from ..mechanisms import relation_schema
 
 # the Plan agent's reply, declared once, in either form (`ask_as`): its schema (the cap and the entities given per
 # call) and the format line its prompt shows
@@ -118,7 +118,7 @@ Findings:
 {findings}
 Final answer:"""
 
-# after the question, when it names two options (graphs/guards/compare.py; the `options_line` guard)
+# after the question, when it names two options (`answers.comparison`; the `options_line` guard)
 ANSWER_OPTIONS = "\nAnswer with one of the two it names: {a} or {b}."
 
 

@@ -16,7 +16,7 @@ from mhqa_graph.errors import MhqaError
 from mhqa_graph.parsing import close_json, extract_json, extract_tag, json_spans
 from mhqa_graph.tools import pick_graph
 
-from .calls import clean_answer
+from ..calls import clean_answer
 
 # canonical argument -> the names small models use for it
 _MAIN_ARG = {

@@ -1,7 +1,8 @@
-"""How a Mujica conclusion passes the conclusion guards (graphs/guards/): a worker's answer to the question
-itself for "no answer" (`no_answer_fallback`), a short answer asked for afresh for a sentence
-(`short_answer_reask`), the option the dates pick (`date_comparison`) or a step found about it
-(`option_answer`)."""
+"""Mujica's conclusion step: the planner's conclusion through the conclusion guards (graphs/guards/ names and
+switches them), the one entry point of that stage. A worker's answer to the question itself for "no answer"
+(`no_answer_fallback`), a short answer asked for afresh for a sentence (`short_answer_reask`, one more planner
+call), the option the dates pick (`date_comparison`) or a step found about it (`option_answer`; both in
+graphs/option_guards.py, shared with OPERA)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,16 @@ from langchain_core.runnables import Runnable
 
 from mhqa_graph.errors import ModelError
 
-from .. import mujica_prompts as P
+from ..answers import Step, asks_yes_or_no, is_no_answer, is_sentence
 from ..calls import ask_json, get_llm
-from ..mujica_chat import progress
-from ..mujica_plan import ANSWERED, stated, text_key
-from . import DATE_COMPARISON, NO_ANSWER_FALLBACK, OPTION_ANSWER, SHORT_ANSWER_REASK, apply, check, is_on, shown
-from .compare import NOTE as DATE_NOTE
-from .compare import OPTION_NOTE, Step, as_option, asks_yes_or_no, compare_dates
-from .refusals import is_no_answer, is_sentence
+from ..guards import NO_ANSWER_FALLBACK, SHORT_ANSWER_REASK, apply, check, shown
+from ..option_guards import settle_options
+from . import prompts as P
+from .chat import progress
+from .plan import ANSWERED, stated, text_key
 
 if TYPE_CHECKING:
-    from ..mujica_state import MujicaContext, State
+    from .state import MujicaContext, State
 
 
 def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: list[str], firings: list[dict]) -> str:
@@ -43,17 +43,9 @@ def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: lis
         firings[-1]["after"] = shown(value)
         notes.append(note)
         log["raw"] = log["raw"] + raw
-    steps = compared_steps(state)
-    compared = compare_dates(state["question"], steps) if is_on(ctx, DATE_COMPARISON) else None
-    if compared:
-        if apply(ctx, DATE_COMPARISON, value, lambda: compared[0], firings) != value:
-            notes.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the planner concluded {value!r}")
-            value = compared[0]
-        return value
-    mapped = as_option(state["question"], value, steps) if is_on(ctx, OPTION_ANSWER) else None
-    if mapped and apply(ctx, OPTION_ANSWER, value, lambda: mapped[0], firings) != value:
-        notes.append(f"{OPTION_NOTE}: {mapped[1]}")
-        value = mapped[0]
+    value, note = settle_options(ctx, state["question"], value, compared_steps(state), firings, "the planner concluded")
+    if note:
+        notes.append(note)
     return value
 
 

@@ -1,4 +1,4 @@
-"""Omne's state, settings and what it returns (the design itself is `omne`): the conversation (`add_messages`), the
+"""Omne's state, settings and what it returns (the design itself is `graph`): the conversation (`add_messages`), the
 tool calls run, the counters the guards and health read, and Omne's settings."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput
 
-from .calls import supports_tool_calling
-from .settings import AgentContext, QAInput, QAOutput, setting
+from ..calls import supports_tool_calling
+from ..settings import AgentContext, QAInput, QAOutput, setting
 
 ROLE = "tool-agent"
 

@@ -1,5 +1,5 @@
-"""Mujica's state, settings and reducers (the design itself is `mujica`): the planner's DAG of sub-questions
-(`mujica_plan.merge_dag`) and the workers' results by id (`merge_results`), what one worker task carries, and
+"""Mujica's state, settings and reducers (the design itself is `graph`): the planner's DAG of sub-questions
+(`plan.merge_dag`) and the workers' results by id (`merge_results`), what one worker task carries, and
 Mujica's settings."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Annotated, ClassVar, Literal, NotRequired
 
 from typing_extensions import TypedDict
 
-from .mechanisms import ANSWER_FROM_FACTS
-from .mujica_plan import SubQuestion, merge_dag
-from .settings import AgentContext, QAOutput, extend, setting
+from ..mechanisms import ANSWER_FROM_FACTS
+from ..settings import AgentContext, QAOutput, extend, setting
+from .plan import SubQuestion, merge_dag
 
 RECURSION_LIMIT = 1000  # graph steps: start, then per round a planner step and its worker waves (two steps each)
 EARLIER_FIELDS = ("attempt", "question", "query", "retrieved", "answer", "status", "error")  # kept of a re-asked result

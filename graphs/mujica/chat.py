@@ -11,8 +11,8 @@ from mhqa_graph.messages import FORCED, tagged
 from mhqa_graph.parsing import strip_think, think_text
 from mhqa_graph.tools import cap_text
 
-from . import mujica_prompts as P
-from .mujica_plan import ANSWERED, FAILED, UNKNOWN, SubQuestion, status
+from . import prompts as P
+from .plan import ANSWERED, FAILED, UNKNOWN, SubQuestion, status
 
 EVIDENCE_CONTEXTS = 3  # selected contexts of a sub-question shown to the planner
 

@@ -1,4 +1,4 @@
-"""OPERA's state, settings and reducers (the design itself is `opera`): the run's state with one record per
+"""OPERA's state, settings and reducers (the design itself is `graph`): the run's state with one record per
 sub-goal (`merge_steps` merges their updates), what one sub-goal's task chain carries, and OPERA's settings."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Annotated, Any, ClassVar
 
 from typing_extensions import TypedDict
 
-from .mechanisms import ANSWER_FROM_FACTS
-from .settings import AgentContext, QAOutput, extend, setting
+from ..mechanisms import ANSWER_FROM_FACTS
+from ..settings import AgentContext, QAOutput, extend, setting
 
 RECURSION_LIMIT = 1000  # graph steps; a chain of n sub-goals takes 2 + n * (3 * max_rewrites + 3) + 1
 

@@ -1,5 +1,5 @@
 """Reading OPERA's Analysis-Answer, Rewrite and synthesis replies; the analysis guards (`analysis_refusal`,
-`analysis_grounded`; graphs/guards/) judge the answer before its sufficiency counts."""
+`analysis_grounded`; `guard_rules.analysis_flag`) judge the answer before its sufficiency counts."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from typing import Any
 
 from mhqa_graph.parsing import extract_json, final_answer, strip_think
 
-from .calls import clean_answer
-from .guards import ANALYSIS_GROUNDED, ANALYSIS_REFUSAL, Rule, first_that_fires
-from .guards.refusals import grounded, is_no_answer
+from ..calls import clean_answer
+from .guard_rules import NO_ANSWER, analysis_flag
 
 
 def _truthy(flag: Any) -> bool:
@@ -33,17 +32,11 @@ def check_analysis(value: Any, passages: list[str] | None = None, ctx: Any = Non
         raise ValueError(f'expected the keys "sufficient" and "answer", got {sorted(v)}')
     answer = clean_answer(str(v.get("answer") or ""))
     stated = v.get("sufficient", v.get("status"))
-    sufficient, flag = stated is not None and _truthy(stated), None
-    rules = [Rule(ANALYSIS_REFUSAL, lambda: is_no_answer(answer), answer, "")]
-    if passages is not None:
-        rules.append(Rule(ANALYSIS_GROUNDED, lambda: not grounded(answer, passages),
-                          f"{answer} (sufficient: {sufficient})", f"{answer} (sufficient: False)"))
-    acted = first_that_fires(ctx, rules, log) if answer else None
-    if acted is ANALYSIS_REFUSAL:
-        answer, flag = "", "no answer"
-    elif acted is ANALYSIS_GROUNDED:
-        flag = "not in any passage"
-    elif answer and stated is None:
+    sufficient = stated is not None and _truthy(stated)
+    flag = analysis_flag(ctx, answer, sufficient, passages, log) if answer else None
+    if flag == NO_ANSWER:
+        answer = ""
+    elif not flag and answer and stated is None:
         flag = "no sufficiency given"
     sufficient = sufficient and bool(answer) and flag is None
     return {"reasoning": str(v.get("reasoning") or v.get("analysis") or ""), "sufficient": sufficient,

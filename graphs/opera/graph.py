@@ -1,7 +1,7 @@
 """OPERA (arXiv 2508.16438): an orchestrated planner-executor for multi-hop retrieval.
 
 The Plan agent splits the question into ordered sub-goals; a later sub-goal names the answer of an earlier
-one with a placeholder (`opera_plan`). Each sub-goal is executed: fill its placeholders, retrieve, and let
+one with a placeholder (`plan`). Each sub-goal is executed: fill its placeholders, retrieve, and let
 the Analysis-Answer agent judge sufficiency and extract the answer; when the passages are not enough, the
 Rewrite agent reformulates the query and retrieval runs again with a larger top-k (its passages join the
 earlier ones), at most `max_rewrites` times. A final synthesis turns the sub-goal answers into the answer.
@@ -15,11 +15,11 @@ Departures from the paper:
 - Retrieval searches `corpus`; with only `graph` set, it reads the facts of the best-matching entities.
 - A placeholder whose step has no answer is left as written and the sub-goal is searched together with the
   question; another step's answer is never put in its place.
-- Guards (graphs/guards/, each switchable and recorded in `guards`): `plan_runaway_cut`,
-  `analysis_refusal` and `analysis_grounded` (`opera_analysis`), and at the synthesis `options_line`,
-  `date_comparison` and `option_answer` (graphs/guards/compare.py), which may replace the synthesis's answer.
+- Guards (graphs/guards/, each switchable and recorded in `guards`; their rules in `guard_rules`):
+  `plan_runaway_cut`, `analysis_refusal` and `analysis_grounded`, and at the synthesis `options_line`,
+  `date_comparison` and `option_answer` (graphs/option_guards.py), which may replace the synthesis's answer.
 
-Replies each role is expected to give (what `fake_llms` scripts; `opera_prompts` holds their formats):
+Replies each role is expected to give (what `fake_llms` scripts; `prompts` holds their formats):
 - plan: `{"subgoals": ["Who directed Inception?", "Where was [Answer1] born?"]}` (a bare JSON list works too).
 - analysis: `{"reasoning": "...", "sufficient": true, "answer": "Christopher Nolan"}` (no "reasoning" when
   `think` is off; `"status": "yes"|"no"` stands for "sufficient"; a missing "sufficient" means no).
@@ -43,26 +43,16 @@ from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import MAX_FACTS, format_passages
 from mhqa_graph.types import PassageHit
 
-from . import opera_prompts as P
-from .calls import ask, ask_json, get_llm, get_store
-from .guards import (
-    DATE_COMPARISON,
-    OPTION_ANSWER,
-    OPTIONS_LINE,
-    PLAN_RUNAWAY_CUT,
-    apply,
-    check,
-    enforced,
-    firing,
-    is_on,
-)
-from .guards.compare import NOTE as DATE_NOTE
-from .guards.compare import OPTION_NOTE, Step, as_option, compare_dates, comparison
-from .mechanisms import fact_answer_schema, worked_plans
-from .opera_analysis import check_analysis, parse_final, parse_rewrite
-from .opera_plan import check_plan, check_runaway_plan, cut_runaway, dependencies, fill_placeholders, runaway_reply
-from .opera_state import RECURSION_LIMIT, OperaContext, OperaOutput, State, SubgoalTask, new_step
-from .settings import QAInput, check_question, context_as
+from ..answers import Step
+from ..calls import ask, ask_json, get_llm, get_store
+from ..mechanisms import fact_answer_schema, worked_plans
+from ..option_guards import DATE_NOTE, OPTION_NOTE, settle_options
+from ..settings import QAInput, check_question, context_as
+from . import prompts as P
+from .analysis import check_analysis, parse_final, parse_rewrite
+from .guard_rules import NOT_IN_A_PASSAGE, cut_off_reader, cut_plan, options_line
+from .plan import check_plan, dependencies, fill_placeholders
+from .state import RECURSION_LIMIT, OperaContext, OperaOutput, State, SubgoalTask, new_step
 
 
 def topk_for(ctx: OperaContext, attempt: int) -> int:
@@ -147,26 +137,20 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     messages = [SystemMessage(P.plan_system(ctx.ask_as)), HumanMessage(P.PLAN_USER.format(
         worked=P.PLAN_WORKED.format(examples=P.worked_examples(worked)) if worked else "", question=question,
         hint=hint))]
-    cuts = enforced(ctx, PLAN_RUNAWAY_CUT)  # a reply cut off by the token limit is read only to be cut
     try:
         fmt = P.plan_format(ctx.max_rounds, entities, ctx.ask_as)
         parsed = ask_json(get_llm(ctx, "plan", reply=fmt), messages, check_plan,
-                          ctx.parse_retries, cut_off=check_runaway_plan if cuts else None)
+                          ctx.parse_retries, cut_off=cut_off_reader(ctx))
     except ModelError as exc:
         return fresh | {"halted": True, "notes": Overwrite([*notes, f"ModelError: plan: {exc}"]),
                         "guards": Overwrite([])}
     firings: list[dict] = []
-    if is_on(ctx, PLAN_RUNAWAY_CUT) and not cuts and (runaway := runaway_reply(parsed.raw[0])):
-        firings.append(firing(PLAN_RUNAWAY_CUT, runaway, cut_runaway(runaway), False))  # what log mode saw
-    if parsed.value is None:
+    subgoals = cut_plan(ctx, parsed, ctx.max_rounds, firings)
+    if subgoals is None:
         subgoals = [question]
         notes.append(f"{parsed.error} (plan; planned the question as one sub-goal)")
-    elif parsed.cut_off or len(parsed.value) >= ctx.max_rounds:  # cut off, or at the cap a grammar sets
-        subgoals = apply(ctx, PLAN_RUNAWAY_CUT, parsed.value, lambda: cut_runaway(parsed.value), firings)
-        if len(subgoals) < len(parsed.value):
-            notes.append(f"warning: the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats")
-    else:
-        subgoals = parsed.value
+    elif len(subgoals) < len(parsed.value):
+        notes.append(f"warning: the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats")
     if len(subgoals) > ctx.max_rounds:
         notes.append(f"warning: plan has {len(subgoals)} sub-goals; kept the first {ctx.max_rounds}")
         subgoals = subgoals[:ctx.max_rounds]
@@ -251,7 +235,7 @@ def analyze(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Litera
 
 def _reason(analysis: dict | None) -> str:
     analysis = analysis or {}
-    if analysis.get("flag") == "not in any passage":
+    if analysis.get("flag") == NOT_IN_A_PASSAGE:
         return f"the answer {analysis['answer']!r} does not appear in any passage"
     return analysis.get("reasoning") or "the passages do not contain the answer"
 
@@ -290,12 +274,9 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     answer = next((s["answer"] for s in reversed(steps) if s["answer"]), "")
     new: list[str] = []
     firings: list[dict] = []
-    question, compared_steps, final = state["question"], _compared_steps(steps), ""
+    question, final = state["question"], ""
     if not _halted(state) and steps:
-        options = comparison(question)
-        with_options = question + (P.ANSWER_OPTIONS.format(a=options[0], b=options[1]) if options else "")
-        asked = with_options if options and check(ctx, OPTIONS_LINE, lambda: True, question, with_options,
-                                                  firings) else question
+        asked = options_line(ctx, question, firings)
         messages = [SystemMessage(P.ANSWER_SYSTEM), HumanMessage(P.ANSWER_USER.format(question=asked,
                                                                                       findings=_findings(steps)))]
         try:
@@ -308,16 +289,11 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                 answer = final
             else:
                 new.append("MalformedOutput: empty final answer")
-    compared = compare_dates(question, compared_steps) if is_on(ctx, DATE_COMPARISON) else None
-    guarded = apply(ctx, DATE_COMPARISON, answer, lambda: compared[0] if compared else None, firings)
-    if compared and guarded != answer:
-        new = [n for n in new if not n.startswith("MalformedOutput")]  # the guard gave the answer
-        new.append(f"{DATE_NOTE}: settled in code ({compared[1]}); the synthesis said {answer!r}")
-    elif not compared and final:  # what the synthesis said, not the fallback of a halted run
-        mapped = as_option(question, answer, compared_steps) if is_on(ctx, OPTION_ANSWER) else None
-        guarded = apply(ctx, OPTION_ANSWER, answer, lambda: mapped[0] if mapped else None, firings)
-        if mapped and guarded != answer:
-            new.append(f"{OPTION_NOTE}: {mapped[1]}")
+    # an answer is mapped to an option only when the synthesis said it, not as the fallback of a halted run
+    guarded, note = settle_options(ctx, question, answer, _compared_steps(steps), firings, "the synthesis said",
+                                   map_option=bool(final))
+    if note:  # the guard gave the answer
+        new = [n for n in new if not n.startswith("MalformedOutput")] + [note]
     error = next((n for n in [*(state.get("notes") or []), *new]
                   if not n.startswith(("warning", DATE_NOTE, OPTION_NOTE))), None)
     return update | {"answer": guarded, "error": error, "notes": new, "guards": firings}

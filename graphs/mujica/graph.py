@@ -10,27 +10,27 @@ each goes to its own `worker` task, and LangGraph runs the tasks of a step concu
 mini-RAG: retrieve contexts from the corpus or the knowledge graph, then one model call selects the relevant
 ones and answers, or says "unknown". A sub-question with no answer blocks the ones that depend on it; the
 planner sees it as such and may re-ask it (the same id, rephrased), ask something else, or conclude. The
-planner keeps one conversation across rounds (`mujica_chat`), as the paper's planner and worker are each
+planner keeps one conversation across rounds (`chat`), as the paper's planner and worker are each
 other's user and assistant.
 
 Departures from the paper:
 - When a wave of workers all answered and the plan already holds sub-questions that are now ready, they go
   straight to the workers without a planner call (`straight_dispatch`, a setting).
 - Bad plans (cycles, self-dependencies, unknown or duplicate ids, repeats, more than `max_subquestions`) are
-  repaired and noted (`mujica_plan`); after a malformed reply or a round that can run nothing, and in round
+  repaired and noted (`plan`); after a malformed reply or a round that can run nothing, and in round
   `max_rounds`, the planner must give the final answer. It may conclude only after `min_worker_rounds` waves;
   before that, a round that asks nothing sends the question itself to a worker.
-- Guards (graphs/guards/, each switchable and recorded in `guards`; the default set is what paid on questions
-  100-139, docs/benchmarks.md): on the plan `unecho`, `plan_made_up_entity`, `plan_example_copy` and
-  `plan_off_topic` (off by default) (`mujica_plan`); on worker answers `worker_refusal` and `unknown_contexts`
-  (a sub-question without an answer is reported with the contexts the worker retrieved, so the planner can ask
-  on about the entities they name; off by default: on questions 140-159 it turned 2 answers right and 3
-  wrong); on the conclusion `date_comparison`, `option_answer`, and off by default `no_answer_fallback` and
-  `short_answer_reask` (`mujica_conclusion`).
+- Guards (graphs/guards/, each switchable and recorded in `guards`; their rules in `guard_rules` and
+  `conclusion`; the default set is what paid on questions 100-139, docs/benchmarks.md): on the plan `unecho`,
+  `plan_made_up_entity`, `plan_example_copy` and `plan_off_topic` (off by default); on worker answers
+  `worker_refusal` and `unknown_contexts` (a sub-question without an answer is reported with the contexts the
+  worker retrieved, so the planner can ask on about the entities they name; off by default: on questions 140-159
+  it turned 2 answers right and 3 wrong); on the conclusion `date_comparison`, `option_answer`, and off by
+  default `no_answer_fallback` and `short_answer_reask`.
 - On graph facts the worker's prompt names relation synonyms (released: publication date); with `rank_facts`
   the facts of the relation a sub-question names are listed first.
 
-Replies each role is expected to give (what `fake_llms` scripts; `mujica_prompts` holds their formats):
+Replies each role is expected to give (what `fake_llms` scripts; `prompts` holds their formats):
 - planner: `{"subquestions": [{"id": "q1", "question": "Who directed Inception?", "depends_on": []},
   {"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]}]}` to ask, or `{"answer": "London"}`
   to conclude (a `"answer": null` or `""` beside sub-questions is ignored). `#q1` or `[q1]` in a
@@ -55,13 +55,11 @@ from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelErro
 from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, ranked_facts
 
-from . import mujica_prompts as P
-from .calls import SentBack, ask_json, clean_answer, get_llm, get_store
-from .guards import UNKNOWN_CONTEXTS, WORKER_REFUSAL, check
-from .guards.mujica_conclusion import conclude
-from .guards.refusals import is_no_answer
-from .mechanisms import fact_answer_schema, worked_plans
-from .mujica_chat import (
+from ..calls import SentBack, ask_json, clean_answer, get_llm, get_store
+from ..mechanisms import fact_answer_schema, worked_plans
+from ..settings import QAInput, check_question, context_as
+from . import prompts as P
+from .chat import (
     EVIDENCE_CHARS,
     EVIDENCE_CONTEXTS,
     best_effort,
@@ -71,7 +69,9 @@ from .mujica_chat import (
     said,
     thought_of,
 )
-from .mujica_plan import (
+from .conclusion import conclude
+from .guard_rules import worker_answer
+from .plan import (
     ANSWERED,
     FAILED,
     UNKNOWN,
@@ -83,8 +83,7 @@ from .mujica_plan import (
     ready,
     repair_plan,
 )
-from .mujica_state import RECURSION_LIMIT, MujicaContext, MujicaOutput, State, WorkerTask
-from .settings import QAInput, check_question, context_as
+from .state import RECURSION_LIMIT, MujicaContext, MujicaOutput, State, WorkerTask
 
 
 # -- nodes ---------------------------------------------------------------------------------
@@ -330,14 +329,15 @@ def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
     record["selected"] = selected
     record["evidence"] = evidence([contexts[i - 1] for i in selected])
     firings: list[dict] = []
-    if answer and (answer.lower().strip(" .!\"'") == "unknown" or check(
-            ctx, WORKER_REFUSAL, lambda: is_no_answer(answer), f"{sub['id']}: {answer}", "unknown", firings)):
-        record["status"] = UNKNOWN
-        if not selected and check(ctx, UNKNOWN_CONTEXTS, lambda: bool(contexts), f"{sub['id']}: unknown",
-                                  f"{min(len(contexts), EVIDENCE_CONTEXTS)} retrieved contexts", firings):
-            record["evidence"] = evidence(contexts)  # retrieved, none selected (mujica_chat.report labels them)
-    elif answer:
-        record.update(answer=answer, status=ANSWERED)
+    if answer:
+        unknown, with_retrieved = worker_answer(ctx, sub["id"], answer, bool(selected), len(contexts),
+                                                min(len(contexts), EVIDENCE_CONTEXTS), firings)
+        if unknown:
+            record["status"] = UNKNOWN
+        else:
+            record.update(answer=answer, status=ANSWERED)
+        if with_retrieved:
+            record["evidence"] = evidence(contexts)  # retrieved, none selected (chat.report labels them)
     return {"results": {sub["id"]: record}, "guards": firings}
 
 

@@ -1,6 +1,6 @@
-"""What Omne's send-back guards check (graphs/guards/): whether a fact of the run holds the answer
-(`send_back_ungrounded`), and whether the answer is one hop short of what the question asks
-(`send_back_one_hop`), with the facts to send back."""
+"""Omne's guards (graphs/guards/ names and switches them) with their rules, at its one guarded stage, the tool
+agent's answer (`send_back`): whether a fact of the run holds the answer (`send_back_ungrounded`), and whether
+the answer is one hop short of what the question asks (`send_back_one_hop`), with the facts to send back."""
 
 from __future__ import annotations
 
@@ -11,13 +11,15 @@ from langchain_core.messages import ToolMessage
 from mhqa_graph.errors import EntityNotFound, MhqaError
 from mhqa_graph.parsing import words
 from mhqa_graph.text import topic_entities
-from mhqa_graph.tools import open_relations
+from mhqa_graph.tools import open_relations, render_node
 from mhqa_graph.types import NodeInfo
 
 from ..calls import get_store
+from ..guards import SEND_BACK_ONE_HOP, SEND_BACK_UNGROUNDED, Rule, first_that_fires
+from . import prompts as P
 
 if TYPE_CHECKING:
-    from ..omne_state import OmneContext, OmneState
+    from .state import OmneContext, OmneState
 
 
 def looked_into(state: OmneState) -> list[str]:
@@ -77,4 +79,33 @@ def one_hop_short(ctx: OmneContext, state: OmneState, answer: str) -> tuple[Node
             continue
         if relations := open_relations(node, state["question"], path):
             return node, relations
+    return None
+
+
+def send_back(ctx: OmneContext, state: OmneState, answer: str, firings: list[dict]) -> str | None:
+    """The send-back guards on the tool agent's answer, the first that fires ending the chain: the message that
+    sends it back with the facts it skipped, when no fact of the run contains it (`send_back_ungrounded`: the facts
+    of the entity the question starts from, unless the run looked into it), or when it is one hop short
+    (`send_back_one_hop`: the facts of the answer entity); None when neither acts. Firings go to `firings`."""
+    left: list = []  # what the one-hop check found: the answer's node and the relations the walk left open
+
+    def one_hop() -> bool:
+        left[:] = one_hop_short(ctx, state, answer) or ()
+        return bool(left)
+
+    fired = len(firings)
+    acted = first_that_fires(ctx, [Rule(SEND_BACK_UNGROUNDED, lambda: not grounded(answer, state), answer,
+                                        "sent back"),
+                                   Rule(SEND_BACK_ONE_HOP, one_hop, answer, "sent back")], firings)
+    if left and len(firings) > fired:
+        firings[-1]["after"] = f"sent back with the facts of {left[0].name}"
+    if acted is SEND_BACK_UNGROUNDED:
+        if start := start_node(ctx, state):
+            facts = render_node(start, state["question"], max_chars=ctx.result_chars)
+            return P.UNGROUNDED_FACTS.format(answer=answer, entity=start.name, facts=facts)
+        return P.UNGROUNDED.format(answer=answer)
+    if acted is SEND_BACK_ONE_HOP:
+        node, relations = left
+        return P.ONE_HOP_SHORT.format(entity=node.name, relations=", ".join(relations),
+                                      facts=render_node(node, state["question"], max_chars=ctx.result_chars))
     return None

@@ -1,6 +1,6 @@
 """Mujica's DAG: the planner's replies read, the plan validated (ids, dependencies, cycles, caps, repeats;
 always on) and filtered by the plan guards (`plan_off_topic`, `plan_made_up_entity`, `plan_example_copy`,
-`unecho`; their rules in graphs/guards/mujica_plan.py), and the sub-questions that are ready to run."""
+`unecho`; their rules in `guard_rules`), and the sub-questions that are ready to run."""
 
 from __future__ import annotations
 
@@ -10,17 +10,13 @@ from typing import Any, NotRequired
 
 from typing_extensions import TypedDict
 
-from . import mujica_prompts as P
-from .calls import clean_answer
-from .guards import UNECHO, apply, first_that_fires
-from .guards import mujica_plan as plan_guards
-from .guards.refusals import is_no_answer
-from .mechanisms import RELATION_QUESTION, as_relation
+from ..answers import is_no_answer
+from ..calls import clean_answer
+from ..mechanisms import RELATION_QUESTION, as_relation
+from . import prompts as P
+from .guard_rules import dropped, topic, unechoed
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
-
-# what a planner copies from `progress` lines into a sub-question: "q1: ", " (after q1)", " -> answer"
-ECHO = re.compile(r"^q[\w.-]*:\s+|\s*\((?:after [^)]*|blocked: [^)]*|not answered yet)\)|\s+->(?:\s.*)?$")
 
 ANSWERED, UNKNOWN, FAILED = "answered", "unknown", "failed"
 
@@ -96,7 +92,7 @@ def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True, c
             item = {**item, **asked, "question": RELATION_QUESTION.format(**asked)}
         question = item.get("question") if isinstance(item, dict) else None
         if isinstance(question, str):
-            question = apply(ctx, UNECHO, " ".join(question.split()), lambda q=question: unecho(q), log)
+            question = unechoed(ctx, question, log)
         deps = item.get("depends_on", []) if isinstance(item, dict) else []
         deps = [deps] if isinstance(deps, str) else deps
         if not isinstance(question, str) or not question.strip() or not isinstance(deps, list):
@@ -107,15 +103,6 @@ def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True, c
     if not plan and not pending:
         raise ValueError("no usable sub-questions and no answer")
     return "plan", (plan, notes)
-
-
-def unecho(text: str) -> str:
-    """A sub-question without what the planner copied from the plan's progress lines: a leading "q1: ", a
-    "(after q1)" or "(blocked: ...)" remark, and " -> " with the answer after it."""
-    text = " ".join(text.split())
-    while (stripped := ECHO.sub("", text).strip()) != text:
-        text = stripped
-    return text
 
 
 def status(q: SubQuestion, results: dict[str, dict]) -> str | None:
@@ -162,15 +149,13 @@ def repair_plan(items: list[dict], dag: list[SubQuestion], cap: int, rnd: int,
     unknown = {text_key(q["question"]): q["id"] for q in dag if status(q, results) == UNKNOWN}
     examples = {text_key(x) for x in P.EXAMPLE_SUBQUESTIONS[getattr(ctx, "ask_as", "question")]}
     budget = cap - asks(dag)
-    checked = plan_guards.topic(about, entities, [str(r.get("answer") or "") for r in results.values()], examples)
+    checked = topic(about, entities, [str(r.get("answer") or "") for r in results.values()], examples)
     off: set[str] = set()
     for item in items:
         sid, text = item["id"], item["question"]
         cites = {m.group(1) or m.group(2) for m in REF.finditer(text)} | set(item["depends_on"])
-        chain = plan_guards.rules(checked, f"{sid or 'a sub-question'}: {text}", text, REF.sub(" ", text),
-                                  text_key(text), cites, off)
-        if acted := first_that_fires(ctx, chain, log):
-            notes.append(plan_guards.note(acted, sid, text))
+        if drop := dropped(ctx, checked, sid, text, REF.sub(" ", text), text_key(text), cites, off, log):
+            notes.append(drop)
             off.add(sid)
             continue
         old = known.get(sid)

@@ -30,7 +30,7 @@ sent back once (the model's only nudge) when no fact the run was sent contains i
 copied from the prompt's example, made up, or picked from entity_matcher's list of names), or when it is
 one hop short (`send_back_one_hop`: an entity the run never looked into, with relations that the question
 asks about and the walk has not covered, such as the father for "where was X's father buried?"). Both
-checks are in `omne_send_back`; the text protocol's parsing is in `omne_protocol`.
+checks are in `guard_rules`; the text protocol's parsing is in `protocol`.
 
 Typed errors in `error` (the answer, if any, still stands): `NoToolCall` (answered without one successful
 tool call), `RoundCap` (no answer within `max_rounds`), `MalformedOutput` (no <answer> in the forced
@@ -65,15 +65,14 @@ from mhqa_graph.messages import FORCED_FINAL, HANDED_OVER, KIND, NUDGE, SEND_BAC
 from mhqa_graph.parsing import final_answer
 from mhqa_graph.replies import answer_reply
 from mhqa_graph.text import topic_entities
-from mhqa_graph.tools import entity_matcher_tool, node_info_tool, render_node
+from mhqa_graph.tools import entity_matcher_tool, node_info_tool
 
-from . import omne_prompts as P
-from .calls import ask, ask_message, chat_model, clean_answer, get_llm, get_store, supports_tool_calling
-from .guards import SEND_BACK_ONE_HOP, SEND_BACK_UNGROUNDED, Rule, first_that_fires
-from .guards.omne_send_back import grounded, one_hop_short, start_node
-from .omne_protocol import ai_message, call_key, call_order, call_text, check_args, parse_reply
-from .omne_state import ROLE, OmneContext, OmneInput, OmneOutput, OmneState, ToolCallRecord
-from .settings import check_question, context_as
+from ..calls import ask, ask_message, chat_model, clean_answer, get_llm, get_store, supports_tool_calling
+from ..settings import check_question, context_as
+from . import prompts as P
+from .guard_rules import send_back
+from .protocol import ai_message, call_key, call_order, call_text, check_args, parse_reply
+from .state import ROLE, OmneContext, OmneInput, OmneOutput, OmneState, ToolCallRecord
 
 PREVIEW_CHARS = 200
 
@@ -235,34 +234,11 @@ def agent(state: OmneState, runtime: Runtime[OmneContext]) -> dict:
 
 
 def _answer_or_send_back(ctx: OmneContext, state: OmneState, round_no: int, answer: str, said: AIMessage) -> dict:
-    """The answer, or once per run (guards `send_back_ungrounded` and `send_back_one_hop`) the answer sent back
-    with the facts that it skipped: when no fact of the run contains it (the facts of the entity the question
-    starts from, unless the run looked into it), or when it is one hop short (the facts of the answer entity)."""
+    """The answer, or once per run (guards `send_back_ungrounded` and `send_back_one_hop`: `guard_rules.send_back`)
+    the answer sent back with the facts that it skipped."""
     firings = list(state.get("guards") or [])
-    if state["nudges"] == 0 and round_no < ctx.max_rounds:
-        left: list = []  # what the one-hop check found: the answer's node and the relations the walk left open
-
-        def one_hop() -> bool:
-            left[:] = one_hop_short(ctx, state, answer) or ()
-            return bool(left)
-
-        fired = len(firings)
-        acted = first_that_fires(ctx, [Rule(SEND_BACK_UNGROUNDED, lambda: not grounded(answer, state), answer,
-                                            "sent back"),
-                                       Rule(SEND_BACK_ONE_HOP, one_hop, answer, "sent back")], firings)
-        if left and len(firings) > fired:
-            firings[-1]["after"] = f"sent back with the facts of {left[0].name}"
-        if acted is SEND_BACK_UNGROUNDED:
-            text = P.UNGROUNDED.format(answer=answer)
-            if start := start_node(ctx, state):
-                facts = render_node(start, state["question"], max_chars=ctx.result_chars)
-                text = P.UNGROUNDED_FACTS.format(answer=answer, entity=start.name, facts=facts)
-            return {"rounds": round_no, "nudges": 1, "messages": [said, tagged(SEND_BACK, text)], "guards": firings}
-        if acted is SEND_BACK_ONE_HOP:
-            node, relations = left
-            text = P.ONE_HOP_SHORT.format(entity=node.name, relations=", ".join(relations),
-                                          facts=render_node(node, state["question"], max_chars=ctx.result_chars))
-            return {"rounds": round_no, "nudges": 1, "messages": [said, tagged(SEND_BACK, text)], "guards": firings}
+    if state["nudges"] == 0 and round_no < ctx.max_rounds and (text := send_back(ctx, state, answer, firings)):
+        return {"rounds": round_no, "nudges": 1, "messages": [said, tagged(SEND_BACK, text)], "guards": firings}
     return {"rounds": round_no, "messages": [said], "answer": answer, "guards": firings}
 
 

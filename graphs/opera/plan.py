@@ -1,15 +1,12 @@
 """OPERA's plan as the Plan agent writes it: sub-goals read from its reply, placeholders naming earlier answers
-(`[Answer2]`, `[entity from step 2]`, `{Answer2}`, `<Answer2>`, `#2`), the dependencies they imply, and the
-`plan_runaway_cut` guard for a plan that repeats one sub-goal until the token limit (graphs/guards/)."""
+(`[Answer2]`, `[entity from step 2]`, `{Answer2}`, `<Answer2>`, `#2`) and the dependencies they imply."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from mhqa_graph.parsing import close_json, extract_json, strip_think
-
-from .mechanisms import RELATION_QUESTION, as_relation
+from ..mechanisms import RELATION_QUESTION, as_relation
 
 # -- placeholders ----------------------------------------------------------------------
 _BRACKETED = re.compile(r"\[([^\[\]]{1,60})\]|\{([^{}]{1,60})\}|<([^<>]{1,60})>")
@@ -93,41 +90,3 @@ def check_plan(value: Any) -> list[str]:
     if not subgoals:
         raise ValueError("the plan has no sub-goals")
     return subgoals
-
-
-def _shape(text: str, index: int) -> str:
-    """A sub-goal's wording with its placeholders masked."""
-    for m, _ in reversed(step_refs(text, index)):
-        text = text[:m.start()] + "[#]" + text[m.end():]
-    return text.lower()
-
-
-def cut_runaway(subgoals: list[str], repeats: int = 2) -> list[str]:
-    """The plan up to a runaway: the first sub-goal worded like `repeats` earlier ones, placeholders aside, ends
-    it (a small model chaining "Who is the father of [AnswerN]?" until it runs out of tokens)."""
-    shapes = [_shape(text, i) for i, text in enumerate(subgoals, start=1)]
-    for i, shape in enumerate(shapes):
-        if shapes[:i].count(shape) >= repeats:
-            return subgoals[:i]
-    return subgoals
-
-
-def check_runaway_plan(value: Any) -> list[str]:
-    """The sub-goals of a plan reply that ran out of tokens, when they repeat themselves (see `cut_runaway`);
-    any other cut-off plan is a ValueError, as it may have lost its last hops."""
-    subgoals = check_plan(value)
-    if cut_runaway(subgoals) == subgoals:
-        raise ValueError("the plan was cut off")
-    return subgoals
-
-
-def runaway_reply(text: str) -> list[str] | None:
-    """The sub-goals of a plan reply cut off by the token limit while repeating one sub-goal (what
-    `plan_runaway_cut` cuts), else None."""
-    if extract_json(text) is not None:  # a whole reply: not cut off
-        return None
-    value = extract_json(close_json(strip_think(text), finished=True))
-    try:
-        return check_runaway_plan(value)
-    except (ValueError, TypeError):
-        return None

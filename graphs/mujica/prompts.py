@@ -6,7 +6,7 @@ import re
 
 from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, json_reply, text
 
-from .mechanisms import RELATION_QUESTION, relation_schema
+from ..mechanisms import RELATION_QUESTION, relation_schema
 
 # the planner's two replies, declared once: ask sub-questions (PLAN, each a SUBQUESTION, or with `ask_as="relation"`
 # a RELATION_SUBQUESTION) or conclude (CONCLUSION). Ids, dependencies and entities are given per call
