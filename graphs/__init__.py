@@ -5,7 +5,10 @@ answers with `rag` first and escalates to a design when that answer is not suppo
     graph = build_graph("opera")
     graph.invoke({"question": "..."}, context=make_context("opera", llm="qwen2.5-coder-1.5b", corpus="hotpotqa-dev_a"))
 
-What each role (`ROLES`, the keys of `role_llms`) must reply, e.g. to script fake models:
+Each design declares a spec (`DesignSpec`, graphs/spec.py): how it is built, its settings, its roles, the fewest
+model calls it answers in, and how its runs are read. `SPECS` holds them by agent name.
+
+What each role (`SPECS[agent].roles`, the keys of `role_llms`) must reply, e.g. to script fake models:
 
     opera   plan        {"subgoals": ["Who directed Inception?", "Where was [Answer1] born?"]}
             analysis    {"reasoning": "...", "sufficient": true, "answer": "Christopher Nolan"}
@@ -25,7 +28,6 @@ What each role (`ROLES`, the keys of `role_llms`) must reply, e.g. to script fak
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import typing
 import uuid
 from typing import Any
@@ -34,52 +36,40 @@ from langchain_core.tools import BaseTool, StructuredTool
 
 from mhqa_graph.errors import InvalidInput
 
+from .auto import SPEC as AUTO_SPEC
+from .baselines import DIRECT_SPEC, RAG_SPEC
 from .calls import check_sources
+from .mujica import SPEC as MUJICA_SPEC
+from .omne import SPEC as OMNE_SPEC
+from .opera import SPEC as OPERA_SPEC
 from .settings import validate_context
+from .spec import DesignSpec
 
-# agent name -> (module or design package in this package, its builder function)
-AGENTS: dict[str, tuple[str, str]] = {
-    "opera": ("opera", "build"),
-    "mujica": ("mujica", "build"),
-    "omne": ("omne", "build"),
-    "rag": ("baselines", "build_rag"),
-    "direct": ("baselines", "build_direct"),
-    "auto": ("auto", "build"),
-}
-# agent name -> the roles its model calls play: the keys of `role_llms`, the `role` of trace LLM calls
-ROLES: dict[str, tuple[str, ...]] = {
-    "opera": ("plan", "analysis", "rewrite", "answer"),
-    "mujica": ("planner", "worker"),
-    "omne": ("tool-agent",),
-    "rag": ("answer",),
-    "direct": ("answer",),
-    "auto": ("answer", "plan", "analysis", "rewrite", "planner", "worker", "tool-agent"),  # rag's, then the designs'
-}
+# agent name -> its design's spec
+SPECS: dict[str, DesignSpec] = {s.name: s for s in (OPERA_SPEC, MUJICA_SPEC, OMNE_SPEC, RAG_SPEC, DIRECT_SPEC,
+                                                    AUTO_SPEC)}
 
 
-def _builder(agent: str) -> Any:
-    if agent not in AGENTS:
-        raise InvalidInput(f"unknown agent {agent!r}; choose one of {', '.join(AGENTS)}")
-    module, func = AGENTS[agent]
-    return getattr(importlib.import_module(f"{__name__}.{module}"), func)
+def design_spec(agent: str) -> DesignSpec:
+    """The spec of `agent`; InvalidInput, naming the agents, for an unknown one."""
+    if agent not in SPECS:
+        raise InvalidInput(f"unknown agent {agent!r}; choose one of {', '.join(SPECS)}")
+    return SPECS[agent]
 
 
 def build_graph(agent: str, checkpointer: Any = None) -> Any:
     """The compiled LangGraph graph of `agent` (opera | mujica | omne | rag | direct | auto)."""
-    return _builder(agent)(checkpointer=checkpointer)
+    return design_spec(agent).build(checkpointer=checkpointer)
 
 
 def context_schema(agent: str) -> type:
     """The context dataclass of `agent` (an AgentContext subclass)."""
-    return build_graph(agent).builder.context_schema
-
-
-NO_SEARCH = ("direct",)  # the agents that search nothing: they need no corpus or graph
+    return design_spec(agent).context
 
 
 def make_context(agent: str, *, require_source: bool = True, **settings: Any) -> Any:
     """The run context of `agent`, from keyword settings; None values keep the defaults. Unknown
-    settings, `role_llms` keys that are not the agent's roles (`ROLES`), model specs that cannot load,
+    settings, `role_llms` keys that are not the agent's roles (its spec's), model specs that cannot load,
     values of the wrong type and, for an agent that searches the store (all but `direct`), neither a corpus nor a
     graph raise InvalidInput / ModelError here, before any work. `require_source=False` checks settings that
     name their corpus or graph later (an eval before its environment is built, a Studio assistant whose runs name
@@ -91,8 +81,8 @@ def make_context(agent: str, *, require_source: bool = True, **settings: Any) ->
     if unknown:
         raise InvalidInput(f"{agent} has no setting(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
     context = schema(**settings)
-    validate_context(context, ROLES[agent])
-    if require_source and agent not in NO_SEARCH and not (context.corpus or context.graph):
+    validate_context(context, SPECS[agent].roles)
+    if require_source and SPECS[agent].searches and not (context.corpus or context.graph):
         raise InvalidInput(f"{agent} searches the store: set corpus or graph (`mhqa stats` lists them), or use the "
                            "direct agent")
     return context
@@ -166,4 +156,5 @@ def as_tool(agent: str, name: str | None = None, description: str | None = None,
         or f"Answer a multi-hop factual question with the {agent} agent over the knowledge store.")
 
 
-__all__ = ["AGENTS", "NO_SEARCH", "ROLES", "as_tool", "build_graph", "check_sources", "context_schema", "make_context"]
+__all__ = ["SPECS", "DesignSpec", "as_tool", "build_graph", "check_sources", "context_schema", "design_spec",
+           "make_context"]

@@ -6,10 +6,13 @@ its answer, read from its token log-probabilities (`mhqa_graph.models.logprobs`)
 
     direct: start -> answer
     rag:    start -> retrieve -> answer      (a store error ends the run after retrieve)
+
+What they declare to the registry and the core: `RAG_SPEC`, `DIRECT_SPEC`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import (
     Any,
@@ -28,10 +31,12 @@ from mhqa_graph.parsing import final_answer
 from mhqa_graph.replies import answer_reply
 from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import cap_text, format_passages, node_info_tool
+from mhqa_graph.traces import Step, Trace, as_retrieved
 
 from . import baselines_prompts as P
 from .calls import Parsed, ask_repaired, clean_answer, get_llm, get_store
 from .settings import AgentContext, QAInput, QAOutput, check_question, context_as, setting
+from .spec import DesignSpec, Output, TraceParts, retrieved_something
 
 ROLE = "answer"
 
@@ -180,3 +185,35 @@ def build_rag(checkpointer: Any = None) -> CompiledStateGraph:
 
 direct_graph = build_direct()
 rag_graph = build_rag()
+
+
+def rag_parts(output: Output) -> TraceParts:
+    """The one retrieval, as a step (none when the run ended before it)."""
+    if "retrieved" not in output:
+        return [], [], []
+    return [], [Step(id="retrieve", kind="retrieve", query=output.get("query") or output.get("question", ""),
+                     retrieved=as_retrieved(output["retrieved"]))], []
+
+
+def rag_lines(output: Output, supporting_titles: Collection[str]) -> list[str]:
+    """The titles (or entities) retrieved, supporting ones marked *."""
+    titles = [("*" if r.get("title") in supporting_titles else "") + str(r.get("title") or r.get("entity"))
+              for r in output.get("retrieved") or []]
+    return [f"retrieved: {', '.join(titles)}"]
+
+
+def direct_lines(output: Output, supporting_titles: Collection[str]) -> list[str]:
+    """direct searches nothing."""
+    return ["(no retrieval: the model's own knowledge)"]
+
+
+def confidence_field(output: Output, trace: Trace) -> dict[str, Any]:
+    """The model's confidence in its answer, when the run reports one (the `confidence` setting)."""
+    return {"confidence": output["confidence"]} if output.get("confidence") is not None else {}
+
+
+RAG_SPEC = DesignSpec(name="rag", build=build_rag, context=BaselineContext, roles=(ROLE,), min_calls=1,
+                      demo_lines=rag_lines, trace_parts=rag_parts, acted=retrieved_something,
+                      record_fields=confidence_field)
+DIRECT_SPEC = DesignSpec(name="direct", build=build_direct, context=BaselineContext, roles=(ROLE,), min_calls=1,
+                         demo_lines=direct_lines, record_fields=confidence_field, searches=False)

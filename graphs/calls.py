@@ -15,7 +15,7 @@ from typing import Any
 from langchain_core.exceptions import ModelAPIError, ModelConnectionError, ModelRateLimitError, ModelTimeoutError
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableLambda
 from langchain_core.runnables.retry import RunnableRetry
 from tenacity import wait_exponential_jitter
 
@@ -24,7 +24,7 @@ from mhqa_graph.messages import REPAIR, SEND_BACK, tagged
 from mhqa_graph.models.timeout import TimeLimited
 from mhqa_graph.parsing import close_json, extract_json, strip_think
 from mhqa_graph.redaction import redact
-from mhqa_graph.replies import ReplyFormat, decoding_kwargs, structured
+from mhqa_graph.replies import ReplyFormat, decoding_kwargs, held, structured
 from mhqa_graph.store import KnowledgeStore, open_store, store_key
 from mhqa_graph.text import encodable_all
 
@@ -164,14 +164,22 @@ def get_llm(ctx: AgentContext, role: str, tools: list[dict] | None = None,
 
 
 def _constrained(model: Runnable, kwargs: dict[str, Any]) -> Runnable:
-    """`model` with the constraint kwargs bound; a server that refuses a response_format (HTTP 400) is asked
-    again without it (llama.cpp falls back to the prompt by itself, see LlamaCppChatModel)."""
+    """`model` with the constraint kwargs bound. A reply to a response_format says it was decoded under it
+    (response_metadata `decoding`, as llama.cpp's says `grammar`: `replies.held`); a server that refuses one (HTTP
+    400) is asked again without it (llama.cpp falls back to the prompt by itself, see LlamaCppChatModel)."""
     bound = model.bind(**kwargs)
+    if "response_format" not in kwargs:
+        return bound
+    bound = bound | RunnableLambda(_under_json_schema, name="json_schema")
     openai = sys.modules.get("openai")
-    if "response_format" in kwargs and openai is not None:  # the trace marks a call the fallback answered
+    if openai is not None:  # the trace marks a call the fallback answered
         fallback = model.with_config(metadata={"mhqa_decoding_fallback": "the server refused the json_schema"})
         return bound.with_fallbacks([fallback], exceptions_to_handle=(openai.BadRequestError,))
     return bound
+
+
+def _under_json_schema(reply: BaseMessage) -> BaseMessage:
+    return reply.model_copy(update={"response_metadata": {**reply.response_metadata, "decoding": "json_schema"}})
 
 
 def get_store(ctx: AgentContext) -> KnowledgeStore:
@@ -274,17 +282,20 @@ def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str
     return parsed
 
 
-def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any], Any],
-             retries: int = 1, want: type | tuple[type, ...] = (dict, list),
+def ask_json(llm: Runnable, messages: list[BaseMessage], fmt: ReplyFormat, read: Callable[[Any], Any],
+             loose: Callable[[Any], Any], retries: int = 1, want: type | tuple[type, ...] = (dict, list),
              cut_off: Callable[[Any], Any] | None = None) -> Parsed:
-    """Ask for JSON, parse it tolerantly and `validate` it (return the cleaned value or raise
-    ValueError). On failure, show the model its reply and the problem, `retries` times at most.
-    `cut_off`: a reply with no complete JSON is cut back to the items it finished (`close_json`, for a reply
-    that ran out of tokens in a list) and checked with `cut_off` instead of `validate`."""
+    """Ask for a JSON reply of format `fmt` and read it (the cleaned value, or ValueError): a reply the backend held
+    to the format as its model, with `read` (`replies.held`); any other (prompt decoding, the fakes) parsed tolerantly
+    and read by `loose`, the role's parser of what small models write. On failure, show the model its reply and the
+    problem, `retries` times at most. `cut_off`: a reply with no complete JSON is cut back to the items it finished
+    (`close_json`, for a reply that ran out of tokens in a list) and checked with `cut_off` instead of `loose`."""
     parsed = Parsed()
 
-    def read(text: str) -> Any:
-        value, check = extract_json(text, want), validate
+    def read_reply(text: str) -> Any:
+        if (reply := held(parsed.message, fmt)) is not None:
+            return read(reply)
+        value, check = extract_json(text, want), loose
         if value is None and cut_off is not None:
             value, check = extract_json(close_json(strip_think(text), finished=True), want), cut_off
         if value is None:
@@ -293,7 +304,7 @@ def ask_json(llm: Runnable, messages: list[BaseMessage], validate: Callable[[Any
         parsed.cut_off = check is cut_off
         return value
 
-    return ask_repaired(llm, messages, read, retries, parsed=parsed)
+    return ask_repaired(llm, messages, read_reply, retries, parsed=parsed)
 
 
 def clean_answer(text: str) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from mhqa_graph.errors import MhqaError
+from mhqa_graph.notes import WARNING, Note, note
 from mhqa_graph.replies import ANSWER_CHARS, text
 from mhqa_graph.types import fact_ends
 
@@ -69,7 +70,7 @@ def _capitalised(name: str) -> str:
     return " ".join(word[:1].upper() + word[1:] for word in name.split(" "))
 
 
-def worked_plans(ctx: AgentContext, question: str) -> tuple[list[tuple[str, list[str]]], str | None]:
+def worked_plans(ctx: AgentContext, question: str) -> tuple[list[tuple[str, list[str]]], Note | None]:
     """([(question, sub-goals)], warning): the `plan_example_k` worked plans of the `plan_examples` corpus nearest
     `question` (sub-goals cite earlier answers as [AnswerN]; `mhqa_graph.ingest.plans`), none without the setting;
     a warning when the corpus cannot be searched (the planner then plans without them)."""
@@ -78,5 +79,5 @@ def worked_plans(ctx: AgentContext, question: str) -> tuple[list[tuple[str, list
     try:
         hits = get_store(ctx).search(ctx.plan_examples, question, k=ctx.plan_example_k + 1)
     except MhqaError as exc:
-        return [], f"warning: plan_examples: {type(exc).__name__}: {exc}; planned without them"
+        return [], note(WARNING, f"plan_examples: {type(exc).__name__}: {exc}; planned without them")
     return [(h.title, h.text.splitlines()) for h in hits if h.title != question][:ctx.plan_example_k], None

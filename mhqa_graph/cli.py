@@ -299,7 +299,7 @@ def ask_cmd(
     settings: SetOpt = None,
 ) -> None:
     """Answer QUESTION with an agent over the store. Exits 1 when the run failed (no answer)."""
-    from .graphs import NO_SEARCH, build_graph, check_sources, make_context, parse_settings
+    from .graphs import build_graph, check_sources, design_spec, make_context, parse_settings
     from .graphs.settings import check_question
     from .traces import TraceRecorder
 
@@ -313,7 +313,7 @@ def ask_cmd(
     context = make_context(agent, require_source=False, **_with_named(parse_settings(agent, settings or []), named))
     if context.corpus or context.graph:
         check_sources(context)
-    elif agent not in NO_SEARCH:  # make_context's rule, in the CLI's words
+    elif design_spec(agent).searches:  # make_context's rule, in the CLI's words
         check_store_exists(store)
         raise InvalidInput(f"--agent {agent} searches the store: give --corpus NAME or --graph NAME "
                            "(`mhqa stats` lists them), or use --agent direct")

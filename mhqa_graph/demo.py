@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+from .designs import spec_of
 from .errors import InvalidInput
 from .eval.environments import environment_name
 from .eval.runner import graph_inputs
@@ -211,58 +212,9 @@ def _agent(agent: str, items: list[QAItem], model: Any, store: KnowledgeStore, s
     return all_correct
 
 
-def _short(value: Any, limit: int = 100) -> str:
-    text = " ".join(str(value).split())
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-LOOKS = {"second_look": "rag"}  # auto's stages that are another agent's run
-
-
 def steps(agent: str, state: dict, item: QAItem) -> list[str]:
-    """What the agent did, from its output: OPERA's plan and sub-goals, Mujica's DAG by level, Omne's
-    tool calls, rag's retrieved passages, auto's stages and decisions."""
-    if agent == "auto":
-        stages = {s.get("stage"): s for s in state.get("stages") or []}
-        return [line for d in state.get("decisions") or []
-                for line in [*steps(LOOKS.get(d["stage"], d["stage"]), stages.get(d["stage"], {}), item)[:3],
-                             f"{d['stage']}: {d['action']} ({d['reason']}) -> {d.get('answer')!r}"]]
-    if agent == "opera":
-        lines = [f"plan: {' | '.join(state.get('plan') or []) or '(none)'}"]
-        for i, step in enumerate(state.get("steps") or [], 1):
-            attempts = len(step.get("attempts") or [])
-            lines.append(f"sub-goal {i}: {_short(step.get('query'))} -> {step.get('answer')!r} "
-                         f"({'sufficient' if step.get('sufficient') else 'not sufficient'}, "
-                         f"{attempts} retrieval{'s' * (attempts != 1)})")
-        return lines
-    if agent == "mujica":
-        results = state.get("results") or {}
-        levels = []
-        for level, sub in dag_levels(state.get("dag") or []):
-            done = results.get(sub["id"], {})
-            levels.append(f"level {level}: {sub['id']} {_short(done.get('query') or sub['question'])} "
-                          f"-> {done.get('answer')!r}")
-        return levels or ["(no sub-question)"]
-    if agent == "omne":
-        calls = [f"{call['name']}({', '.join(f'{k}={v!r}' for k, v in call['args'].items())}) -> "
-                 f"{_short(call.get('result_preview'), 80)}" for call in state.get("tool_calls") or []]
-        return calls or ["(no tool call)"]
-    if agent == "rag":
-        titles = [("*" if r.get("title") in item.supporting_titles else "") + str(r.get("title") or r.get("entity"))
-                  for r in state.get("retrieved") or []]
-        return [f"retrieved: {', '.join(titles)}"]
-    return ["(no retrieval: the model's own knowledge)"]
-
-
-def dag_levels(dag: list[dict]) -> list[tuple[int, dict]]:
-    """(level, sub-question) in level order: level 0 depends on nothing, level n on levels < n."""
-    level: dict[str, int] = {}
-
-    def of(sub_id: str, seen: frozenset = frozenset()) -> int:
-        if sub_id not in level:
-            sub = next((s for s in dag if s["id"] == sub_id), None)
-            deps = [d for d in (sub or {}).get("depends_on", []) if d not in seen]
-            level[sub_id] = 1 + max((of(d, seen | {sub_id}) for d in deps), default=-1)
-        return level[sub_id]
-
-    return sorted(((of(sub["id"]), sub) for sub in dag), key=lambda pair: pair[0])
+    """What the agent did, from its output, as its design's spec shows it (`demo_lines`): OPERA's plan and
+    sub-goals, Mujica's DAG by level, Omne's tool calls, rag's retrieved passages (supporting titles marked *),
+    auto's stages and decisions."""
+    spec = spec_of(agent)
+    return spec.demo_lines(state, item.supporting_titles) if spec else []

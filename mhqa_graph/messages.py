@@ -67,10 +67,20 @@ def legacy_kind(text: str) -> str | None:
     return None
 
 
+def _get(obj: Any, key: str) -> Any:
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
 def kind_in_trace(message: Any, tagged_trace: bool) -> str | None:
     """The kind of a trace's chat message (a `ChatMessage` or its JSON form). A trace that records kinds
     (`Trace.kinds`) is read as tagged; an older one by its marker texts (`legacy_kind`, user messages only)."""
-    get = message.get if isinstance(message, dict) else (lambda key: getattr(message, key, None))
     if tagged_trace:
-        return get("kind")
-    return None if get("role") == "assistant" else legacy_kind(get("content") or "")
+        return _get(message, "kind")
+    return None if _get(message, "role") == "assistant" else legacy_kind(_get(message, "content") or "")
+
+
+def last_kind(call: Any, tagged_trace: bool) -> str | None:
+    """The kind of the message an LLM call answered (its last non-assistant message): a repair, nudge, send-back,
+    forced. `call` is a trace's `LLMCall` or its JSON form in an eval record."""
+    answered = next((m for m in reversed(_get(call, "messages") or []) if _get(m, "role") != "assistant"), {})
+    return kind_in_trace(answered, tagged_trace)

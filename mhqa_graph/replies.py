@@ -8,13 +8,17 @@ A `ReplyFormat` is one of four turns, each optionally opened by a bounded `<thin
   reads them (the real 1.5B model writes bare calls, and barred from them it answers instead), or an
   `<answer>` (Omne); after the calls only `<tool_response>` may follow, where the stop sequence ends the turn.
 
+A JSON reply is declared once, as a pydantic model (`Reply`): its schema (`json_schema`) is what a backend holds the
+reply to, and its field descriptions give the format line the prompt shows (`Reply.line`).
+
 `decoding_kwargs(model, fmt)` gives the keyword arguments that make a chat model decode the format:
 a GBNF grammar for llama.cpp (`llamacpp:` specs) and for transformers models (`hf:` specs and packs, through
 xgrammar when it is installed), `response_format` with a strict JSON schema for OpenAI-compatible servers
 (vLLM included; JSON turns without a think block only), LangChain's `with_structured_output` for any other chat
 model that implements it (`structured`; JSON turns without a think block), nothing for the others (scripted
-fakes), which keep the prompt and the tolerant parser. The parsers run on every
-reply either way: a constrained reply is a well-formed one, not a right one.
+fakes), which keep the prompt. A reply the backend held to its format is read as the model (`held`); any other goes
+through the roles' tolerant parsers (their alias tables). Either way the role then judges it: a constrained reply is a
+well-formed one, not a right one.
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ import functools
 import importlib.util
 import json
 import re
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
 
 from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage
+from langchain_core.utils.json_schema import dereference_refs
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, WithJsonSchema, create_model
 
 THINK_CHARS = 1200  # of a think block: a small model that thinks on forever still gets to answer
 CHARS_PER_TOKEN = 3  # fewest characters a token of a think block holds, about (names and symbols tokenise finely)
@@ -39,12 +46,13 @@ DECODING_MODES = ("auto", "constrained", "prompt")
 
 @dataclass(frozen=True)
 class ReplyFormat:
-    """What a reply must look like. `schema` is the JSON schema of a `json` turn's value or of one tool
-    call; `think` lets a `<think>` block of at most `think_chars` characters come first."""
+    """What a reply must look like. `shape` is the model of a `json` turn's value (a `Reply`, or a union of them) or
+    of one tool call (a union of the calls' models); `think` lets a `<think>` block of at most `think_chars`
+    characters come first."""
 
     name: str
     turn: Turn = "json"
-    schema: dict[str, Any] = field(default_factory=dict, hash=False)  # compared, not hashed (a dict)
+    shape: Any = None
     think: bool = False
     think_chars: int = THINK_CHARS
     answer_chars: int = ANSWER_CHARS
@@ -54,6 +62,23 @@ class ReplyFormat:
         """Tokens the think block may take, at most (0 without one): a reply's token budget is for its body,
         and a constrained reply gets this many more, so that a full think block never cuts its body short."""
         return -(-self.think_chars // CHARS_PER_TOKEN) if self.think else 0
+
+    @functools.cached_property
+    def schema(self) -> dict[str, Any]:
+        """The JSON schema of the shape (`json_schema`); {} for a turn without one."""
+        return json_schema(self.shape) if self.shape is not None else {}
+
+    def parse(self, text: str) -> Any:
+        """A reply decoded under this format as its model: the JSON after the think block, validated; ValueError
+        when it does not match."""
+        body = text.partition("</think>")[2] if self.think else text
+        try:
+            return TypeAdapter(self.shape).validate_json(body)
+        except ValidationError as exc:
+            error = exc.errors()[0]
+            where = ".".join(map(str, error["loc"]))
+            raise ValueError(f"the reply does not match its format: {error['msg']}{f' at {where}' if where else ''}") \
+                from None
 
     def gbnf(self) -> str:
         """The format as a llama.cpp grammar (GBNF)."""
@@ -132,37 +157,60 @@ def text(max_chars: int = TEXT_CHARS, min_chars: int = 1) -> dict[str, Any]:
     return {"type": "string", "minLength": min_chars, "maxLength": max_chars}
 
 
-def obj(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
-    """A JSON object with exactly these properties (all required unless `required` says otherwise)."""
-    return {"type": "object", "properties": properties,
-            "required": list(properties) if required is None else required, "additionalProperties": False}
+class Reply(BaseModel):
+    """A JSON object reply, declared once: its fields' types and bounds give the JSON schema a backend holds the reply
+    to (the grammar, `response_format`, `with_structured_output`), their descriptions the format line the prompt
+    shows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def line(cls, **shown: str) -> str:
+        """The reply as the prompt shows it, each field by its description (a string's in quotes):
+        `{"answer": "short answer", "sufficient": true or false}`; a field named in `shown` is shown so instead."""
+        def how(name: str, field: dict[str, Any]) -> str:
+            said = shown.get(name, field["description"])
+            return f'"{said}"' if field.get("type") == "string" else said
+
+        fields = cls.model_json_schema()["properties"]
+        return "{" + ", ".join(f'"{name}": {how(name, field)}' for name, field in fields.items()) + "}"
+
+    @classmethod
+    def asked(cls, name: str, **schemas: dict[str, Any]) -> type[Reply]:
+        """This reply as one call asks for it, titled `name`: a field named in `schemas` is held to that JSON schema
+        (a list whose items or length, an answer whose values, depend on the call)."""
+        fields: dict[str, Any] = {field: (Annotated[cls.model_fields[field].annotation, WithJsonSchema(schema)],
+                                          cls.model_fields[field]) for field, schema in schemas.items()}
+        return create_model(name, __base__=cls, __module__=cls.__module__, __doc__=cls.__doc__, **fields)
+
+    @classmethod
+    def reply(cls, name: str, think: bool = False, **schemas: dict[str, Any]) -> ReplyFormat:
+        """The format of a reply of this model asked as `name` (see `asked`)."""
+        return json_reply(name, cls.asked(name, **schemas), think=think)
 
 
-@dataclass(frozen=True)
-class Shape:
-    """A JSON object reply declared once: each field's name, JSON schema and how the prompt shows it. From it come
-    the schema (so the grammar and `response_format`) and the format line the prompt asks for."""
-
-    fields: tuple[tuple[str, dict[str, Any], str], ...]  # (name, schema, shown as: '"short answer"', 'true or false')
-
-    def schema(self, omit: tuple[str, ...] = (), **given: dict[str, Any]) -> dict[str, Any]:
-        """The object's JSON schema, every field required, without the fields in `omit`; a field named in `given`
-        takes that schema for this reply (a list whose items or length depend on the call)."""
-        return obj({name: given.get(name, schema) for name, schema, _ in self.fields if name not in omit})
-
-    def line(self, omit: tuple[str, ...] = (), shown: dict[str, str] | None = None) -> str:
-        """The reply as the prompt shows it: `{"answer": "short answer", "sufficient": true or false}`; a field named
-        in `shown` is shown that way in this prompt."""
-        shown = shown or {}
-        return "{" + ", ".join(f'"{name}": {shown.get(name, how)}' for name, _, how in self.fields
-                               if name not in omit) + "}"
-
-    def reply(self, name: str, omit: tuple[str, ...] = (), think: bool = False, **given: dict[str, Any]) -> ReplyFormat:
-        return json_reply(name, self.schema(omit, **given), think=think)
+# the order of a schema's keys as the reply formats are sent (a `response_format` is sent as written); others last
+KEY_ORDER = {key: i for i, key in enumerate(("type", "const", "enum", "properties", "required", "additionalProperties",
+                                             "items", "minItems", "maxItems", "minLength", "maxLength", "anyOf"))}
 
 
-def json_reply(name: str, schema: dict[str, Any], think: bool = False) -> ReplyFormat:
-    return ReplyFormat(name=name, turn="json", schema=schema, think=think)
+def json_schema(shape: Any) -> dict[str, Any]:
+    """The JSON schema a backend holds a reply of `shape` (a model, or a union of models) to: pydantic's, references
+    inlined, without titles and descriptions (the prompt shows those), keys in `KEY_ORDER`."""
+    def plain(node: Any) -> Any:
+        if isinstance(node, list):
+            return [plain(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        kept = {key: {name: plain(v) for name, v in value.items()} if key == "properties" else plain(value)
+                for key, value in node.items() if key not in ("$defs", "title", "description")}
+        return dict(sorted(kept.items(), key=lambda kv: KEY_ORDER.get(kv[0], len(KEY_ORDER))))
+
+    return plain(dereference_refs(TypeAdapter(shape).json_schema()))
+
+
+def json_reply(name: str, shape: Any, think: bool = False) -> ReplyFormat:
+    return ReplyFormat(name=name, turn="json", shape=shape, think=think)
 
 
 def answer_reply(name: str, think: bool = False) -> ReplyFormat:
@@ -173,9 +221,25 @@ def line_reply(name: str, think: bool = False) -> ReplyFormat:
     return ReplyFormat(name=name, turn="line", think=think)
 
 
-def tool_reply(name: str, call_schemas: list[dict[str, Any]], think: bool = False, max_calls: int = 1) -> ReplyFormat:
-    return ReplyFormat(name=name, turn="tool_calls", schema={"anyOf": call_schemas}, think=think,
-                       max_calls=max(1, max_calls))
+def tool_reply(name: str, calls: Any, think: bool = False, max_calls: int = 1) -> ReplyFormat:
+    """A turn of one or more tool calls, each one of `calls` (a union of the calls' models), or an answer."""
+    return ReplyFormat(name=name, turn="tool_calls", shape=calls, think=think, max_calls=max(1, max_calls))
+
+
+HELD = ("grammar", "json_schema")  # a backend's `decoding` of a reply it held to the format (response_metadata)
+
+
+def held(message: BaseMessage, fmt: ReplyFormat) -> Any | None:
+    """`message` as `fmt`'s model when the backend held it to the format: the object a structured output gave, or a
+    reply decoded under a grammar or a JSON schema that was not cut off by the token limit (`ReplyFormat.parse`).
+    None for any other reply (prompt decoding, a constraint the backend dropped, the fakes): the roles' tolerant
+    parsers read those."""
+    if isinstance(parsed := message.additional_kwargs.get("parsed"), BaseModel):
+        return parsed
+    said = message.response_metadata
+    if said.get("decoding") not in HELD or said.get("finish_reason") == "length":
+        return None
+    return fmt.parse(message.text)
 
 
 # -- backends --------------------------------------------------------------------------------
@@ -209,29 +273,30 @@ def decoding_kwargs(model: BaseChatModel, fmt: ReplyFormat) -> tuple[dict[str, A
 
 
 def structured(model: BaseChatModel, fmt: ReplyFormat) -> Any:
-    """`model.with_structured_output(fmt's schema, include_raw=True)`, replying as the other backends do: a message
-    whose text is the value as JSON (the parsers read it as any reply), or the raw reply's text when the model's
-    value did not parse (the agent's repair then asks again). Usage and metadata are the raw reply's. A model that
-    cannot give this schema is asked with the prompt instead, as a server that refuses a `response_format` is: one
-    whose `with_structured_output` raises NotImplementedError, or a call that the provider refuses
-    (`refuses_schema`); the trace's `decoding_error` says why."""
+    """`model.with_structured_output(fmt's model, include_raw=True)`, replying as the other backends do: a message
+    holding the model's object (`additional_kwargs["parsed"]`, what `held` reads) with the value as JSON for its
+    text, or the raw reply's text when the model's value did not parse (the role's parser reads it, and its repair
+    asks again). Usage and metadata are the raw reply's. A model that cannot give this schema is asked with the
+    prompt instead, as a server that refuses a `response_format` is: one whose `with_structured_output` raises
+    NotImplementedError, or a call that the provider refuses (`refuses_schema`); the trace's `decoding_error` says
+    why."""
     from langchain_core.messages import AIMessage
     from langchain_core.runnables import RunnableConfig, RunnableLambda
 
-    schema = {"title": fmt.name, "description": f"The {fmt.name} reply.", **fmt.schema}
-
     def as_message(out: dict[str, Any]) -> AIMessage:
-        raw = out.get("raw")
-        parsed = out.get("parsed")
-        text = json.dumps(parsed, ensure_ascii=False) if isinstance(parsed, dict) else getattr(raw, "text", "") or ""
+        raw, parsed = out.get("raw"), out.get("parsed")
         meta = dict(getattr(raw, "response_metadata", {}) or {})
-        return AIMessage(text, usage_metadata=getattr(raw, "usage_metadata", None), response_metadata=meta)
+        usage = getattr(raw, "usage_metadata", None)
+        if isinstance(parsed, BaseModel):
+            return AIMessage(json.dumps(parsed.model_dump(exclude_unset=True), ensure_ascii=False),
+                             additional_kwargs={"parsed": parsed}, usage_metadata=usage, response_metadata=meta)
+        return AIMessage(getattr(raw, "text", "") or "", usage_metadata=usage, response_metadata=meta)
 
     def prompted(why: str) -> Any:
         return model.with_config(metadata={"mhqa_decoding_fallback": why})
 
     try:
-        constrained = model.with_structured_output(schema, include_raw=True) | RunnableLambda(as_message)
+        constrained = model.with_structured_output(fmt.shape, include_raw=True) | RunnableLambda(as_message)
     except NotImplementedError as exc:
         return prompted(f"{type(model).__name__} has no structured output for this schema ({exc})"[:300])
 

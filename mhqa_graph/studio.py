@@ -198,9 +198,9 @@ def check_assistant(agent: str, context: dict[str, Any]) -> None:
 
 async def _assistant(assistant_id: str) -> tuple[str, dict[str, Any]]:
     """The graph and the context of an assistant: a graph id is its own default assistant."""
-    from .graphs import AGENTS
+    from .graphs import SPECS
 
-    if assistant_id in AGENTS:
+    if assistant_id in SPECS:
         return assistant_id, {}
     from langgraph_sdk import get_client
 
@@ -230,11 +230,11 @@ async def check_payload(path: str, payload: Any) -> None:
         check_served(_configurable(payload) | _context(payload))
         return
     if ASSISTANTS_PATH.match(path):
-        from .graphs import AGENTS
+        from .graphs import SPECS
 
         check_served(_configurable(payload) | _context(payload))
         agent = payload.get("graph_id")
-        if agent in AGENTS:
+        if agent in SPECS:
             check_context_keys(agent, payload.get("context"))
             known = _known(agent)
             context = {k: v for k, v in _configurable(payload).items() if k in known} | (payload.get("context") or {})

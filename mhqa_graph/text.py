@@ -41,6 +41,12 @@ def encodable_all(value: Any) -> Any:
     return map_strings(value, encodable)
 
 
+def one_line(value: Any, limit: int = 100) -> str:
+    """`value` as text on one line, cut to `limit` characters (and "…") when longer."""
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 MAX_TOPIC_ENTITIES = 20  # an agent is given at most this many topic entities, the first ones
 MAX_ENTITY_CHARS = 300  # a longer topic entity is no entity name, and is dropped
 

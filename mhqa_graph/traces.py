@@ -4,7 +4,8 @@ and the answer.
 
 A `TraceRecorder` is a LangChain callback handler: pass it in `config={"callbacks": [recorder]}` and it
 sees every chat-model call (the role comes from the tags `get_llm` attaches) and tool call of the run,
-from any thread; the design-specific parts (plan, steps, retrieved ids) are read from the final state.
+from any thread; the design-specific parts (plan, steps, retrieved ids) are read from the final state by the
+agent's design spec (`trace_parts`).
 
     recorder = TraceRecorder("opera", context)
     output = graph.invoke({"question": "Where was ...?"}, context=context, config={"callbacks": [recorder]})
@@ -19,7 +20,6 @@ longer one is cut there and marked, and `clipped_chars` counts what was cut, per
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Mapping
@@ -32,6 +32,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from langchain_core.outputs import LLMResult
 from pydantic import BaseModel, Field
 
+from .designs import spec_of
 from .errors import MhqaError
 from .messages import kind_of
 from .models.call_cache import FROM_CACHE
@@ -155,50 +156,17 @@ def jsonable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, type(None))) else repr(value)
 
 
-def _hits(items: list[dict]) -> list[Retrieved]:
+def as_retrieved(items: list[dict] | None) -> list[Retrieved]:
+    """Retrieved items from a state's hits: passages {id, title, score} or entities {entity, score}."""
     return [Retrieved(id=str(h.get("id", h.get("entity", ""))), score=h.get("score"), title=h.get("title"))
             for h in items or [] if isinstance(h, dict)]
 
 
-# OPERA placeholders ([Answer1]) in states from before OPERA recorded `depends_on`
-_CITED_STEP = re.compile(r"\[[^\[\]\d]{0,40}?(\d{1,2})[^\[\]\d]{0,40}\]")
-
-
-def plan_and_steps(state: Mapping[str, Any]) -> tuple[list[PlanItem], list[Step], list[ToolCall]]:
-    """The plan, the retrieval steps and the tool calls a final state shows, whichever design made it (auto's:
-    those of its stages, in order)."""
-    if "stages" in state and "decisions" in state:  # auto
-        parts = [plan_and_steps(s) for s in state["stages"] or [] if isinstance(s, Mapping)]
-        return ([p for plan, _, _ in parts for p in plan], [s for _, steps, _ in parts for s in steps],
-                [c for _, _, calls in parts for c in calls])
-    if "steps" in state and "plan" in state:  # OPERA
-        deps = state.get("depends_on") or [sorted(set(_CITED_STEP.findall(q)), key=int) for q in state["plan"] or []]
-        plan = [PlanItem(id=str(i), question=q, depends_on=[str(d) for d in (deps[i - 1] if i <= len(deps) else [])])
-                for i, q in enumerate(state["plan"] or [], start=1)]
-        steps = [Step(id=f"{s.get('n', i)}.{j}", kind="attempt", question=s.get("subgoal", ""),
-                      query=a.get("query", ""), retrieved=_hits(a.get("hits")),
-                      answer=(a.get("analysis") or {}).get("answer", ""), error=a.get("error"))
-                 for i, s in enumerate(state["steps"] or [], start=1) for j, a in enumerate(s.get("attempts", []), 1)]
-        return plan, steps, []
-    if "dag" in state:  # Mujica
-        plan = [PlanItem(id=q["id"], question=q["question"], depends_on=list(q.get("depends_on", [])))
-                for q in state["dag"] or []]
-        steps = [Step(id=sid if r is last else f"{sid}.{r.get('attempt', 1)}", kind="subquestion",
-                      question=r.get("question", ""), query=r.get("query", ""), retrieved=_hits(r.get("retrieved")),
-                      answer=r.get("answer") or "", error=r.get("error"))
-                 for sid, last in (state.get("results") or {}).items()
-                 for r in [*(last.get("earlier") or []), last]]  # a re-asked sub-question: its earlier asks first
-        return plan, steps, []
-    if "tool_calls" in state:  # Omne
-        calls = [ToolCall(name=c.get("name", ""), args=c.get("args", {}), output=c.get("result_preview", ""))
-                 for c in state["tool_calls"] or []]
-        steps = [Step(id=str(i), kind="tool", query=str(next(iter(c.args.values()), "")) if isinstance(c.args, dict)
-                      else c.args, answer=c.output) for i, c in enumerate(calls, start=1)]
-        return [], steps, calls
-    if "retrieved" in state:  # rag
-        return [], [Step(id="retrieve", kind="retrieve", query=state.get("query") or state.get("question", ""),
-                         retrieved=_hits(state["retrieved"]))], []
-    return [], [], []
+def plan_and_steps(state: Mapping[str, Any], agent: str) -> tuple[list[PlanItem], list[Step], list[ToolCall]]:
+    """The plan, the retrieval steps and the tool calls a final state of `agent` shows, as its design's spec reads
+    them (`trace_parts`); none for an agent no design declares."""
+    spec = spec_of(agent)
+    return spec.trace_parts(state) if spec else ([], [], [])
 
 
 def trace_from_state(state: Mapping[str, Any], agent: str = "unknown", question: str | None = None,
@@ -211,7 +179,7 @@ def trace_from_state(state: Mapping[str, Any], agent: str = "unknown", question:
     question = state.get("question", question)
     if not isinstance(question, str):
         raise TraceError("not a run state: no string 'question' (pass the question of a graph output)")
-    plan, steps, tool_calls = plan_and_steps(state)
+    plan, steps, tool_calls = plan_and_steps(state, agent)
     return Trace(source="state", agent=agent, question=question,
                  topic_entities=topic_entities(state.get("topic_entities")), answer=state.get("answer") or "",
                  error=state.get("error"), plan=plan, steps=steps, tool_calls=tool_calls,
@@ -368,7 +336,7 @@ class TraceRecorder(BaseCallbackHandler):
         """The Trace of the run; `final_state` defaults to the graph's output seen by the callbacks.
         `error` records a failure that ended the run (e.g. InvalidQuestion) when there is no state."""
         state = dict(final_state if final_state is not None else self.outputs or {})
-        plan, steps, state_tools = plan_and_steps(state)
+        plan, steps, state_tools = plan_and_steps(state, self.agent)
         with self._lock:
             calls = sorted(self.calls, key=lambda c: c.start)
             tools = list(self.tools)

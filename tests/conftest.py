@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+# the full benchmark sets: ../shared/data beside the repository, or the folder MHQA_TEST_DATA names
+DATA = Path(os.environ.get("MHQA_TEST_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data").absolute()
 # why a test that needs the full benchmark sets skips, and how to get them
 NO_DATA = (f"needs the full benchmark sets at {DATA} (the bundled sample is not enough): "
            "mhqa_graph/demo_data/README.md says which files go there and where each comes from")
@@ -12,9 +13,44 @@ NO_DATA = (f"needs the full benchmark sets at {DATA} (the bundled sample is not 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
+    """The full benchmark sets' folder; the test skips with NO_DATA where it is missing."""
     if not DATA.is_dir():
         pytest.skip(NO_DATA)
     return DATA
+
+
+@pytest.fixture(scope="session")
+def sample() -> Path:
+    """The sample the package bundles (mhqa_graph/demo_data/), there in every clone."""
+    from mhqa_graph.demo import DEMO_DATA
+
+    return DEMO_DATA
+
+
+@pytest.fixture(scope="session")
+def pq_2h() -> dict[str, list[str]]:
+    """Real lines of PathQuestion's files (the package bundles none of PathQuestion), by file name: the first three
+    questions of PQ-2H.txt, and the first three facts of 2H-kb.txt with the two of those questions' gold chain."""
+    return {
+        "PQ-2H.txt": [
+            "which nationality is frederica_of_mecklenburg-strelitz 's couple ?\tunited_kingdom(united_kingdom/)\t"
+            "frederica_of_mecklenburg-strelitz#spouse#ernest_augustus_i_of_hanover#nationality#"
+            "united_kingdom#<end>#united_kingdom",
+            "what is the nation of frederica_of_mecklenburg-strelitz 's couple ?\tunited_kingdom(united_kingdom/)\t"
+            "frederica_of_mecklenburg-strelitz#spouse#ernest_augustus_i_of_hanover#nationality#"
+            "united_kingdom#<end>#united_kingdom",
+            "the nation of frederica_of_mecklenburg-strelitz 's couple ?\tunited_kingdom(united_kingdom/)\t"
+            "frederica_of_mecklenburg-strelitz#spouse#ernest_augustus_i_of_hanover#nationality#"
+            "united_kingdom#<end>#united_kingdom",
+        ],
+        "2H-kb.txt": [
+            "ludwig_ii_of_bavaria\tparents\tmaximilian_ii_of_bavaria",
+            "gheorghe_i_tasca\tchildren\tgheorghe_tasca",
+            "lothair_of_france\tparents\tgerberga_of_saxony",
+            "frederica_of_mecklenburg-strelitz\tspouse\ternest_augustus_i_of_hanover",
+            "ernest_augustus_i_of_hanover\tnationality\tunited_kingdom",
+        ],
+    }
 
 
 @pytest.fixture(autouse=True)

@@ -1,9 +1,10 @@
 """`auto`: rag first, a design when rag's answer is not supported; its decisions, budget and failures."""
 
+import dataclasses
 import json
 
 import pytest
-from mhqa_graph.graphs import AGENTS, ROLES, build_graph, make_context
+from mhqa_graph.graphs import SPECS, build_graph, make_context
 from mhqa_graph.graphs import auto as A
 
 from mhqa_graph.errors import InvalidInput
@@ -45,7 +46,7 @@ def run(store, models, question=QUESTION, recorder=None, **settings):
 
 
 def test_registered_like_the_other_agents():
-    assert "auto" in AGENTS and set(ROLES["auto"]) == {r for a in ("rag", *A.DESIGNS) for r in ROLES[a]}
+    assert "auto" in SPECS and set(SPECS["auto"].roles) == {r for a in ("rag", *A.DESIGNS) for r in SPECS[a].roles}
     langgraph = json.load(open("langgraph.json"))
     assert langgraph["graphs"]["auto"]["path"] == "mhqa_graph.graphs.auto.graph:graph"
 
@@ -267,17 +268,14 @@ def test_decisions_and_stages_start_afresh_with_each_run_on_a_thread(store):
 
 
 def test_a_design_that_raises_falls_back_to_the_first_answer(store, monkeypatch):
-    import importlib
-
     class Broken:  # OPERA's graph, failing when run
         builder = build_graph("opera").builder
 
         def invoke(self, *args, **kwargs):
             raise RuntimeError("subgraph down")
 
-    module, builder = AGENTS["opera"]
-    monkeypatch.setattr(importlib.import_module(f"mhqa_graph.graphs.{module}"), builder,
-                        lambda checkpointer=None: Broken())
+    stages = A.state.STAGE_SPECS
+    monkeypatch.setitem(stages, "opera", dataclasses.replace(stages["opera"], build=lambda checkpointer=None: Broken()))
     out = run(store, roles("Paris"))
     assert out["answer"] == "Paris" and out["answered_by"] == "rag"
     assert out["decisions"][-1] == {"stage": "opera", "action": "fallback", "code": "stage_failed",

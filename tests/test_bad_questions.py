@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mhqa_graph.graphs import ROLES, build_graph, make_context
+from mhqa_graph.graphs import SPECS, build_graph, make_context
 from mhqa_graph.graphs.settings import MAX_ANSWER_CHARS, MAX_QUESTION_CHARS
 
 from mhqa_graph.errors import InvalidQuestion
@@ -72,7 +72,7 @@ GRAPHS = {agent: build_graph(agent) for agent in AGENTS}
 
 def ask(agent: str, question, store) -> dict:
     """Run `agent` on `question` with a thread-side timeout: a hang fails instead of stalling."""
-    roles = {role: FakeChatModel(responses=[REPLIES[role]]) for role in ROLES[agent]}
+    roles = {role: FakeChatModel(responses=[REPLIES[role]]) for role in SPECS[agent].roles}
     ctx = make_context(agent, role_llms=roles, store=store, corpus="docs", graph="kg", max_rounds=3)
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(GRAPHS[agent].invoke, {"question": question}, context=ctx).result(timeout=TIMEOUT_S)

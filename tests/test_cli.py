@@ -22,8 +22,8 @@ def mhqa(*args: str, store: Path | None = None) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture
-def hotpot_rows(data_dir, tmp_path) -> Path:
-    lines = (data_dir / "hotpotqa" / "dev_a.jsonl").read_text(encoding="utf-8").splitlines()[:5]
+def hotpot_rows(sample, tmp_path) -> Path:
+    lines = (sample / "hotpotqa" / "demo.jsonl").read_text(encoding="utf-8").splitlines()[:5]
     path = tmp_path / "hotpot.jsonl"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -271,14 +271,14 @@ main()
 """
 
 
-def test_eval_ctrl_c_writes_a_partial_summary_and_exits_130(data_dir, tmp_path):
+def test_eval_ctrl_c_writes_a_partial_summary_and_exits_130(sample, tmp_path):
     import signal
     import time
 
     store = f"embedded://{tmp_path / 'store'}?embedder=hash"
     out = tmp_path / "run"
-    args = ["eval", str(data_dir / "hotpotqa" / "dev_a.jsonl"), "--dataset", "hotpotqa", "--agent", "direct",
-            "--llm", "fake", "--limit", "40", "-k", "1", "--out", str(out), "--store", store]
+    args = ["eval", str(sample / "hotpotqa" / "demo.jsonl"), "--dataset", "hotpotqa", "--agent", "direct",
+            "--llm", "fake", "--limit", "20", "-k", "1", "--out", str(out), "--store", store]
     assert mhqa("ingest", "passages", str(tmp_path / "none.jsonl"), "--corpus", "x", "--store", store).returncode == 2
     (tmp_path / "one.jsonl").write_text('{"id": "a", "title": "A", "text": "alpha"}\n')
     assert mhqa("ingest", "passages", str(tmp_path / "one.jsonl"), "--corpus", "x", "--store", store).returncode == 0
@@ -293,9 +293,9 @@ def test_eval_ctrl_c_writes_a_partial_summary_and_exits_130(data_dir, tmp_path):
     _, stderr = child.communicate(timeout=60)
     done = results.read_text().count("\n")
     assert child.returncode == 130, stderr
-    assert f"interrupted at {done}/40; rerun the same command to resume" in stderr and "Traceback" not in stderr
+    assert f"interrupted at {done}/20; rerun the same command to resume" in stderr and "Traceback" not in stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert (summary["n"], summary["complete"], summary["questions"]) == (done, False, 40)
+    assert (summary["n"], summary["complete"], summary["questions"]) == (done, False, 20)
 
 
 def test_export_roles_skips_a_role_without_rows(filled, tmp_path):
@@ -341,18 +341,17 @@ def test_models_list_shows_whole_names_in_80_columns():
     assert "…" not in listed.stdout
 
 
-def test_demo_with_a_fake_model(data_dir, tmp_path):
-    """The demo's whole path on the first rows of the real files, a hash-embedder store and a scripted model:
-    every agent shows its steps and its answer beside the gold one, then the summary line."""
+def test_demo_with_a_fake_model(sample, pq_2h, tmp_path):
+    """The demo's --data path on a folder of real rows (the bundled sample's first HotpotQA rows, PathQuestion lines),
+    a hash-embedder store and a scripted model: every agent shows its steps and its answer beside the gold one,
+    then the summary line."""
     data = tmp_path / "data"
     (data / "hotpotqa").mkdir(parents=True)
     (data / "pathquestion").mkdir()
-    rows = (data_dir / "hotpotqa" / "dev_a.jsonl").read_text(encoding="utf-8").splitlines()[:3]
+    rows = (sample / "hotpotqa" / "demo.jsonl").read_text(encoding="utf-8").splitlines()[:3]
     (data / "hotpotqa" / "dev_a.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    paths = (data_dir / "pathquestion" / "PQ-2H.txt").read_text(encoding="utf-8").splitlines()[:3]
-    (data / "pathquestion" / "PQ-2H.txt").write_text("\n".join(paths) + "\n", encoding="utf-8")
-    kb = (data_dir / "pathquestion" / "2H-kb.txt").read_text(encoding="utf-8")
-    (data / "pathquestion" / "2H-kb.txt").write_text(kb, encoding="utf-8")
+    for name, lines in pq_2h.items():
+        (data / "pathquestion" / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     gold = json.loads(rows[0])["answer"]
     store = f"embedded://{tmp_path / 'demo'}?embedder=hash"
     args = ["demo", "--data", str(data), "--store", store, "--llm", f'fake:["<answer>{gold}</answer>"]']

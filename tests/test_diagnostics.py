@@ -15,6 +15,7 @@ from mhqa_graph.eval.report import summarize
 from mhqa_graph.export import legacy_kinds
 from mhqa_graph.ingest.datasets import Hop
 from mhqa_graph.messages import FORCED, FORCED_FINAL, NUDGE, REPAIR, SEND_BACK, kind_of, legacy_kind
+from mhqa_graph.replies import ReplyFormat
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.testing.replay import RecordingChatModel, RecordingStore, Transcript, Unrecorded
 from mhqa_graph.traces import ChatMessage, LLMCall, Retrieved, Step, Trace
@@ -96,7 +97,7 @@ def test_traces_written_before_kinds_are_read_by_the_designs_texts():
     final = mujica_prompts.FINAL_USER.format(progress="q1 ...", think="")
     assert legacy_kind(omne_prompts.FORCE_ANSWER) == FORCED_FINAL and legacy_kind(final) == FORCED
     llm = FakeChatModel(responses=["no json here", '{"a": 1}'])
-    assert ask_json(llm, [HumanMessage("q")], dict).value == {"a": 1}
+    assert ask_json(llm, [HumanMessage("q")], ReplyFormat("a"), dict, dict).value == {"a": 1}
     repair = llm.calls[-1][-1]
     assert kind_of(repair) == REPAIR  # tagged where it is made
     sent_back = omne_prompts.UNGROUNDED.format(answer="Paris")

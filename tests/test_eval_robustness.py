@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mhqa_graph.graphs import AGENTS, build_graph, make_context
+from mhqa_graph.graphs import SPECS, build_graph, make_context
 from test_eval import write_dataset
 
 from mhqa_graph.errors import IngestError, InvalidInput, ModelError
@@ -40,7 +40,7 @@ def records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "results.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
-@pytest.mark.parametrize("agent", list(AGENTS))
+@pytest.mark.parametrize("agent", list(SPECS))
 def test_lone_surrogates_in_questions_and_replies_do_not_stop_an_eval(tmp_path, data, agent):
     model = FakeChatModel(responses=[SURROGATE_REPLY])
     summary = run_eval(agent, "hotpotqa", data, None, f"embedded://{tmp_path}/s?embedder=hash", tmp_path / "run",
@@ -79,7 +79,7 @@ def test_ask_prints_an_answer_and_a_trace_with_a_lone_surrogate(tmp_path):
     assert json.loads(trace.read_text(encoding="utf-8"))["answer"] == "Tulsa \ufffd"
 
 
-@pytest.mark.parametrize("agent", list(AGENTS))
+@pytest.mark.parametrize("agent", list(SPECS))
 def test_non_string_topic_entities_are_dropped(tmp_path, agent):
     uri = f"embedded://{tmp_path}/s?embedder=hash"
     with open_store(uri) as store:

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import pytest
-from mhqa_graph.graphs import AGENTS, as_tool, build_graph, make_context
+from mhqa_graph.graphs import SPECS, as_tool, build_graph, make_context
 from mhqa_graph.graphs.settings import AgentContext
 
 from mhqa_graph import Passage, open_store
@@ -40,7 +40,7 @@ def to_json(shape: dict) -> str:
     return f'{{\n  "nodes": {json.dumps(shape["nodes"])},\n  "edges": [\n{edges}\n  ]\n}}\n'
 
 
-@pytest.mark.parametrize("agent", list(AGENTS))
+@pytest.mark.parametrize("agent", list(SPECS))
 def test_graph_structure_matches_snapshot(agent):
     path = SNAPSHOTS / f"{agent}.json"
     current = structure(agent)
@@ -61,7 +61,7 @@ def test_graph_structure_matches_snapshot(agent):
                     + f"\nif intended, update the snapshot with: {HOW}")
 
 
-@pytest.mark.parametrize("agent", list(AGENTS))
+@pytest.mark.parametrize("agent", list(SPECS))
 def test_context_schema_extends_the_shared_context(agent):
     schema = build_graph(agent).builder.context_schema
     assert dataclasses.is_dataclass(schema) and issubclass(schema, AgentContext)
@@ -69,7 +69,7 @@ def test_context_schema_extends_the_shared_context(agent):
     assert schema().llm == "auto"  # every setting has a default
 
 
-@pytest.mark.parametrize("agent", list(AGENTS))
+@pytest.mark.parametrize("agent", list(SPECS))
 def test_make_context(agent):
     ctx = make_context(agent, llm="fake", corpus="wiki", top_k=None)
     assert type(ctx) is build_graph(agent).builder.context_schema
@@ -78,7 +78,7 @@ def test_make_context(agent):
         make_context(agent, bogus=1)
 
 
-@pytest.mark.parametrize("agent", list(AGENTS))
+@pytest.mark.parametrize("agent", list(SPECS))
 def test_no_corpus_and_no_graph_is_refused_in_one_sentence(agent):
     """Every agent that searches the store refuses a context without a corpus or graph in make_context, in one
     sentence; `direct` needs neither (issue 64, 4)."""
@@ -98,7 +98,7 @@ def test_unknown_agent_is_an_input_error():
         build_graph("nope")
 
 
-@pytest.mark.parametrize("agent", list(AGENTS))
+@pytest.mark.parametrize("agent", list(SPECS))
 def test_json_schemas_for_studio(agent):
     """LangGraph Studio renders its input form, output view and context form from these schemas."""
     graph = build_graph(agent)

@@ -273,10 +273,10 @@ def test_a_non_finite_or_out_of_range_setting_is_refused_naming_its_range(agent,
 def test_every_numeric_setting_has_a_range_that_holds_its_default():
     import dataclasses
 
-    from mhqa_graph.graphs import AGENTS, context_schema, make_context
+    from mhqa_graph.graphs import SPECS, context_schema, make_context
     from mhqa_graph.graphs.settings import SETTING_RANGES
 
-    for agent in AGENTS:
+    for agent in SPECS:
         numeric = [f for f in dataclasses.fields(context_schema(agent))
                    if f.type in ("int", "float", "tuple[int, ...]")]
         assert [f.name for f in numeric if f.name not in SETTING_RANGES] == [], agent

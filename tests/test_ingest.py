@@ -30,14 +30,9 @@ from mhqa_graph.store.base import MAX_NAME_BYTES, KnowledgeStore
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.types import Fact, Passage
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="needs the full benchmark sets at ../shared/data: "
-                                "mhqa_graph/demo_data/README.md says which files go there and where each comes from")
 
-
-def head_rows(rel: str, n: int) -> list[dict]:
+def head_rows(path: Path, n: int) -> list[dict]:
     """The first n rows of a real JSON-list or JSONL data file."""
-    path = DATA / rel
     if path.suffix == ".json":
         return json.loads(path.read_text(encoding="utf-8"))[:n]
     with open(path, encoding="utf-8") as f:
@@ -129,9 +124,8 @@ def test_unknown_dataset() -> None:
 # -- HotpotQA ----------------------------------------------------------------------------------
 
 
-@needs_data
-def test_hotpotqa_hf_and_original_layouts_agree(tmp_path: Path) -> None:
-    rows = head_rows("hotpotqa/dev_a.jsonl", 3)
+def test_hotpotqa_hf_and_original_layouts_agree(sample: Path, tmp_path: Path) -> None:
+    rows = head_rows(sample / "hotpotqa" / "demo.jsonl", 3)
     original = [{**r, "_id": r["id"],
                  "context": [[t, s] for t, s in zip(r["context"]["title"], r["context"]["sentences"], strict=True)],
                  "supporting_facts": [[t, i] for t, i in zip(r["supporting_facts"]["title"],
@@ -155,9 +149,8 @@ def test_hotpotqa_hf_and_original_layouts_agree(tmp_path: Path) -> None:
     assert detect_dataset(tmp_path / "hf.jsonl") == detect_dataset(tmp_path / "orig.json") == "hotpotqa"
 
 
-@needs_data
-def test_equal_paragraphs_of_different_rows_collapse(tmp_path: Path) -> None:
-    row = head_rows("hotpotqa/dev_b.jsonl", 1)[0]
+def test_equal_paragraphs_of_different_rows_collapse(sample: Path, tmp_path: Path) -> None:
+    row = head_rows(sample / "hotpotqa" / "demo.jsonl", 1)[0]
     path = write_jsonl(tmp_path / "dup.jsonl", [row, {**row, "id": "other"}])
     assert len(list(dataset_passages("hotpotqa", path))) == len(set(row["context"]["title"]))
 
@@ -176,9 +169,8 @@ def test_malformed_hotpotqa_row(tmp_path: Path) -> None:
 # -- 2WikiMultihopQA ---------------------------------------------------------------------------
 
 
-@needs_data
-def test_2wiki_context_as_jsonl_and_json_list(tmp_path: Path) -> None:
-    rows = head_rows("2wikimultihopqa/dev_context.jsonl", 3)
+def test_2wiki_context_as_jsonl_and_json_list(data_dir: Path, tmp_path: Path) -> None:
+    rows = head_rows(data_dir / "2wikimultihopqa" / "dev_context.jsonl", 3)
     jsonl = write_jsonl(tmp_path / "c.jsonl", rows)
     listed = write_json(tmp_path / "c.json", rows)
     passages = list(dataset_passages("2wiki", jsonl))
@@ -194,9 +186,8 @@ def test_2wiki_context_as_jsonl_and_json_list(tmp_path: Path) -> None:
     assert item.hops == len(rows[0]["evidences"]) and item.supporting_ids
 
 
-@needs_data
-def test_2wiki_gold_chain_has_a_hop_per_evidence_with_its_passage(tmp_path: Path) -> None:
-    rows = head_rows("2wikimultihopqa/dev_context.jsonl", 20)
+def test_2wiki_gold_chain_has_a_hop_per_evidence_with_its_passage(data_dir: Path, tmp_path: Path) -> None:
+    rows = head_rows(data_dir / "2wikimultihopqa" / "dev_context.jsonl", 20)
     items = list(questions("2wiki", write_jsonl(tmp_path / "c.jsonl", rows)))
     for row, item in zip(rows, items):
         assert [h.triples[0] for h in item.chain] == [tuple(e) for e in row["evidences"]]
@@ -206,39 +197,37 @@ def test_2wiki_gold_chain_has_a_hop_per_evidence_with_its_passage(tmp_path: Path
     assert with_passages >= 15  # a supporting paragraph per hop where the subject has its own paragraph
 
 
-@needs_data
-def test_2wiki_train_qa_pairs_give_sub_questions(tmp_path: Path) -> None:
-    rows = head_rows("2wikimultihopqa/train_context.json", 5)
+def test_2wiki_train_qa_pairs_give_sub_questions(data_dir: Path, tmp_path: Path) -> None:
+    rows = head_rows(data_dir / "2wikimultihopqa" / "train_context.json", 5)
     item = next(iter(questions("2wiki", write_json(tmp_path / "t.json", rows))))
     assert [h.question for h in item.chain] == [p["question"] for p in rows[0]["qa_pairs"]]
     assert [h.answer for h in item.chain] == ["Dillon Francis", "October 5, 1987"]
 
 
-@needs_data
-def test_hotpotqa_chain_is_the_supporting_paragraphs(tmp_path: Path) -> None:
-    item = next(iter(questions("hotpotqa", DATA / "hotpotqa" / "dev_b.jsonl")))
+def test_hotpotqa_chain_is_the_supporting_paragraphs(sample: Path) -> None:
+    item = next(iter(questions("hotpotqa", sample / "hotpotqa" / "demo.jsonl")))
     assert [h.passage_ids[0] for h in item.chain] == list(item.supporting_ids)
     assert len(item.chain) == 2 and all(h.answer is None for h in item.chain)
 
 
-@needs_data
-def test_2wiki_train_context_rows(tmp_path: Path) -> None:
-    path = write_json(tmp_path / "t.json", head_rows("2wikimultihopqa/train_context.json", 2))
+def test_2wiki_train_context_rows(data_dir: Path, tmp_path: Path) -> None:
+    path = write_json(tmp_path / "t.json", head_rows(data_dir / "2wikimultihopqa" / "train_context.json", 2))
     assert list(dataset_passages("2wiki", path)) and list(dataset_triples("2wiki", path))
 
 
-@needs_data
-def test_2wiki_evidences_only_file(tmp_path: Path) -> None:
-    rows = head_rows("2wikimultihopqa/dev_evidences.json", 3)
-    path = write_json(tmp_path / "e.json", rows)
+def test_2wiki_evidences_only_file(sample: Path) -> None:
+    """The bundled evidences file (no paragraphs): its README's 78 distinct triples of 40 rows."""
+    path = sample / "2wikimultihopqa" / "demo_evidences.json"
+    rows = json.loads(path.read_text(encoding="utf-8"))
     assert list(dataset_passages("2wiki", path)) == []
-    assert len(list(dataset_triples("2wiki", path))) == len({tuple(e) for r in rows for e in r["evidences"]})
+    triples = list(dataset_triples("2wiki", path))
+    assert triples == list(dict.fromkeys(tuple(e) for r in rows for e in r["evidences"]))
+    assert (len(rows), len(triples)) == (40, 78)
 
 
-@needs_data
-def test_2wiki_dev_evidences_graph_size() -> None:
+def test_2wiki_dev_evidences_graph_size(data_dir: Path) -> None:
     """The README's numbers for the evidence graph of the whole dev file."""
-    triples = list(dataset_triples("2wiki", DATA / "2wikimultihopqa/dev_evidences.json"))
+    triples = list(dataset_triples("2wiki", data_dir / "2wikimultihopqa" / "dev_evidences.json"))
     assert len(triples) == 6589
     assert len({x for s, _, o in triples for x in (s, o)}) == 9021
     assert len({r for _, r, _ in triples}) == 33
@@ -274,24 +263,21 @@ def test_musique(tmp_path: Path) -> None:
 # -- PathQuestion ------------------------------------------------------------------------------
 
 
-@needs_data
 @pytest.mark.parametrize("kb", ["2H-kb.txt", "3H-kb.txt"])
-def test_pathquestion_names_are_a_bijection(kb: str) -> None:
-    lines = (DATA / "pathquestion" / kb).read_text(encoding="utf-8").splitlines()
+def test_pathquestion_names_are_a_bijection(data_dir: Path, kb: str) -> None:
+    lines = (data_dir / "pathquestion" / kb).read_text(encoding="utf-8").splitlines()
     names = {x for line in lines for x in line.split("\t")}
     assert not any(" " in n for n in names)
     readable = {pathquestion_name(n) for n in names}
     assert len(readable) == len(names)
     assert {pathquestion_original(r) for r in readable} == names
-    triples = list(dataset_triples("pathquestion", DATA / "pathquestion" / kb))
+    triples = list(dataset_triples("pathquestion", data_dir / "pathquestion" / kb))
     assert len(triples) == len(set(lines))
     assert all("_" not in x for t in triples for x in t)
 
 
-@needs_data
-def test_pathquestion_question_file_uses_sibling_kb(tmp_path: Path) -> None:
-    kb_lines = (DATA / "pathquestion/2H-kb.txt").read_text(encoding="utf-8").splitlines()[:3]
-    q_lines = (DATA / "pathquestion/PQ-2H.txt").read_text(encoding="utf-8").splitlines()[:3]
+def test_pathquestion_question_file_uses_sibling_kb(pq_2h: dict[str, list[str]], tmp_path: Path) -> None:
+    kb_lines, q_lines = pq_2h["2H-kb.txt"], pq_2h["PQ-2H.txt"]
     qfile = tmp_path / "PQ-2H.txt"
     qfile.write_text("\n".join(q_lines) + "\n", encoding="utf-8")
     with pytest.raises(IngestError, match="2H-kb.txt"):
@@ -391,9 +377,8 @@ def test_ingest_dataset_is_idempotent(store: KnowledgeStore, tmp_path: Path) -> 
     assert "mq" not in store.stats().graphs  # no triples, no graph
 
 
-@needs_data
-def test_ingest_dataset_2wiki_passages_and_triples(store: KnowledgeStore, tmp_path: Path) -> None:
-    rows = head_rows("2wikimultihopqa/dev_context.jsonl", 2)
+def test_ingest_dataset_2wiki_passages_and_triples(store: KnowledgeStore, data_dir: Path, tmp_path: Path) -> None:
+    rows = head_rows(data_dir / "2wikimultihopqa" / "dev_context.jsonl", 2)
     report = ingest_dataset(store, "2wiki", write_jsonl(tmp_path / "c.jsonl", rows), "w")
     assert report.passages_added == store.stats().corpora["w"]["passages"] > 0
     assert report.triples_added == store.stats().graphs["w"]["triples"] > 0

@@ -103,16 +103,15 @@ def test_the_core_loads_without_the_designs():
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_loading_an_agent_loads_no_evaluation_module():
-    """Importing each agent's graph module (`mhqa_graph.graphs.AGENTS`) loads no `mhqa_graph.eval` module: the
-    evaluator is not loaded with every agent. A failure names, per agent, the evaluation modules loaded once it
-    was imported."""
-    script = ("import importlib, sys\n"
-              "from mhqa_graph.graphs import AGENTS\n"
-              "loaded = {}\n"
-              "for agent, (module, _) in AGENTS.items():\n"
-              "    importlib.import_module('mhqa_graph.graphs.' + module)\n"
-              "    loaded[agent] = sorted(m for m in sys.modules if m.startswith('mhqa_graph.eval'))\n"
-              "sys.exit(f'evaluation modules loaded: {loaded}' if any(loaded.values()) else 0)\n")
+def test_loading_the_designs_loads_no_evaluation_module():
+    """Importing the registry (`mhqa_graph.graphs`, every design's spec with it) and building each agent's graph
+    loads no `mhqa_graph.eval` module: the evaluator is not loaded with the agents. A failure names the evaluation
+    modules loaded."""
+    script = ("import sys\n"
+              "from mhqa_graph.graphs import SPECS\n"
+              "for spec in SPECS.values():\n"
+              "    spec.build()\n"
+              "loaded = sorted(m for m in sys.modules if m.startswith('mhqa_graph.eval'))\n"
+              "sys.exit(f'evaluation modules loaded: {loaded}' if loaded else 0)\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -21,6 +21,7 @@ from neo4j.exceptions import AuthError
 
 from mhqa_graph.errors import ModelError, StoreUnavailable
 from mhqa_graph.eval import run_eval
+from mhqa_graph.replies import ReplyFormat
 from mhqa_graph.store.neo4j_backend import Neo4jStore
 from mhqa_graph.testing.fakes import FakeChatModel
 from mhqa_graph.testing.recording_driver import RecordingDriver
@@ -124,7 +125,7 @@ def test_retries_can_be_turned_off():
 
 def test_ask_json_retries_the_call_not_the_repair():
     model = failing(1, TimeoutError("slow"), reply='{"answer": "Paris"}')
-    parsed = ask_json(get_llm(context(model), "answer"), MESSAGES, lambda v: v["answer"])
+    parsed = ask_json(get_llm(context(model), "answer"), MESSAGES, ReplyFormat("answer"), dict, lambda v: v["answer"])
     assert (parsed.value, parsed.error, parsed.raw) == ("Paris", None, ['{"answer": "Paris"}'])
     assert len(model.calls) == 2
 

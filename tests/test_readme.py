@@ -134,16 +134,12 @@ def test_every_readme_command_is_covered():
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> tuple[Path, dict[str, str], str]:
+def workdir(tmp_path_factory, data_dir) -> tuple[Path, dict[str, str], str]:
     """A scratch folder beside `shared/data` (a link to the benchmark data), the files the README
     ingests, and MHQA_STORE at a hash-embedder store; (folder, environment, store URI)."""
-    from conftest import DATA, NO_DATA
-
-    if not DATA.is_dir():
-        pytest.skip(NO_DATA)
     root = tmp_path_factory.mktemp("readme")
     (root / "shared").mkdir()
-    (root / "shared" / "data").symlink_to(DATA)
+    (root / "shared" / "data").symlink_to(data_dir)
     work = root / "work"
     work.mkdir()
     (work / "kg.tsv").write_text("Polish-Russian War\tdirector\tXawery Żuławski\n", encoding="utf-8")
@@ -151,7 +147,7 @@ def workdir(tmp_path_factory) -> tuple[Path, dict[str, str], str]:
                                                  "text": "Sony was founded by Masaru Ibuka."}) + "\n")
     uri = f"embedded://{root / 'store'}?embedder=hash"
     with open_store(uri) as store:  # what the demo builds (the README's ingest commands then add nothing)
-        for dataset, path in ((HOTPOT[0], DATA / HOTPOT[1]), (KG[0], DATA / KG[1]), *BUNDLED):
+        for dataset, path in ((HOTPOT[0], data_dir / HOTPOT[1]), (KG[0], data_dir / KG[1]), *BUNDLED):
             ingest_dataset(store, dataset, path, environment_name(dataset, path))
     env = {**os.environ, "MHQA_STORE": uri, "COLUMNS": "200"}
     return work, env, uri

@@ -14,13 +14,13 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from mhqa_graph.graphs import build_graph, make_context
 from mhqa_graph.graphs.calls import get_llm
 from mhqa_graph.graphs.mujica import prompts as M
-from mhqa_graph.graphs.mujica.graph import read_worker
-from mhqa_graph.graphs.mujica.plan import read_plan
+from mhqa_graph.graphs.mujica.graph import read_worker, worker_reply
+from mhqa_graph.graphs.mujica.plan import read_plan, read_turn
 from mhqa_graph.graphs.omne import prompts as W
 from mhqa_graph.graphs.omne.protocol import parse_reply
 from mhqa_graph.graphs.opera import prompts as O
-from mhqa_graph.graphs.opera.analysis import check_analysis, parse_final, parse_rewrite
-from mhqa_graph.graphs.opera.plan import check_plan
+from mhqa_graph.graphs.opera.analysis import check_analysis, parse_final, parse_rewrite, read_analysis
+from mhqa_graph.graphs.opera.plan import check_plan, plan_subgoals
 from mhqa_graph.graphs.settings import check_question
 
 from mhqa_graph.errors import InvalidInput
@@ -194,7 +194,8 @@ class SchemaStub(BaseHTTPRequestHandler):
 @pytest.mark.skipif(importlib.util.find_spec("langchain_openai") is None, reason="needs the openai extra")
 @pytest.mark.parametrize("refuse", [False, True])
 def test_openai_servers_get_the_json_schema_and_a_refusal_falls_back(refuse):
-    from mhqa_graph.graphs.calls import ask, get_llm
+    from mhqa_graph.graphs.calls import ask_message, get_llm
+    from mhqa_graph.graphs.opera.analysis import read_rewrite
     from mhqa_graph.graphs.settings import AgentContext
 
     SchemaStub.refuse, SchemaStub.requests = refuse, []
@@ -203,11 +204,13 @@ def test_openai_servers_get_the_json_schema_and_a_refusal_falls_back(refuse):
     try:
         ctx = AgentContext(llm=f"openai:http://127.0.0.1:{server.server_address[1]}/v1#stub", model_retries=0)
         recorder = TraceRecorder("opera")
-        text = ask(get_llm(ctx, "rewrite", reply=O.REWRITE_FORMAT).with_config(callbacks=[recorder]),
-                   [HumanMessage("Rewrite: who directed Inception?")])
+        reply = ask_message(get_llm(ctx, "rewrite", reply=O.REWRITE_FORMAT).with_config(callbacks=[recorder]),
+                            [HumanMessage("Rewrite: who directed Inception?")])
     finally:
         server.shutdown()
-    assert parse_rewrite(text) == "Inception director"
+    assert read_rewrite(reply) == "Inception director"
+    # a reply to the schema is read as its model, one the fallback gave tolerantly
+    assert reply.response_metadata.get("decoding") == (None if refuse else "json_schema")
     assert SchemaStub.requests[0]["response_format"] == O.REWRITE_FORMAT.response_format()
     calls = recorder.trace().llm_calls
     if refuse:  # asked again without the schema; the trace says so
@@ -406,7 +409,8 @@ def test_chat_models_over_one_tokenizer_compile_a_grammar_once(monkeypatch):
 # -- LangChain chat models with structured output --------------------------------------------------
 class StructuredFake(FakeChatModel):
     """A chat model that implements `with_structured_output` itself, as Anthropic's or Gemini's does: it returns
-    {"raw", "parsed", "parsing_error"} from the scripted reply; `schemas` keeps what it was asked for."""
+    {"raw", "parsed", "parsing_error"} from the scripted reply, parsed as the pydantic model it was given; `schemas`
+    keeps what it was asked for."""
 
     schemas: list = []
 
@@ -418,7 +422,7 @@ class StructuredFake(FakeChatModel):
         def run(messages):
             raw = self.invoke(messages)
             try:
-                parsed, error = json.loads(raw.text), None
+                parsed, error = schema.model_validate_json(raw.text), None
             except ValueError as exc:
                 parsed, error = None, exc
             return {"raw": raw, "parsed": parsed, "parsing_error": error} if include_raw else parsed
@@ -444,8 +448,9 @@ def test_a_model_with_structured_output_is_called_with_it_and_traced_so(tmp_path
     recorder = TraceRecorder("opera", ctx)
     out = build_graph("opera").invoke({"question": "Who directed Inception?"}, {"callbacks": [recorder]}, context=ctx)
     assert out["answer"] == "Christopher Nolan"
-    assert plan.schemas[0]["title"] == "plan" and plan.schemas[0]["properties"]["subgoals"]["type"] == "array"
-    assert "sufficient" in analysis.schemas[0]["properties"]
+    schema = plan.schemas[0].model_json_schema()
+    assert schema["title"] == "plan" and schema["properties"]["subgoals"]["type"] == "array"
+    assert "sufficient" in analysis.schemas[0].model_fields
     decoded = {c.role: c.decoding for c in recorder.trace(out).llm_calls}
     assert decoded == {"plan": "structured_output", "analysis": "structured_output", "answer": "prompt"}
     store.close()
@@ -504,18 +509,131 @@ def test_a_model_that_cannot_give_the_schema_falls_back_to_the_prompt(model, why
     assert all(why in c.decoding_error for c in calls)
 
 
-def test_a_shape_gives_the_schema_and_the_format_line_from_one_declaration():
+def test_a_reply_model_gives_the_schema_and_the_format_line_from_one_declaration():
     from mhqa_graph.graphs.opera import prompts as P
+    from pydantic import Field
+    from pydantic.json_schema import SkipJsonSchema
 
-    from mhqa_graph.replies import Shape, text
+    from mhqa_graph.replies import Reply
 
-    shape = Shape((("why", text(10, 0), '"a reason"'), ("ok", {"type": "boolean"}, "true or false")))
-    assert shape.line() == '{"why": "a reason", "ok": true or false}'
-    assert shape.line(("why",)) == '{"ok": true or false}'
-    assert shape.schema(("why",)) == {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
-                                      "additionalProperties": False}
-    assert shape.reply("x", think=True).think and shape.reply("x").schema == shape.schema()
+    class Judged(Reply):
+        """A judgement."""
+
+        why: str = Field(min_length=0, max_length=10, description="a reason")
+        ok: bool = Field(description="true or false")
+
+    class Bare(Judged):
+        why: SkipJsonSchema[str] = ""
+
+    assert Judged.line() == '{"why": "a reason", "ok": true or false}'
+    assert Judged.line(why="why it is so") == '{"why": "why it is so", "ok": true or false}'
+    assert Bare.line() == '{"ok": true or false}'
+    assert Bare.reply("x").schema == {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                      "additionalProperties": False}  # no titles or descriptions: the prompt shows them
+    asked = Judged.reply("x", think=True, why={"type": "string", "enum": ["a", "b"]})
+    assert asked.think and asked.schema["properties"]["why"] == {"type": "string", "enum": ["a", "b"]}
+    assert asked.shape.model_json_schema()["title"] == "x"
+    assert asked.parse('<think>hm</think>\n{"why": "a", "ok": true}') == asked.shape(why="a", ok=True)
+    with pytest.raises(ValueError, match="does not match its format: Field required at ok"):
+        asked.parse('<think>hm</think>{"why": "a"}')
     # OPERA's analysis: the prompt's format line names exactly the fields its grammar allows
     for think, line in ((True, P.ANALYSIS_FORMAT_THINK), (False, P.ANALYSIS_FORMAT_DIRECT)):
         fields = P.analysis_format(think).schema["properties"]
         assert [f'"{name}"' in line for name in fields] == [True] * len(fields) and line.count('": ') == len(fields)
+
+
+def test_a_held_reply_is_read_as_its_model_and_any_other_tolerantly():
+    """A reply the backend held to its format (decoded under a grammar or a JSON schema, not cut off) is its model;
+    a prompted one, a fake's, or one cut off by the token limit is None: the role's alias parser reads it."""
+    from langchain_core.messages import AIMessage
+    from mhqa_graph.graphs.mujica.replies import Conclusion, Plan
+
+    from mhqa_graph.replies import held
+
+    def said(text, **meta):
+        return AIMessage(text, response_metadata=meta)
+
+    fmt = M.planner_format(False, True, False, 4)
+    concluded = held(said('{"answer": "Paris"}', decoding="grammar"), fmt)
+    assert isinstance(concluded, Conclusion) and concluded.answer == "Paris"
+    plan = held(said('{"subquestions": [{"id": "q1", "question": "Who?", "depends_on": []}]}',
+                     decoding="json_schema"), fmt)
+    assert isinstance(plan, Plan) and plan.subquestions[0].question == "Who?"
+    assert held(said('{"answer": "Paris"}'), fmt) is None  # no backend said it held the reply: the fakes
+    assert held(said('{"answer": "Paris"}', decoding="prompt"), fmt) is None
+    assert held(said('{"subquestions": [{"id": "q1"', decoding="grammar", finish_reason="length"), fmt) is None
+    with pytest.raises(ValueError):  # an alias the tolerant parser reads is no reply of the format
+        held(said('{"sub_questions": []}', decoding="grammar"), fmt)
+    parsed = Conclusion(answer="Rome")
+    assert held(AIMessage('{"answer": "Rome"}', additional_kwargs={"parsed": parsed}), fmt) is parsed
+
+
+HELD_READS = {  # role -> (format, read the model, read tolerantly, a reply the format allows)
+    "opera plan": (O.plan_format(4), plan_subgoals, check_plan,
+                   '{"subgoals": ["Who  directed Inception?", "Where was [Answer1] born?"]}'),
+    "opera relation plan": (O.plan_format(3, ["Inception"], "relation"), plan_subgoals, check_plan,
+                            '{"subgoals": [{"entity": "Inception", "relation": " director "}]}'),
+    "opera analysis": (O.analysis_format(True), read_analysis, check_analysis,
+                       '{"reasoning": "p1", "sufficient": true, "answer": "Answer: Nolan"}'),
+    "mujica plan": (M.planner_format(False, True, False, 4), lambda r: read_turn(r, False),
+                    lambda v: read_plan(v, False, False),
+                    '{"subquestions": [{"id": "q1", "question": "Who directed  Inception?", "depends_on": []}, '
+                    '{"id": "q2", "question": "Where was #q1 born?", "depends_on": ["q1"]}]}'),
+    "mujica relation plan": (M.planner_format(False, True, False, 4, None, "relation"),
+                             lambda r: read_turn(r, False), lambda v: read_plan(v, False, False),
+                             '{"subquestions": [{"id": "q1", "entity": "Inception", "relation": "director"}]}'),
+    "mujica conclusion": (M.planner_format(False, True, False, 4), lambda r: read_turn(r, False),
+                          lambda v: read_plan(v, False, False), '{"answer": "Christopher Nolan"}'),
+    "mujica worker": (M.worker_format(3, False), lambda r: worker_reply(r, 3), lambda v: read_worker(v, 3),
+                      '{"relevant": [3, 1, 3], "answer": " Nolan "}'),
+}
+
+
+@pytest.mark.parametrize("role", list(HELD_READS))
+def test_a_held_reply_is_read_as_the_tolerant_parser_reads_it(role):
+    """The model of a reply the backend held to its format and the tolerant parser give the same value."""
+    from langchain_core.messages import AIMessage
+
+    from mhqa_graph.replies import held
+
+    fmt, read, loose, text = HELD_READS[role]
+    assert read(held(AIMessage(text, response_metadata={"decoding": "grammar"}), fmt)) == loose(extract_json(text))
+
+
+class HeldFake(FakeChatModel):
+    """A llama.cpp model in a test: each scripted reply says it was decoded under the grammar it was given."""
+
+    accepts_grammar: bool = True
+
+    def _generate(self, messages, stop=None, run_manager=None, **kwargs):
+        result = super()._generate(messages, stop, run_manager, **kwargs)
+        result.generations[0].message.response_metadata["decoding"] = "grammar" if kwargs.get("grammar") else "prompt"
+        return result
+
+
+@pytest.mark.parametrize("agent, replies, answer", [
+    ("opera", {"plan": ['{"subgoals": ["Who directed Inception?"]}'],
+               "analysis": ['{"reasoning": "p1 says so", "sufficient": true, "answer": "Christopher Nolan"}'],
+               "rewrite": ['{"query": "x"}'], "answer": ["Christopher Nolan"]}, "Christopher Nolan"),
+    ("mujica", {"planner": ['<think>One lookup.</think>\n{"subquestions": [{"id": "q1", "question": "Who directed '
+                            'Inception?", "depends_on": []}]}',
+                            '<think>q1 says.</think>\n{"answer": "Christopher Nolan"}'],
+                "worker": ['<think>[1].</think>{"relevant": [1, 1, 9], "answer": "Christopher Nolan"}']},
+     "Christopher Nolan"),
+])
+def test_the_designs_read_held_replies_as_their_models(agent, replies, answer, tmp_path):
+    """OPERA and Mujica under a grammar that held every reply: each role reads its model, not the alias tables."""
+    from mhqa_graph.store import open_store
+    from mhqa_graph.types import Passage
+
+    with open_store(f"embedded://{tmp_path}/s?embedder=hash") as store:
+        store.add_passages("wiki", [Passage("p1", "Inception", "Inception is a film directed by Christopher Nolan.")])
+        models = {role: HeldFake(responses=said) for role, said in replies.items()}
+        settings = {"min_worker_rounds": 1} if agent == "mujica" else {}
+        ctx = make_context(agent, llm=FakeChatModel(responses=["unused"]), role_llms=models, store=store,
+                           corpus="wiki", **settings)
+        out = build_graph(agent).invoke({"question": "Who directed Inception?"}, context=ctx)
+    assert out["answer"] == answer and out["error"] is None
+    assert all(g for m in models.values() for g in m.grammars)
+    if agent == "mujica":
+        assert out["results"]["q1"]["selected"] == [1]  # out of range and repeated numbers dropped

@@ -21,7 +21,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-from mhqa_graph.graphs import AGENTS, build_graph
+from mhqa_graph.graphs import SPECS, build_graph
 from mhqa_graph.graphs.settings import AgentContext
 
 from mhqa_graph.testing.endpoint import RecordingEndpoint, chat_completion
@@ -191,7 +191,7 @@ def client(server):
 
 def test_every_agent_is_served_with_its_forms(client):
     assistants = client.assistants.search(limit=50)
-    assert sorted(a["graph_id"] for a in assistants) == sorted(AGENTS)
+    assert sorted(a["graph_id"] for a in assistants) == sorted(SPECS)
     shared = {f.name for f in dataclasses.fields(AgentContext)}
     for assistant in assistants:
         schemas = client.assistants.get_schemas(assistant["assistant_id"])
@@ -200,7 +200,7 @@ def test_every_agent_is_served_with_its_forms(client):
         assert "answer" in schemas["output_schema"]["properties"], assistant["graph_id"]
 
 
-@pytest.mark.parametrize("agent", AGENTS)
+@pytest.mark.parametrize("agent", SPECS)
 def test_every_context_field_has_a_description(client, agent):
     """Studio's form shows each field's description beside its label."""
     [assistant] = client.assistants.search(graph_id=agent, limit=1)
@@ -209,7 +209,7 @@ def test_every_context_field_has_a_description(client, agent):
     assert [name for name, field in properties.items() if len(field.get("description", "")) < 10] == []
 
 
-@pytest.mark.parametrize("agent", list(AGENTS))
+@pytest.mark.parametrize("agent", list(SPECS))
 def test_each_agent_answers_through_the_server(client, agent):
     thread = client.threads.create()
     out = client.runs.wait(thread["thread_id"], agent, input={"question": QUESTION}, context=CONTEXTS[agent])

@@ -262,7 +262,7 @@ def test_plain_state_rebuilds_what_it_can(store):
     assert rebuilt.plan == trace.plan and rebuilt.steps == trace.steps and rebuilt.answer == "London"
     omne_out, omne_trace, _ = run_omne(store)
     omne_state = {k: v for k, v in omne_out.items() if k != "messages"}
-    rebuilt = load_trace(omne_state, question=QUESTION)
+    rebuilt = load_trace(omne_state, agent="omne", question=QUESTION)
     assert [t.name for t in rebuilt.tool_calls] == [t.name for t in omne_trace.tool_calls]
 
 

@@ -42,7 +42,8 @@ With both a corpus and a graph, the first stage reads the corpus (as `rag` does)
 from .graph import build
 from .judge import same_answer, starting_entities, supported
 from .limit import BudgetExhausted
+from .spec import SPEC
 from .state import DESIGNS, MIN_CALLS, REASONS, AutoContext, Decision, Reason, design_for, reason_code
 
-__all__ = ["DESIGNS", "MIN_CALLS", "REASONS", "AutoContext", "BudgetExhausted", "Decision", "Reason", "build",
+__all__ = ["DESIGNS", "MIN_CALLS", "REASONS", "SPEC", "AutoContext", "BudgetExhausted", "Decision", "Reason", "build",
            "design_for", "reason_code", "same_answer", "starting_entities", "supported"]

@@ -20,6 +20,7 @@ from .judge import same_answer, starting_entities, supported
 from .limit import run_stage
 from .state import (
     DESIGNS,
+    STAGE_SPECS,
     AutoContext,
     AutoOutput,
     AutoState,
@@ -139,16 +140,14 @@ def _next(state: AutoState) -> str:
 
 
 def build(checkpointer: Any = None) -> CompiledStateGraph:
-    from .. import build_graph
-
-    rag = build_graph("rag")
+    rag = STAGE_SPECS["rag"].build()
     g = StateGraph(AutoState, context_schema=AutoContext, input_schema=QAInput, output_schema=AutoOutput)
     g.add_node("start", start)
     g.add_node("rag", first_answer(rag))
     g.add_node("judge", judge)
     g.add_node("second_look", second_look(rag))
     for name in DESIGNS:
-        g.add_node(name, design_stage(name, build_graph(name)))
+        g.add_node(name, design_stage(name, STAGE_SPECS[name].build()))
     g.add_node("reconcile", reconcile)
     g.add_edge(START, "start")
     g.add_edge("start", "rag")

@@ -9,11 +9,17 @@ from typing_extensions import TypedDict
 
 from mhqa_graph.errors import InvalidInput
 
-from ..settings import AgentContext, QAOutput, extend, setting
+from ..baselines import RAG_SPEC
+from ..mujica import SPEC as MUJICA_SPEC
+from ..omne import SPEC as OMNE_SPEC
+from ..opera import SPEC as OPERA_SPEC
+from ..settings import AgentContext, QAOutput, extend, setting, validate_context
 
 DESIGNS = ("opera", "mujica", "omne")  # what auto may escalate to
 STAGES = ("rag", *DESIGNS)  # the agents auto runs as stages: the keys of `stage_settings`
-MIN_CALLS = {"rag": 1, "second_look": 1, "opera": 3, "mujica": 3, "omne": 2}  # the fewest calls a stage answers in
+STAGE_SPECS = {"rag": RAG_SPEC, "second_look": RAG_SPEC, "opera": OPERA_SPEC, "mujica": MUJICA_SPEC,
+               "omne": OMNE_SPEC}  # the design each stage runs
+MIN_CALLS = {stage: spec.min_calls for stage, spec in STAGE_SPECS.items()}  # the fewest calls a stage answers in
 
 Action = Literal["stop", "look again", "escalate", "answer", "fallback"]
 Reason = Literal["found_in_evidence", "sure_of_graph_answer", "no_answer", "refusal", "not_in_evidence",
@@ -165,9 +171,6 @@ def check_settings(ctx: AutoContext) -> None:
 
 def check_stage_settings(ctx: AutoContext) -> None:
     """InvalidInput for `stage_settings` that name no stage, are not a mapping, or that the stage refuses."""
-    from .. import ROLES
-    from ..settings import validate_context
-
     if not isinstance(ctx.stage_settings, dict):
         raise InvalidInput(f"stage_settings must map stage names to settings, got {type(ctx.stage_settings).__name__}")
     for stage, own in ctx.stage_settings.items():
@@ -177,15 +180,14 @@ def check_stage_settings(ctx: AutoContext) -> None:
             raise InvalidInput(f"stage_settings[{stage!r}] must be a mapping of settings, got {type(own).__name__}")
         if "role_llms" in own:
             raise InvalidInput(f"stage_settings[{stage!r}]: give a stage's models in auto's role_llms")
-        validate_context(stage_context(ctx, stage), ROLES[stage])
+        validate_context(stage_context(ctx, stage), STAGE_SPECS[stage].roles)
 
 
 def stage_context(ctx: AutoContext, agent: str) -> Any:
     """The context of the stage `agent`: auto's common settings, the `role_llms` of its roles, its own
     `stage_settings` (`rag` reports its confidence when `min_confidence` or `trust_confidence` is set)."""
-    from .. import ROLES, context_schema
-
+    spec = STAGE_SPECS[agent]
     common = {f.name: getattr(ctx, f.name) for f in fields(AgentContext)}
-    common["role_llms"] = {r: m for r, m in ctx.role_llms.items() if r in ROLES[agent]}
+    common["role_llms"] = {r: m for r, m in ctx.role_llms.items() if r in spec.roles}
     own = {"confidence": True} if agent == "rag" and (ctx.min_confidence or ctx.trust_confidence) else {}
-    return context_schema(agent)(**(common | own | (ctx.stage_settings or {}).get(agent, {})))
+    return spec.context(**(common | own | (ctx.stage_settings or {}).get(agent, {})))

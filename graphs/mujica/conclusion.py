@@ -12,6 +12,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_core.runnables import Runnable
 
 from mhqa_graph.errors import ModelError
+from mhqa_graph.notes import Note, note
 
 from ..answers import Step, asks_yes_or_no, is_no_answer, is_sentence
 from ..calls import ask_json, get_llm
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
     from .state import MujicaContext, State
 
 
-def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: list[str], firings: list[dict]) -> str:
+def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: list[Note], firings: list[dict]) -> str:
     """The planner's conclusion through the conclusion guards: a worker's answer to the question itself for a
     conclusion that there is none (`no_answer_fallback`), a short answer asked for afresh for a sentence
     (`short_answer_reask`), the option the dates pick (`date_comparison`) or that a step found about it
@@ -34,25 +35,26 @@ def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: lis
     if is_no_answer(value):
         own = answer_to_the_question(state)
         if apply(ctx, NO_ANSWER_FALLBACK, value, lambda: own or None, firings) != value:
-            notes.append(f"NoAnswer: the planner concluded {value!r}; a worker answered the question itself")
+            notes.append(note("NoAnswer", f"the planner concluded {value!r}; a worker answered the question itself"))
             value = own
     elif check(ctx, SHORT_ANSWER_REASK, lambda: is_sentence(value) and text_key(value) not in {
             text_key(r["answer"]) for r in results.values()}, value, "(asked again)", firings):
         fmt = P.SHORT_FORMAT
-        value, note, raw = _shorten(get_llm(ctx, "planner", reply=fmt), state, value, P.planner_system(ctx.ask_as))
+        value, asked, raw = _shorten(get_llm(ctx, "planner", reply=fmt), state, value, P.planner_system(ctx.ask_as))
         firings[-1]["after"] = shown(value)
-        notes.append(note)
+        notes.append(asked)
         log["raw"] = log["raw"] + raw
-    value, note = settle_options(ctx, state["question"], value, compared_steps(state), firings, "the planner concluded")
-    if note:
-        notes.append(note)
+    value, settled = settle_options(ctx, state["question"], value, compared_steps(state), firings,
+                                    "the planner concluded")
+    if settled:
+        notes.append(settled)
     return value
 
 
 def _short(value: Any, question: str) -> str:
-    """The answer of a reply asked to be short; ValueError if it is missing, a sentence, no answer, or yes or
-    no to a question that is not a yes-no question."""
-    answer = stated(value.get("answer")) if isinstance(value, dict) else ""
+    """The answer of a reply asked to be short (its "answer"); ValueError if it is missing, a sentence, no answer, or
+    yes or no to a question that is not a yes-no question."""
+    answer = stated(value)
     if not answer or is_sentence(answer) or is_no_answer(answer):
         raise ValueError("expected a short answer")
     if answer.lower().strip(" .!") in ("yes", "no") and not asks_yes_or_no(question):
@@ -60,19 +62,22 @@ def _short(value: Any, question: str) -> str:
     return answer
 
 
-def _shorten(llm: Runnable, state: State, answer: str, system: str) -> tuple[str, str, list[str]]:
+def _shorten(llm: Runnable, state: State, answer: str, system: str) -> tuple[str, Note, list[str]]:
     """One more call when the planner concluded with a sentence that is no worker's answer: the question and
     the plan's answers, asked afresh for the short answer (in its conversation, a small model repeats its
     sentence), or the sentence if none comes. Returns the answer, a note and the raw reply."""
     prompt = P.SHORT_USER.format(question=state["question"], progress=progress(state["dag"], state["results"]))
+    said = f"the planner concluded {answer!r}"
     try:
-        again = ask_json(llm, [SystemMessage(system), HumanMessage(prompt)],
-                         lambda v: _short(v, state["question"]), retries=0)
+        again = ask_json(llm, [SystemMessage(system), HumanMessage(prompt)], P.SHORT_FORMAT,
+                         lambda reply: _short(reply.answer, state["question"]),
+                         lambda value: _short(value.get("answer") if isinstance(value, dict) else None,
+                                              state["question"]), retries=0)
     except ModelError as exc:
-        return answer, f"LongAnswer: the planner concluded {answer!r}; asking again failed: {exc}", []
+        return answer, note("LongAnswer", f"{said}; asking again failed: {exc}"), []
     if again.error:
-        return answer, f"LongAnswer: the planner concluded {answer!r} and gave no short answer when asked", again.raw
-    return again.value, f"LongAnswer: the planner concluded {answer!r}; asked, it answered {again.value!r}", again.raw
+        return answer, note("LongAnswer", f"{said} and gave no short answer when asked"), again.raw
+    return again.value, note("LongAnswer", f"{said}; asked, it answered {again.value!r}"), again.raw
 
 
 def answer_to_the_question(state: State) -> str:

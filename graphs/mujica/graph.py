@@ -42,7 +42,9 @@ Replies each role is expected to give (what `fake_llms` scripts; `prompts` holds
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from langchain_core.messages import HumanMessage, SystemMessage
@@ -52,6 +54,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send
 
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
+from mhqa_graph.notes import INVALID_PLAN, MALFORMED, NO_PROGRESS, ROUND_CAP, Note, note
 from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, ranked_facts
 
@@ -80,9 +83,11 @@ from .plan import (
     fill,
     merge_dag,
     read_plan,
+    read_turn,
     ready,
     repair_plan,
 )
+from .replies import Worker
 from .state import RECURSION_LIMIT, MujicaContext, MujicaOutput, State, WorkerTask
 
 
@@ -105,7 +110,7 @@ def start(state: State, runtime: Runtime[MujicaContext]) -> dict:
 
 
 def _prompt(state: State, ctx: MujicaContext, rnd: int, final: bool,
-            may_answer: bool) -> tuple[tuple[str, str], str, list[str]]:
+            may_answer: bool) -> tuple[tuple[str, str], str, list[Note]]:
     """This round's user message to the planner: the workers' news since the last round (in full, and
     summarised), what is asked of it, and a warning when the worked plans could not be searched."""
     think = P.THINK_FIRST if ctx.think else P.NO_THINK
@@ -125,14 +130,14 @@ def _prompt(state: State, ctx: MujicaContext, rnd: int, final: bool,
                                     think=think), []
 
 
-def _ask_the_question(state: State, dag: list[SubQuestion], rnd: int, cap: int) -> tuple[list[SubQuestion], str]:
+def _ask_the_question(state: State, dag: list[SubQuestion], rnd: int, cap: int) -> tuple[list[SubQuestion], Note]:
     """The question itself as a sub-question, when the planner gave workers nothing before it may conclude."""
     if asks(dag) >= cap:
-        return [], f"NoWorker: round {rnd} gave the workers nothing and the sub-question cap {cap} is reached"
+        return [], note("NoWorker", f"round {rnd} gave the workers nothing and the sub-question cap {cap} is reached")
     taken = {q["id"] for q in dag}
     sid = next(f"q{i}" for i in itertools.count(1) if f"q{i}" not in taken)
     return ([{"id": sid, "question": state["question"], "depends_on": [], "round": rnd, "attempt": 1}],
-            f"NoWorker: round {rnd} gave the workers nothing; asked the question itself as {sid}")
+            note("NoWorker", f"round {rnd} gave the workers nothing; asked the question itself as {sid}"))
 
 
 def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
@@ -144,7 +149,8 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     rnd = state["rounds"] + 1
     final = state["force_final"] or rnd >= ctx.max_rounds
     may_answer = final or state["waves"] >= ctx.min_worker_rounds
-    notes = [] if state["force_final"] or not final else [f"RoundCap: round {rnd} of {ctx.max_rounds} must answer"]
+    capped = final and not state["force_final"]
+    notes = [note(ROUND_CAP, f"round {rnd} of {ctx.max_rounds} must answer")] if capped else []
     news, ask, warnings = _prompt(state, ctx, rnd, final, may_answer)
     notes += warnings
     messages, prompt = conversation(state["planner_log"], news, ask, ctx.planner_budget, P.planner_system(ctx.ask_as),
@@ -158,36 +164,40 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     entities = state.get("topic_entities") or []
     replans: list[str] = []  # why each reply sent back for planning nothing that can run did not count
 
-    def validate(value: Any) -> tuple[str, Any]:  # the firings of the reply that is kept only
-        firings.clear()
-        kind, read = read_plan(value, final, pending, may_answer, ctx, firings)
+    def validate(read_reply: Callable[[list[dict]], tuple[str, Any]]) -> tuple[str, Any]:
+        firings.clear()  # the firings of the reply that is kept only
+        kind, read = read_reply(firings)
         if kind == "answer":
             return kind, read
         items, read_notes = read
-        new, repair_notes = repair_plan(items, dag, ctx.max_subquestions, rnd, results,
-                                        " ".join([state["question"], *entities]), entities, ctx, firings)
+        new, repaired = repair_plan(items, dag, ctx.max_subquestions, rnd, results,
+                                    " ".join([state["question"], *entities]), entities, ctx, firings)
+        repair_notes = [Note(n, INVALID_PLAN) for n in repaired]
         if items and not ready(merge_dag(dag, new), results) and len(replans) < ctx.replan_retries:
-            why = "; ".join(n.removeprefix("InvalidPlan: ") for n in repair_notes) or "its sub-questions wait"
+            why = "; ".join(n.detail for n in repair_notes) or "its sub-questions wait"
             replans.append(why)
             raise SentBack(P.NOTHING_TO_RUN.format(why=why))
-        return kind, (new, read_notes + repair_notes)
+        return kind, (new, [Note(n, INVALID_PLAN) for n in read_notes] + repair_notes)
 
     fmt = P.planner_format(final, may_answer, ctx.think, ctx.max_subquestions, entities or None, ctx.ask_as)
     try:
         llm = get_llm(ctx, "planner", reply=fmt)
-        parsed = ask_json(llm, messages, validate, retries=ctx.parse_retries + ctx.replan_retries)
+        parsed = ask_json(llm, messages, fmt,
+                          lambda reply: validate(partial(read_turn, reply, pending, may_answer, ctx)),
+                          lambda value: validate(partial(read_plan, value, final, pending, may_answer, ctx)),
+                          retries=ctx.parse_retries + ctx.replan_retries)
     except ModelError as exc:
         error = f"ModelError: {exc}"
         log.update(action="failed", error=error)
         return {**update, "answer": best_effort(results), "error": error, "done": True,
                 "notes": notes, "planner_log": [log]}
     log.update(raw=parsed.raw, thought=thought_of(parsed.raw[-1]))
-    notes += [f"Replan: round {rnd} planned nothing that can run ({why}); sent back" for why in replans]
+    notes += [note("Replan", f"round {rnd} planned nothing that can run ({why}); sent back") for why in replans]
     new: list[SubQuestion] = []
     if parsed.error:
         firings.clear()  # of a reply that was not used
         log.update(action="failed", error=parsed.error)
-        notes.append(parsed.error)
+        notes.append(Note(parsed.error, MALFORMED))
         if final:
             return {**update, "answer": best_effort(results), "error": parsed.error, "done": True,
                     "notes": notes, "planner_log": [log]}
@@ -202,11 +212,11 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         notes += plan_notes
         log.update(action="plan", plan=new)
         if not ready(merge_dag(dag, new), results):
-            notes.append(f"NoProgress: round {rnd} planned nothing that can run")
+            notes.append(note(NO_PROGRESS, f"round {rnd} planned nothing that can run"))
             update["force_final"] = True
     if update["force_final"] and not may_answer:  # the workers must be consulted first: ask the question
-        asked, note = _ask_the_question(state, merge_dag(dag, new), rnd, ctx.max_subquestions)
-        new, notes, update["force_final"] = new + asked, notes + [note], not asked
+        asked, why_asked = _ask_the_question(state, merge_dag(dag, new), rnd, ctx.max_subquestions)
+        new, notes, update["force_final"] = new + asked, notes + [why_asked], not asked
         log["plan"] = log.get("plan", []) + asked
     asked_now = [{"id": q["id"], "entity": q["entity"], "relation": q["relation"]} if "relation" in q else
                  {"id": q["id"], "question": q["question"], "depends_on": q["depends_on"]} for q in new]
@@ -275,20 +285,24 @@ def retrieve(ctx: MujicaContext, query: str) -> tuple[str, list[Snippet]]:
     return source, list(facts.values())[:ctx.max_facts]
 
 
-def read_worker(value: Any, n: int) -> tuple[list[int], str]:
+def worker_reply(reply: Worker, n: int) -> tuple[list[int], str]:
     """A worker reply as (selected 1-based context numbers, answer); numbers out of range are ignored."""
+    return list(dict.fromkeys(i for i in reply.relevant if 1 <= i <= n)), clean_answer(reply.answer)
+
+
+def read_worker(value: Any, n: int) -> tuple[list[int], str]:
+    """A worker reply read tolerantly (`worker_reply`): the answer a number, the context numbers as text ("[2]",
+    "#2") or one number alone."""
     if not isinstance(value, dict) or not isinstance(value.get("answer"), (str, int, float)):
         raise ValueError('expected {"relevant": [...], "answer": "..."}')
     relevant = value.get("relevant", [])
-    selected = []
+    numbers = []
     for x in relevant if isinstance(relevant, list) else [relevant]:
         try:
-            i = int(str(x).strip(" []#"))
+            numbers.append(int(str(x).strip(" []#")))
         except ValueError:
             continue
-        if 1 <= i <= n and i not in selected:
-            selected.append(i)
-    return selected, clean_answer(str(value["answer"]))
+    return worker_reply(Worker.model_construct(relevant=numbers, answer=str(value["answer"])), n)
 
 
 def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
@@ -307,13 +321,15 @@ def worker(task: WorkerTask, runtime: Runtime[MujicaContext]) -> dict:
     listing = cap_text("\n".join(f"[{i}] {c.text}" for i, c in enumerate(contexts, start=1))) or P.NO_CONTEXTS
     system = P.GRAPH_WORKER_SYSTEM if record["source"] == "graph" else P.WORKER_SYSTEM
     messages = [SystemMessage(system), HumanMessage(P.WORKER_USER.format(
-        question=sub["query"], contexts=listing, format=P.WORKER.line(),
+        question=sub["query"], contexts=listing, format=Worker.line(),
         think=P.THINK_FIRST if ctx.think else P.NO_THINK))]
     answer = fact_answer_schema(ctx, [c.text for c in contexts if c.text in listing],  # the listing is capped
                                 P.FACT_NONE, capitalised=True) if record["source"] == "graph" else None
     try:
-        llm = get_llm(ctx, "worker", reply=P.worker_format(len(contexts), ctx.think, answer))
-        parsed = ask_json(llm, messages, lambda v: read_worker(v, len(contexts)), retries=ctx.parse_retries, want=dict)
+        fmt = P.worker_format(len(contexts), ctx.think, answer)
+        parsed = ask_json(get_llm(ctx, "worker", reply=fmt), messages, fmt,
+                          lambda reply: worker_reply(reply, len(contexts)),
+                          lambda value: read_worker(value, len(contexts)), retries=ctx.parse_retries, want=dict)
     except ModelError as exc:
         record["error"] = f"ModelError: {exc}"
         return {"results": {sub["id"]: record}}

@@ -15,6 +15,7 @@ from ..calls import clean_answer
 from ..mechanisms import RELATION_QUESTION, as_relation
 from . import prompts as P
 from .guard_rules import dropped, topic, unechoed
+from .replies import Conclusion, Plan, RelationPlan
 
 REF = re.compile(r"#([\w-]+)|\[([\w-]+)\]")  # how a sub-question cites an earlier answer: #q1 or [q1]
 
@@ -56,13 +57,26 @@ def stated(value: Any) -> str:
     return answer
 
 
+def read_turn(reply: Plan | RelationPlan | Conclusion, pending: bool, may_answer: bool = True, ctx: Any = None,
+              log: list[dict] | None = None) -> tuple[str, Any]:
+    """A planner reply as ("answer", text) or ("plan", (items, notes)); ValueError if unusable. An empty list of
+    sub-questions is a plan with nothing to run (the planner then gives its final answer). The `unecho` guard (of
+    `ctx`, firings appended to `log`) cleans the sub-questions."""
+    if isinstance(reply, Conclusion):
+        return "answer", _concluded(reply.answer, may_answer)
+    items = []
+    for q in reply.subquestions:  # a SubQuestion, or a RelationSubQuestion (its question is asked of the relation)
+        asked = as_relation(q.model_dump())
+        items.append((q.id, RELATION_QUESTION.format(**asked) if asked else getattr(q, "question", None),
+                      getattr(q, "depends_on", []), asked))
+    return "plan", _asked(items, pending, ctx, [] if log is None else log)
+
+
 def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True, ctx: Any = None,
               log: list[dict] | None = None) -> tuple[str, Any]:
-    """A planner reply as ("answer", text) or ("plan", (items, notes)); ValueError if unusable. An answer
-    beside sub-questions counts only when it says something and the planner may conclude. An empty list of
-    sub-questions is a plan with nothing to run (the planner then gives its final answer). The `unecho` guard
-    (of `ctx`, firings appended to `log`) cleans the sub-questions."""
-    log = [] if log is None else log
+    """A planner reply read tolerantly (`read_turn`): a bare list of sub-questions, "sub_questions", a sub-question
+    as text, dependencies as one id. An answer beside sub-questions counts only when it says something and the
+    planner may conclude."""
     if isinstance(value, list):
         value = {"subquestions": value}
     if not isinstance(value, dict):
@@ -74,35 +88,48 @@ def read_plan(value: Any, final: bool, pending: bool, may_answer: bool = True, c
         if not answer and not asks:
             raise ValueError("the answer is empty")
         if answer and not (asks and (not may_answer or is_no_answer(answer))):
-            if not may_answer:
-                raise ValueError(P.TOO_EARLY)
-            return "answer", answer
+            return "answer", _concluded(value["answer"], may_answer)
     if final:
         raise ValueError('expected {"answer": "..."}')
     if not isinstance(items, list):
         raise ValueError('expected a key "answer" or "subquestions"')
-    if not items:  # nothing more to ask: the round plans nothing, and the planner is asked for its answer
-        return "plan", ([], [])
-    plan, notes = [], []
-    for n, item in enumerate(items, start=1):
-        if isinstance(item, str):
-            item = {"question": item}
+    read = []
+    for item in items:
+        item = {"question": item} if isinstance(item, str) else item if isinstance(item, dict) else {}
         asked = as_relation(item)
-        if asked:
-            item = {**item, **asked, "question": RELATION_QUESTION.format(**asked)}
-        question = item.get("question") if isinstance(item, dict) else None
+        deps = item.get("depends_on", [])
+        read.append((item.get("id"), RELATION_QUESTION.format(**asked) if asked else item.get("question"),
+                     [deps] if isinstance(deps, str) else deps, asked))
+    return "plan", _asked(read, pending, ctx, [] if log is None else log)
+
+
+def _concluded(value: Any, may_answer: bool) -> str:
+    """The planner's conclusion; ValueError when it is empty or comes before the planner may conclude."""
+    answer = stated(value)
+    if not answer:
+        raise ValueError("the answer is empty")
+    if not may_answer:
+        raise ValueError(P.TOO_EARLY)
+    return answer
+
+
+def _asked(items: list[tuple[Any, Any, Any, dict]], pending: bool, ctx: Any, log: list[dict]) -> tuple[list, list]:
+    """(sub-questions, notes) of a plan's items, each (id, question, depends_on, entity and relation); ValueError
+    when none is usable and nothing else is pending."""
+    if not items:  # nothing more to ask: the round plans nothing, and the planner is asked for its answer
+        return [], []
+    plan, notes = [], []
+    for n, (sid, question, deps, asked) in enumerate(items, start=1):
         if isinstance(question, str):
             question = unechoed(ctx, question, log)
-        deps = item.get("depends_on", []) if isinstance(item, dict) else []
-        deps = [deps] if isinstance(deps, str) else deps
         if not isinstance(question, str) or not question.strip() or not isinstance(deps, list):
             notes.append(f"InvalidPlan: sub-question {n} has no question text or a malformed depends_on")
             continue
-        plan.append({"id": clean_id(item.get("id")), "question": question,
-                     "depends_on": [d for d in map(clean_id, deps) if d], **asked})
+        plan.append({"id": clean_id(sid), "question": question, "depends_on": [d for d in map(clean_id, deps) if d],
+                     **asked})
     if not plan and not pending:
         raise ValueError("no usable sub-questions and no answer")
-    return "plan", (plan, notes)
+    return plan, notes
 
 
 def status(q: SubQuestion, results: dict[str, dict]) -> str | None:

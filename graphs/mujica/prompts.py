@@ -4,19 +4,10 @@ WORKER_SYSTEM (passages) and GRAPH_WORKER_SYSTEM (graph facts) are sent as they 
 import json
 import re
 
-from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, json_reply, text
+from mhqa_graph.replies import ReplyFormat, json_reply, json_schema
 
 from ..mechanisms import RELATION_QUESTION, relation_schema
-
-# the planner's two replies, declared once: ask sub-questions (PLAN, each a SUBQUESTION, or with `ask_as="relation"`
-# a RELATION_SUBQUESTION) or conclude (CONCLUSION). Ids, dependencies and entities are given per call
-# (`planner_format`); the worked examples below show a plan, and the prompts show the conclusion's line.
-SUBQUESTION = Shape((("id", {"type": "string"}, '"q1"'), ("question", text(), '"<sub-question>"'),
-                     ("depends_on", {"type": "array", "items": {"type": "string"}}, "[<ids>]")))
-RELATION_SUBQUESTION = Shape((("id", {"type": "string"}, '"q1"'), *((name, schema, f'"<{name}>"')
-                              for name, schema in relation_schema(None, []).items())))
-PLAN = Shape((("subquestions", {"type": "array"}, "[<sub-questions>]"),))
-CONCLUSION = Shape((("answer", text(ANSWER_CHARS), '"<short answer>"'),))
+from .replies import Conclusion, Plan, RelationPlan, RelationSubQuestion, SubQuestion, Worker
 
 
 def _braced(line: str) -> str:
@@ -67,7 +58,7 @@ from their answers.
 Each turn you see the workers' answers and the sub-questions asked so far. Then either:
 """
 _CONCLUDE = """2. or conclude, when the workers' answers are enough:
-""" + CONCLUSION.line(shown={"answer": '"<short answer: an entity, a date, a number, yes or no>"'}) + """
+""" + Conclusion.line(answer="<short answer: an entity, a date, a number, yes or no>") + """
 
 Examples of a first turn:
 """
@@ -124,7 +115,7 @@ def worked_examples(plans: list[tuple[str, list[str]]]) -> str:
 
 # why a plan was sent back (`replan_retries`), inside the repair message: "That reply could not be used (...)"
 NOTHING_TO_RUN = ("nothing in it can run: {why}. Ask a sub-question that was not asked before, in other words or "
-                  "about another entity, or conclude with " + _braced(CONCLUSION.line()))
+                  "about another entity, or conclude with " + _braced(Conclusion.line()))
 
 THINK_FIRST = "First reason briefly inside <think>...</think>, then give the JSON."
 NO_THINK = "Reply with the JSON only."
@@ -153,7 +144,7 @@ NO_MORE = "No more sub-questions can be asked."  # eval/health.py counts forced 
 FINAL_USER = """Sub-questions so far:
 {progress}
 
-""" + NO_MORE + " Give your best final answer now, as " + _braced(CONCLUSION.line()) + ". {think}"
+""" + NO_MORE + " Give your best final answer now, as " + _braced(Conclusion.line()) + ". {think}"
 
 # asked afresh (without the planner's conversation) when it concludes with a sentence
 SHORT_USER = """Question: {question}
@@ -162,7 +153,7 @@ Sub-questions so far:
 {progress}
 
 Give only what the question asks for: the name, date or number as a worker's answer writes it, or yes or no \
-to a yes-no question, as """ + _braced(CONCLUSION.line()) + "."
+to a yes-no question, as """ + _braced(Conclusion.line()) + "."
 NO_NEW_ANSWERS = "(no new worker answers)"
 TOPIC = "\nTopic entities: {entities}"
 NO_PROGRESS = "(none yet)"
@@ -192,10 +183,6 @@ Contexts:
 
 Reply with JSON: {format}. {think}"""
 
-# the worker's reply, declared once: its schema (the context numbers given per call) and the format line above
-WORKER = Shape((("relevant", {"type": "array", "items": {"type": "integer"}}, "[<numbers of the helpful contexts>]"),
-                ("answer", text(ANSWER_CHARS), '"<short answer>"')))
-
 NO_CONTEXTS = "(no contexts found)"
 
 
@@ -210,25 +197,27 @@ def planner_format(final: bool, may_answer: bool, think: bool, cap: int, entitie
     may conclude; only the answer when it must. With `ask_as="relation"` a sub-question is an entity and a
     relation, the entity one of `entities` (the question's topic entities, when given) or an earlier answer
     (#q1..#q`cap`)."""
-    ids, answer = _ids(cap), CONCLUSION.schema()
+    ids, answer = _ids(cap), Conclusion.asked("planner")
     if ask_as == "relation":
-        item = RELATION_SUBQUESTION.schema(id=ids, **relation_schema(entities, [f"#q{i}" for i in range(1, cap + 1)]))
+        plan = RelationPlan
+        item = RelationSubQuestion.asked("subquestion", id=ids,
+                                         **relation_schema(entities, [f"#q{i}" for i in range(1, cap + 1)]))
     else:
-        item = SUBQUESTION.schema(id=ids, depends_on={"type": "array", "items": ids, "maxItems": cap})
-    plan = PLAN.schema(subquestions={"type": "array", "items": item, "maxItems": cap})
-    schema = answer if final else {"anyOf": [plan, answer]} if may_answer else plan
-    return json_reply("planner", schema, think=think)
+        plan = Plan
+        item = SubQuestion.asked("subquestion", id=ids, depends_on={"type": "array", "items": ids, "maxItems": cap})
+    asks = plan.asked("planner", subquestions={"type": "array", "items": json_schema(item), "maxItems": cap})
+    return json_reply("planner", answer if final else asks | answer if may_answer else asks, think=think)
 
 
 def worker_format(contexts: int, think: bool, answer: dict | None = None) -> ReplyFormat:
     """The worker's reply: the numbers of the contexts it used (1..`contexts`) and its answer (of the schema
     `answer` when given: `answer_from_facts`)."""
     numbers = {"type": "integer", "enum": list(range(1, contexts + 1))} if contexts else {"type": "integer"}
-    return WORKER.reply("worker", think=think, relevant={"type": "array", "items": numbers, "maxItems": contexts},
+    return Worker.reply("worker", think=think, relevant={"type": "array", "items": numbers, "maxItems": contexts},
                         **({"answer": answer} if answer else {}))
 
 
 FACT_NONE = ("unknown", "yes", "no")  # what a worker's answer read from facts may be besides them
 
 
-SHORT_FORMAT = CONCLUSION.reply("short answer")
+SHORT_FORMAT = Conclusion.reply("short answer")

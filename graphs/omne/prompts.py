@@ -2,7 +2,9 @@
 
 import re
 
-from mhqa_graph.replies import ReplyFormat, obj, text, tool_reply
+from mhqa_graph.replies import Reply, ReplyFormat, json_schema, text, tool_reply
+
+from .replies import EntityMatcherCall, NodeInfoCall
 
 # Tool signatures shown to the model; omne.py fills the graph_type enum with the graphs of the run.
 TOOL_SPECS = [
@@ -148,6 +150,9 @@ answer, reply without a tool call, with the answer inside <answer></answer> tags
 def tool_format(graphs: list[str], think: bool, max_calls: int) -> ReplyFormat:
     """One or more <tool_call> blocks of the two tools (graph_type among the run's graphs), or an <answer>."""
     graph = {"type": "string", "enum": list(graphs)} if graphs else text()
-    calls = [obj({"name": {"const": name}, "arguments": obj({arg: text(), "graph_type": graph})})
-             for name, arg in (("entity_matcher", "query"), ("node_info", "entity"))]
-    return tool_reply("tool-agent", calls, think=think, max_calls=max_calls)
+
+    def asked(call: type[Reply]) -> type[Reply]:  # the call with graph_type among the run's graphs
+        arguments = call.model_fields["arguments"].annotation
+        return call.asked(call.__name__, arguments=json_schema(arguments.asked(arguments.__name__, graph_type=graph)))
+
+    return tool_reply("tool-agent", asked(EntityMatcherCall) | asked(NodeInfoCall), think=think, max_calls=max_calls)

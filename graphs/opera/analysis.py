@@ -1,15 +1,21 @@
-"""Reading OPERA's Analysis-Answer, Rewrite and synthesis replies; the analysis guards (`analysis_refusal`,
-`analysis_grounded`; `guard_rules.analysis_flag`) judge the answer before its sufficiency counts."""
+"""Reading OPERA's Analysis-Answer, Rewrite and synthesis replies (as their models, or tolerantly when no backend
+held them to their formats); the analysis guards (`analysis_refusal`, `analysis_grounded`;
+`guard_rules.analysis_flag`) judge the answer before its sufficiency counts."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
+from langchain_core.messages import BaseMessage
+
 from mhqa_graph.parsing import extract_json, final_answer, strip_think
+from mhqa_graph.replies import held
 
 from ..calls import clean_answer
+from . import prompts as P
 from .guard_rules import NO_ANSWER, analysis_flag
+from .replies import Analysis
 
 
 def _truthy(flag: Any) -> bool:
@@ -18,31 +24,51 @@ def _truthy(flag: Any) -> bool:
     return bool(flag)
 
 
+def read_analysis(reply: Analysis, passages: list[str] | None = None, ctx: Any = None,
+                  log: list[dict] | None = None) -> dict[str, Any]:
+    """{"reasoning", "sufficient", "answer", "flag"} from an Analysis-Answer reply. Not sufficient: a reply that does
+    not say so, and with their guards on (`ctx.guards`, firings appended to `log`), a refusal or "not found" answer
+    (then "", `analysis_refusal`) or a short answer that none of `passages` contains (`analysis_grounded`); `flag`
+    says which, or that a prompted reply left its sufficiency out, or is None."""
+    log = [] if log is None else log
+    answer = clean_answer(reply.answer)
+    sufficient = bool(reply.sufficient)
+    flag = analysis_flag(ctx, answer, sufficient, passages, log) if answer else None
+    if flag == NO_ANSWER:
+        answer = ""
+    elif not flag and answer and reply.sufficient is None:
+        flag = "no sufficiency given"
+    sufficient = sufficient and bool(answer) and flag is None
+    return {"reasoning": reply.reasoning, "sufficient": sufficient, "answer": answer, "flag": flag}
+
+
 def check_analysis(value: Any, passages: list[str] | None = None, ctx: Any = None,
                    log: list[dict] | None = None) -> dict[str, Any]:
-    """{"reasoning", "sufficient", "answer", "flag"} from an Analysis-Answer reply; also takes the
-    {"status": "yes"|"no", "analysis": ...} form. Not sufficient: a missing flag, and with their guards on
-    (`ctx.guards`, firings appended to `log`), a refusal or "not found" answer (then "", `analysis_refusal`)
-    or a short answer that none of `passages` contains (`analysis_grounded`); `flag` says which, or is None."""
-    log = [] if log is None else log
+    """An Analysis-Answer reply read tolerantly (`read_analysis`): keys in any case, the {"status": "yes"|"no",
+    "analysis": ...} form, sufficiency written as text or left out."""
     if not isinstance(value, dict):
         raise ValueError("expected a JSON object")
     v = {str(k).lower(): x for k, x in value.items()}
     if not any(k in v for k in ("sufficient", "status", "answer")):
         raise ValueError(f'expected the keys "sufficient" and "answer", got {sorted(v)}')
-    answer = clean_answer(str(v.get("answer") or ""))
     stated = v.get("sufficient", v.get("status"))
-    sufficient = stated is not None and _truthy(stated)
-    flag = analysis_flag(ctx, answer, sufficient, passages, log) if answer else None
-    if flag == NO_ANSWER:
-        answer = ""
-    elif not flag and answer and stated is None:
-        flag = "no sufficiency given"
-    sufficient = sufficient and bool(answer) and flag is None
-    return {"reasoning": str(v.get("reasoning") or v.get("analysis") or ""), "sufficient": sufficient,
-            "answer": answer, "flag": flag}
+    reply = Analysis.model_construct(reasoning=str(v.get("reasoning") or v.get("analysis") or ""),
+                                     sufficient=None if stated is None else _truthy(stated),
+                                     answer=str(v.get("answer") or ""))
+    return read_analysis(reply, passages, ctx, log)
+
 
 _QUERY_FIELD = re.compile(r'"query"\s*:\s*"([^"]*)', re.IGNORECASE)
+
+
+def read_rewrite(message: BaseMessage) -> str:
+    """The query of a Rewrite agent reply: the model's when the backend held the reply to its format, else read
+    tolerantly (`parse_rewrite`); "" when it has none."""
+    try:
+        reply = held(message, P.REWRITE_FORMAT)
+    except ValueError:
+        return ""
+    return " ".join(reply.query.split()) if reply is not None else parse_rewrite(message.text)
 
 
 def parse_rewrite(text: str) -> str:

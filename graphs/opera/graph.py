@@ -38,20 +38,21 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command, Overwrite, Send
 
 from mhqa_graph.errors import EntityNotFound, ModelError, StoreError
+from mhqa_graph.notes import MALFORMED, WARNING, Note, note, note_kind
 from mhqa_graph.store.base import MAX_K
 from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import MAX_FACTS, format_passages
 from mhqa_graph.types import PassageHit
 
 from ..answers import Step
-from ..calls import ask, ask_json, get_llm, get_store
+from ..calls import ask, ask_json, ask_message, get_llm, get_store, reply_text
 from ..mechanisms import fact_answer_schema, worked_plans
 from ..option_guards import DATE_NOTE, OPTION_NOTE, settle_options
 from ..settings import QAInput, check_question, context_as
 from . import prompts as P
-from .analysis import check_analysis, parse_final, parse_rewrite
+from .analysis import check_analysis, parse_final, read_analysis, read_rewrite
 from .guard_rules import NOT_IN_A_PASSAGE, cut_off_reader, cut_plan, options_line
-from .plan import check_plan, dependencies, fill_placeholders
+from .plan import check_plan, dependencies, fill_placeholders, plan_subgoals
 from .state import RECURSION_LIMIT, OperaContext, OperaOutput, State, SubgoalTask, new_step
 
 
@@ -112,7 +113,7 @@ def _halted(state: State) -> bool:
     return bool(state.get("halted")) or any(s.get("halted") for s in state.get("steps") or [])
 
 
-def _end_step(task: SubgoalTask, update: dict, error: str) -> Command:
+def _end_step(task: SubgoalTask, update: dict, error: Note) -> Command:
     """Stop the sub-goal after a model or store failure, keeping its best answer, and halt the run."""
     return Command(update={"steps": [{"n": task["n"], "answer": task["best"], "done": True, "halted": True,
                                       "attempt": {"i": task["attempt"], "error": error, **update}}],
@@ -130,7 +131,8 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
                              "answer": "", "error": None, "halted": False, "placeholders": {},
                              "steps": Overwrite([])}
     if not (ctx.corpus or ctx.graph):
-        return fresh | {"halted": True, "notes": Overwrite([f"InvalidInput: {P.NO_SOURCE}"]), "guards": Overwrite([])}
+        return fresh | {"halted": True, "notes": Overwrite([note("InvalidInput", P.NO_SOURCE)]),
+                        "guards": Overwrite([])}
     hint = P.PLAN_HINT.format(entities=", ".join(entities)) if entities else ""
     worked, warning = worked_plans(ctx, question)
     notes = [warning] if warning else []
@@ -139,20 +141,20 @@ def plan(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
         hint=hint))]
     try:
         fmt = P.plan_format(ctx.max_rounds, entities, ctx.ask_as)
-        parsed = ask_json(get_llm(ctx, "plan", reply=fmt), messages, check_plan,
+        parsed = ask_json(get_llm(ctx, "plan", reply=fmt), messages, fmt, plan_subgoals, check_plan,
                           ctx.parse_retries, cut_off=cut_off_reader(ctx))
     except ModelError as exc:
-        return fresh | {"halted": True, "notes": Overwrite([*notes, f"ModelError: plan: {exc}"]),
+        return fresh | {"halted": True, "notes": Overwrite([*notes, note("ModelError", f"plan: {exc}")]),
                         "guards": Overwrite([])}
     firings: list[dict] = []
     subgoals = cut_plan(ctx, parsed, ctx.max_rounds, firings)
     if subgoals is None:
         subgoals = [question]
-        notes.append(f"{parsed.error} (plan; planned the question as one sub-goal)")
+        notes.append(Note(f"{parsed.error} (plan; planned the question as one sub-goal)", MALFORMED))
     elif len(subgoals) < len(parsed.value):
-        notes.append(f"warning: the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats")
+        notes.append(note(WARNING, f"the plan repeats one sub-goal; cut {len(parsed.value) - len(subgoals)} repeats"))
     if len(subgoals) > ctx.max_rounds:
-        notes.append(f"warning: plan has {len(subgoals)} sub-goals; kept the first {ctx.max_rounds}")
+        notes.append(note(WARNING, f"plan has {len(subgoals)} sub-goals; kept the first {ctx.max_rounds}"))
         subgoals = subgoals[:ctx.max_rounds]
     return fresh | {"plan": subgoals, "depends_on": dependencies(subgoals), "plan_raw": parsed.raw,
                     "notes": Overwrite(notes), "guards": Overwrite(firings)}
@@ -176,7 +178,7 @@ def schedule(state: State) -> Command[Literal["retrieve", "synthesize"]]:
         subgoal = plan_[n - 1]
         filled, resolved, warnings = fill_placeholders(subgoal, n, answers)
         query = P.UNRESOLVED_QUERY.format(subgoal=filled, question=state["question"]) if warnings else filled
-        notes += [f"warning: sub-goal {n}: {w}" for w in warnings]
+        notes += [note(WARNING, f"sub-goal {n}: {w}") for w in warnings]
         records.append(new_step(n, subgoal, filled, deps[n - 1], resolved + len(warnings), resolved, warnings))
         sends.append(Send("retrieve", SubgoalTask(n=n, question=state["question"], subgoal=filled, query=query,
                                                   attempt=0, tried=[query], findings=findings, pool=[], hits=[],
@@ -192,7 +194,7 @@ def retrieve(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Liter
     try:
         hits = retrieve_contexts(ctx, task["query"], k)
     except StoreError as exc:
-        return _end_step(task, attempt, f"{type(exc).__name__}: {exc}")
+        return _end_step(task, attempt, note(type(exc).__name__, str(exc)))
     pool = merge_pool(task["pool"], hits)
     attempt["hits"] = [{"id": h.id, "title": h.title, "score": round(float(h.score), 6)} for h in hits]
     attempt["shown"] = [p["id"] for p in pool]
@@ -206,20 +208,22 @@ def analyze(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Litera
     ctx = context_as(OperaContext, runtime)
     n, i = task["n"], task["attempt"]
     texts = [f"{p['title']} {p['text']}" for p in task["pool"]]
-    fmt = P.ANALYSIS_FORMAT_THINK if ctx.think else P.ANALYSIS_FORMAT_DIRECT
+    line = P.ANALYSIS_FORMAT_THINK if ctx.think else P.ANALYSIS_FORMAT_DIRECT
     passages = format_passages(_passages(task["pool"]))
     messages = [SystemMessage(P.ANALYSIS_SYSTEM),
                 HumanMessage(P.ANALYSIS_USER.format(question=task["question"], findings=task["findings"],
-                                                    subgoal=task["subgoal"], passages=passages, format=fmt))]
+                                                    subgoal=task["subgoal"], passages=passages, format=line))]
     firings: list[dict] = []
     try:
         answer = None if ctx.corpus else fact_answer_schema(ctx, [p["text"] for p in task["pool"]], P.FACT_NONE)
-        parsed = ask_json(get_llm(ctx, "analysis", reply=P.analysis_format(ctx.think, answer)), messages,
-                          lambda v: check_analysis(v, texts, ctx, firings), ctx.parse_retries, want=dict)
+        fmt = P.analysis_format(ctx.think, answer)
+        parsed = ask_json(get_llm(ctx, "analysis", reply=fmt), messages, fmt,
+                          lambda reply: read_analysis(reply, texts, ctx, firings),
+                          lambda value: check_analysis(value, texts, ctx, firings), ctx.parse_retries, want=dict)
     except ModelError as exc:
-        return _end_step(task, {}, f"ModelError: analysis: {exc}")
+        return _end_step(task, {}, note("ModelError", f"analysis: {exc}"))
     attempt = {"i": i, "analysis_raw": parsed.raw, "analysis": parsed.value, "error": parsed.error}
-    notes = [f"{parsed.error} (analysis of sub-goal {n}, attempt {i + 1})"] if parsed.error else []
+    notes = [Note(f"{parsed.error} (analysis of sub-goal {n}, attempt {i + 1})", MALFORMED)] if parsed.error else []
     firings = [dict(f, at=f"sub-goal {n}, attempt {i + 1}") for f in firings]
     best = (parsed.value or {}).get("answer") or task["best"]
     if parsed.value and parsed.value["sufficient"]:
@@ -250,11 +254,11 @@ def rewrite(task: SubgoalTask, runtime: Runtime[OperaContext]) -> Command[Litera
                 HumanMessage(P.REWRITE_USER.format(question=task["question"], subgoal=task["subgoal"],
                                                    tried=tried, reason=task["reason"], titles=titles))]
     try:
-        text = ask(get_llm(ctx, "rewrite", reply=P.REWRITE_FORMAT), messages)
+        reply = ask_message(get_llm(ctx, "rewrite", reply=P.REWRITE_FORMAT), messages)
     except ModelError as exc:
-        return _end_step(task, {}, f"ModelError: rewrite: {exc}")
-    query = parse_rewrite(text)
-    notes = [] if query else [f"warning: sub-goal {n}: empty rewrite; kept the last query"]
+        return _end_step(task, {}, note("ModelError", f"rewrite: {exc}"))
+    text, query = reply_text(reply), read_rewrite(reply)
+    notes = [] if query else [note(WARNING, f"sub-goal {n}: empty rewrite; kept the last query")]
     nxt = query or task["query"]
     return Command(update={"steps": [{"n": n, "attempt": {"i": i, "rewrite_raw": text, "rewrite": query or None}}],
                            "notes": notes},
@@ -272,7 +276,7 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
     update: dict[str, Any] = {"placeholders": {"written": written, "resolved": resolved,
                                                "fill_rate": round(resolved / written, 4) if written else None}}
     answer = next((s["answer"] for s in reversed(steps) if s["answer"]), "")
-    new: list[str] = []
+    new: list[Note] = []
     firings: list[dict] = []
     question, final = state["question"], ""
     if not _halted(state) and steps:
@@ -282,20 +286,20 @@ def synthesize(state: State, runtime: Runtime[OperaContext]) -> dict[str, Any]:
         try:
             text = ask(get_llm(ctx, "answer", reply=P.ANSWER_FORMAT), messages)
         except ModelError as exc:
-            new.append(f"ModelError: answer: {exc}")
+            new.append(note("ModelError", f"answer: {exc}"))
         else:
             update["synthesis_raw"] = text
             if final := parse_final(text):
                 answer = final
             else:
-                new.append("MalformedOutput: empty final answer")
+                new.append(note(MALFORMED, "empty final answer"))
     # an answer is mapped to an option only when the synthesis said it, not as the fallback of a halted run
-    guarded, note = settle_options(ctx, question, answer, _compared_steps(steps), firings, "the synthesis said",
-                                   map_option=bool(final))
-    if note:  # the guard gave the answer
-        new = [n for n in new if not n.startswith("MalformedOutput")] + [note]
+    guarded, settled = settle_options(ctx, question, answer, _compared_steps(steps), firings, "the synthesis said",
+                                      map_option=bool(final))
+    if settled:  # the guard gave the answer
+        new = [n for n in new if n.kind != MALFORMED] + [settled]
     error = next((n for n in [*(state.get("notes") or []), *new]
-                  if not n.startswith(("warning", DATE_NOTE, OPTION_NOTE))), None)
+                  if note_kind(n) not in (WARNING, DATE_NOTE, OPTION_NOTE)), None)
     return update | {"answer": guarded, "error": error, "notes": new, "guards": firings}
 
 

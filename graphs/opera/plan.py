@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from ..mechanisms import RELATION_QUESTION, as_relation
+from .replies import Plan, RelationPlan, RelationSubgoal
 
 # -- placeholders ----------------------------------------------------------------------
 _BRACKETED = re.compile(r"\[([^\[\]]{1,60})\]|\{([^{}]{1,60})\}|<([^<>]{1,60})>")
@@ -62,15 +63,27 @@ def fill_placeholders(text: str, index: int, answers: dict[int, str]) -> tuple[s
     filled = " ".join(("".join(out) + text[last:]).split())
     return re.sub(r" ([?.,;:!])", r"\1", filled), resolved, warnings
 
-# -- parsing the agents' replies ---------------------------------------------------------
+# -- reading the Plan agent's reply ------------------------------------------------------
+def plan_subgoals(plan: Plan | RelationPlan) -> list[str]:
+    """The sub-goals of a Plan agent reply, spacing normalised (one written as a relation of an entity is asked as
+    "What is the <relation> of <entity>?"); ValueError if there are none."""
+    asked = [RELATION_QUESTION.format(**relation) if isinstance(item, RelationSubgoal)
+             and (relation := as_relation(item.model_dump())) else item for item in plan.subgoals]
+    subgoals = [" ".join(item.split()) for item in asked if isinstance(item, str) and item.strip()]
+    if not subgoals:
+        raise ValueError("the plan has no sub-goals")
+    return subgoals
+
+
 _PLAN_KEYS = ("subgoals", "sub_goals", "sub-goals", "subquestions", "sub_questions", "questions", "steps", "plan")
 
 _ITEM_KEYS = ("subgoal", "sub_goal", "question", "subquestion", "query", "goal", "text")
 
 
 def check_plan(value: Any) -> list[str]:
-    """The sub-goals of a Plan agent reply ({"subgoals": [...]} or a bare list; a sub-goal written as an entity and a
-    relation, `ask_as="relation"`, is asked as "What is the <relation> of <entity>?"); ValueError if there are none."""
+    """The sub-goals of a Plan agent reply read tolerantly (`plan_subgoals`): {"subgoals": [...]} under the names small
+    models use for it, or a bare list; a sub-goal as text, as an entity and a relation, or as an object holding its
+    text. ValueError if there are none."""
     if isinstance(value, dict):
         lowered = {str(k).lower(): v for k, v in value.items()}
         key = next((k for k in _PLAN_KEYS if k in lowered), None)
@@ -85,8 +98,6 @@ def check_plan(value: Any) -> list[str]:
             item = RELATION_QUESTION.format(**asked)
         elif isinstance(item, dict):
             item = next((item[k] for k in _ITEM_KEYS if isinstance(item.get(k), str)), None)
-        if isinstance(item, str) and item.strip():
-            subgoals.append(" ".join(item.split()))
-    if not subgoals:
-        raise ValueError("the plan has no sub-goals")
-    return subgoals
+        if isinstance(item, str):
+            subgoals.append(item)
+    return plan_subgoals(Plan.model_construct(subgoals=subgoals))

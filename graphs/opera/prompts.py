@@ -3,16 +3,12 @@ Module), and the final synthesis. Written for small instruction-tuned models: on
 
 import json
 
-from mhqa_graph.replies import ANSWER_CHARS, ReplyFormat, Shape, line_reply, obj, text
+from mhqa_graph.replies import ReplyFormat, json_schema, line_reply, text
 
 from ..mechanisms import relation_schema
+from .replies import Analysis, DirectAnalysis, Plan, RelationPlan, RelationSubgoal, Rewrite
 
-# the Plan agent's reply, declared once, in either form (`ask_as`): its schema (the cap and the entities given per
-# call) and the format line its prompt shows
-PLAN = Shape((("subgoals", {"type": "array", "items": text(), "minItems": 1},
-               '["first sub-goal", "second sub-goal using [Answer1]"]'),))
-RELATION_PLAN = Shape((("subgoals", {"type": "array", "items": obj(relation_schema(None, [])), "minItems": 1},
-                        '[{"entity": "...", "relation": "..."}, {"entity": "[Answer1]", "relation": "..."}]'),))
+# the agents' replies (`replies`) give the format lines below; the Plan agent's cap and entities are given per call
 
 PLAN_SYSTEM = """You are the Plan agent of a question answering system that searches a knowledge source.
 Break the question into the fewest simple sub-goals that answer it, in the order they must be solved.
@@ -24,7 +20,7 @@ Rules:
 - Keep every name, date and qualifier of the question in the sub-goals that need them.
 - The last sub-goal asks for what the question asks for. A question that needs one lookup gets one sub-goal.
 Reply with JSON only, in this format:
-""" + PLAN.line() + """
+""" + Plan.line() + """
 
 Examples
 Question: Where was the director of Inception born?
@@ -43,7 +39,7 @@ Rules:
   in the order of the chain, each about the answer of the one before.
 - The last sub-goal asks for what the question asks for. A question that needs one lookup gets one sub-goal.
 Reply with JSON only, in this format:
-""" + RELATION_PLAN.line() + """
+""" + RelationPlan.line() + """
 
 Examples
 Question: Where was the director of Inception born?
@@ -76,13 +72,8 @@ retrieved for it. Use only the passages and the earlier findings.
 - "answer" is the shortest exact span that answers the sub-goal (a name, date, number or place), or "" when
   the passages do not contain it. If you are unsure, give your best guess and set "sufficient" to false."""
 
-# the Analysis-Answer agent's reply, declared once: its schema and the format line below come from it
-ANALYSIS = Shape((("reasoning", text(400, 0), '"one or two sentences"'),
-                  ("sufficient", {"type": "boolean"}, "true or false"),
-                  ("answer", text(ANSWER_CHARS, 0), '"short answer"')))
-NO_REASONING = ("reasoning",)  # the analysis reply without its reasoning field (think off)
-ANALYSIS_FORMAT_THINK = ANALYSIS.line()
-ANALYSIS_FORMAT_DIRECT = ANALYSIS.line(NO_REASONING)
+ANALYSIS_FORMAT_THINK = Analysis.line()
+ANALYSIS_FORMAT_DIRECT = DirectAnalysis.line()  # think off: no reasoning field
 
 ANALYSIS_USER = """Question: {question}
 Earlier findings:
@@ -95,11 +86,9 @@ Retrieved passages:
 Reply with JSON only, in this format:
 {format}"""
 
-REWRITE = Shape((("query", text(), '"new search query"'),))  # the Rewrite agent's reply, declared once
-
 REWRITE_SYSTEM = """You are the Rewrite agent. A search did not find what a sub-goal needs. Write one new search
 query that is more likely to find it: name the entities explicitly, use other words for the relation, drop
-words that do not help. Reply with JSON only: """ + REWRITE.line()
+words that do not help. Reply with JSON only: """ + Rewrite.line()
 
 REWRITE_USER = """Question: {question}
 Sub-goal: {subgoal}
@@ -127,10 +116,11 @@ def plan_format(max_subgoals: int, entities: list[str] | None = None, ask_as: st
     """The Plan agent's reply: sub-goals as text, or with `ask_as="relation"` each an entity (one of `entities`,
     the question's topic entities when given, or an earlier answer [AnswerN]) and a relation."""
     if ask_as != "relation":
-        return PLAN.reply("plan", subgoals={"type": "array", "items": text(), "minItems": 1, "maxItems": max_subgoals})
-    item = obj(relation_schema(entities, [f"[Answer{n}]" for n in range(1, max_subgoals)]))
-    return RELATION_PLAN.reply("plan", subgoals={"type": "array", "items": item, "minItems": 1,
-                                                 "maxItems": max_subgoals})
+        return Plan.reply("plan", subgoals={"type": "array", "items": text(), "minItems": 1, "maxItems": max_subgoals})
+    refs = [f"[Answer{n}]" for n in range(1, max_subgoals)]
+    item = RelationSubgoal.asked("subgoal", **relation_schema(entities, refs))
+    return RelationPlan.reply("plan", subgoals={"type": "array", "items": json_schema(item), "minItems": 1,
+                                                "maxItems": max_subgoals})
 
 
 def plan_system(ask_as: str) -> str:
@@ -142,8 +132,8 @@ FACT_NONE = ("", "yes", "no")  # what an analysis answer read from facts may be 
 
 def analysis_format(think: bool, answer: dict | None = None) -> ReplyFormat:
     """The analysis reply; `answer`, when given, is the schema of its answer (`answer_from_facts`)."""
-    return ANALYSIS.reply("analysis", () if think else NO_REASONING, **({"answer": answer} if answer else {}))
+    return (Analysis if think else DirectAnalysis).reply("analysis", **({"answer": answer} if answer else {}))
 
 
-REWRITE_FORMAT = REWRITE.reply("rewrite")
+REWRITE_FORMAT = Rewrite.reply("rewrite")
 ANSWER_FORMAT = line_reply("answer")

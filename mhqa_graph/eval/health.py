@@ -1,14 +1,15 @@
 """Protocol health: whether an agent did what its design says, read from the trace of an eval record.
 
 Per question:
-- `acted`: the design's own action happened. Omne ran at least one tool call that returned a result
-  (not an error, not a repeat); Mujica dispatched at least one worker; OPERA retrieved for at least
-  one sub-goal; rag retrieved. None for `direct`, which has no action.
+- `acted`: the design's own action happened, as its spec decides (`DesignSpec.acted`). Omne ran at least one tool
+  call that returned a result (not an error, not a repeat); Mujica dispatched at least one worker; OPERA retrieved
+  for at least one sub-goal; rag retrieved. None for `direct` and `auto`, which have no action of their own.
 - `invented`: tool results the model wrote itself (`<tool_response>` in its own replies).
 - `malformed`: the run ended with a MalformedOutput error.
 - `repairs`: model calls that answered a repair, nudge or send-back message (a reply could not be used).
 - `forced`: model calls that had to answer because a cap was reached; `forced_by`: why, the kinds of the typed
-  notes or error that forced them (`RoundCap`, `NoProgress`), sorted; [] when nothing was forced.
+  notes (`mhqa_graph.notes`) or error that forced them (`RoundCap`, `NoProgress`), sorted; [] when nothing was
+  forced.
 - `bad_answer`: the answer is empty or longer than 10 words.
 - `guards`: firings per guard (graphs/guards/), enforced or logged; `guard_changed`: an enforced firing
   changed the run (a prompt hint such as `options_line` does not count); `answer_guard`: an enforced guard
@@ -16,8 +17,8 @@ Per question:
 - `constrained`: model calls whose reply the backend constrained to its format (a grammar or a JSON schema).
 - `cache_errors`: model calls whose cached prompt state the backend refused, so the prompt was prefilled in full.
 
-Over a run, `behaviour` gives the rates that training moves first: well-formed runs, tool calls (Omne),
-worker dispatch (Mujica), answer length and answers that say there is none.
+Over a run, `behaviour` gives the rates that training moves first: well-formed runs, answer length, answers that say
+there is none, and each design's own (`DesignSpec.rates`: tool calls for Omne, worker dispatch for Mujica).
 """
 
 from __future__ import annotations
@@ -26,49 +27,26 @@ from collections.abc import Iterable
 from statistics import median
 from typing import Any
 
-from ..messages import FORCES, RETRIES, SEND_BACK, kind_in_trace
+from ..designs import spec_of
+from ..messages import FORCES, RETRIES, SEND_BACK, last_kind
+from ..notes import NO_PROGRESS, ROUND_CAP, note_kind
 from ..traces import Trace
 
 MAX_ANSWER_WORDS = 10
 INVENTED = "<tool_response>"
-FORCE_REASONS = ("RoundCap", "NoProgress")  # the typed notes (Mujica) and errors (Omne) that force an answer
-
-
-def _get(obj: Any, key: str) -> Any:
-    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
-
-
-def _last_user(call: Any) -> Any:
-    """The last non-assistant message of an LLM call (a trace's `LLMCall`, or its JSON form in an eval record)."""
-    return next((m for m in reversed(_get(call, "messages") or []) if _get(m, "role") != "assistant"), {})
-
-
-def last_kind(call: Any, tagged_trace: bool) -> str | None:
-    """The kind of the message an LLM call answered (`mhqa_graph.messages`): a repair, nudge, send-back, forced."""
-    return kind_in_trace(_last_user(call), tagged_trace)
-
-
-def successful_call(call: Any) -> bool:
-    """Whether an Omne tool call (as its final state records it) returned a result: not an error, not a repeat."""
-    return isinstance(call, dict) and not call.get("repeated") \
-        and not str(call.get("result_preview", "")).startswith("Error")
+FORCE_REASONS = (ROUND_CAP, NO_PROGRESS)  # the kinds of the notes (Mujica) and errors (Omne) that force an answer
 
 
 def acted(trace: Trace) -> bool | None:
-    agent = trace.agent
-    if agent == "omne":
-        return any(map(successful_call, trace.design.get("tool_calls") or []))
-    if agent == "mujica":
-        return any(c.role == "worker" for c in trace.llm_calls)
-    if agent in ("opera", "rag"):
-        return any(step.retrieved for step in trace.steps)
-    return None
+    """Whether the agent's own action happened, as its design's spec decides; None for an agent without one."""
+    spec = spec_of(trace.agent)
+    return spec.acted(trace) if spec else None
 
 
 def forced_by(trace: Trace) -> list[str]:
     """The kinds of the typed notes and error of a run's final state that force an answer (FORCE_REASONS)."""
     notes = [*(trace.design.get("notes") or []), trace.design.get("error") or ""]
-    return sorted({kind for n in notes if isinstance(n, str) and (kind := n.split(":", 1)[0]) in FORCE_REASONS})
+    return sorted({kind for n in notes if isinstance(n, str) and (kind := note_kind(n)) in FORCE_REASONS})
 
 
 def health(record: dict, trace: Trace) -> dict[str, Any]:
@@ -174,9 +152,10 @@ def behaviour(records: list[dict]) -> dict[str, Any]:
     - `well_formed`: no malformed end (health's `malformed`) and no model call answering a format repair or a
       nudge (`format_repairs`; a guard's send-back is not a format fault), with the counts `malformed` (runs)
       and `repairs` (calls);
-    - Omne: `tool_rate` (at least one tool call), `acted_rate` (at least one successful call: a result, not an
-      error or a repeat) and `successful_calls` in all;
-    - Mujica: `worker_rate` (at least one worker consulted) and `dispatches` (worker calls, repairs not counted);
+    - each design's own rates (`DesignSpec.rates`), for the agents of the run: Omne's `tool_rate` (at least one
+      tool call), `acted_rate` (at least one successful call: a result, not an error or a repeat) and
+      `successful_calls` in all; Mujica's `worker_rate` (at least one worker consulted) and `dispatches` (worker
+      calls, repairs not counted);
     - `answer_chars` (median characters of the answers), `unknown` (answers that say there is none:
       empty, "unknown", "not stated", ...) and `guarded` (questions on which a guard fired)."""
     from ..graphs.answers import is_no_answer  # here, not at load time: the core never loads graphs/ (test_layout)
@@ -192,15 +171,7 @@ def behaviour(records: list[dict]) -> dict[str, Any]:
         "unknown": sum(is_no_answer(r.get("prediction") or "") for r in records),
         "guarded": sum(bool((r.get("health") or {}).get("guards")) for r in records),
     }
-    agents = {t.get("agent") for t in traces}
-    if "omne" in agents:
-        calls = [(t.get("design") or {}).get("tool_calls") or [] for t in traces]
-        out |= {"tool_rate": sum(bool(c) for c in calls) / n,
-                "acted_rate": sum(any(map(successful_call, c)) for c in calls) / n,
-                "successful_calls": sum(sum(map(successful_call, c)) for c in calls)}
-    if "mujica" in agents:
-        workers = [(bool(t.get("kinds")), [c for c in t.get("llm_calls") or [] if c.get("role") == "worker"])
-                   for t in traces]
-        out |= {"worker_rate": sum(bool(w) for _, w in workers) / n,
-                "dispatches": sum(last_kind(c, kinds) not in RETRIES for kinds, w in workers for c in w)}
+    for agent in dict.fromkeys(t.get("agent") for t in traces):
+        if spec := spec_of(str(agent)):
+            out |= spec.rates(traces)
     return out

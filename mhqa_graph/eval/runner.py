@@ -36,6 +36,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
+from ..designs import spec_of
 from ..errors import IngestError, InvalidInput, MhqaError
 from ..ingest.datasets import QAItem, check_dataset_file, questions
 from ..paths import file_sha256, read_json_object
@@ -72,8 +73,9 @@ class EvalInterrupted(Exception):
 
 
 def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace, error: str | None = None) -> dict:
-    """The results.jsonl record of one question. `output` is the graph's output (None if the run
-    raised `error`); `trace` is what the TraceRecorder saw of the run."""
+    """The results.jsonl record of one question, with the fields the agent's design spec adds (`record_fields`).
+    `output` is the graph's output (None if the run raised `error`); `trace` is what the TraceRecorder saw of the
+    run."""
     usage = trace.usage()
     prediction = (output or {}).get("answer") or ""
     em, f1 = score(prediction, item.answers) if error is None else (0.0, 0.0)
@@ -100,31 +102,10 @@ def make_record(item: QAItem, output: dict | None, latency: float, trace: Trace,
         "diagnostics": diagnose(item.chain, trace, em, f1, failed=error is not None),
         "trace": trace.model_dump(mode="json"),
     }
-    if (output or {}).get("confidence") is not None:  # rag or direct with `confidence`: the model's, in its answer
-        record["confidence"] = output["confidence"]
-    if "answered_by" in (output or {}):  # auto: which stage answered, and why it stopped or escalated
-        record["route"] = route(output, trace)
+    if output is not None and (spec := spec_of(trace.agent)):  # rag's confidence, auto's route
+        record |= spec.record_fields(output, trace)
     record["health"] = health(record, trace)
     return record
-
-
-def route(output: dict, trace: Trace) -> dict:
-    """auto's decisions, compact: the stage that answered, each decision (stage, action, reason, the stage's
-    answer) and each stage's calls, seconds, tokens and the entities it was handed (its calls are the next ones
-    of the trace: stages run one after the other)."""
-    stages, calls = [], iter(trace.llm_calls)
-    for s in output.get("stages") or []:
-        mine = [c for _, c in zip(range(int(s.get("calls") or 0)), calls)]
-        stages.append({k: s.get(k) for k in ("stage", "calls", "seconds")} | (
-            {"start_from": s["start_from"]} if s.get("start_from") else {}) | {"tokens": {
-            "input": sum(c.input_tokens for c in mine), "output": sum(c.output_tokens for c in mine),
-            "total": sum(c.input_tokens + c.output_tokens for c in mine),
-            "cached": sum(c.cached_tokens for c in mine)}})
-    return {"answered_by": output.get("answered_by") or "",
-            "decisions": [{k: d.get(k) for k in ("stage", "action", "reason", "answer")}
-                          | ({"confidence": d["confidence"]} if d.get("confidence") is not None else {})
-                          for d in output.get("decisions") or []],
-            "stages": stages}
 
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a symlink planted in a run folder is refused, not followed

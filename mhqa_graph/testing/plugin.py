@@ -59,9 +59,10 @@ def fake_llms() -> Callable[..., dict[str, FakeChatModel]]:
         models = {role: FakeChatModel(respond=s, latency=latency) if callable(s) else
                   FakeChatModel(responses=list(s), latency=latency) for role, s in scripts.items()}
         if agent == "auto":
-            from ..graphs import ROLES
+            from ..graphs import SPECS
 
-            models |= {role: FakeChatModel(respond=_unscripted(role)) for role in ROLES["auto"] if role not in models}
+            models |= {role: FakeChatModel(respond=_unscripted(role)) for role in SPECS["auto"].roles
+                       if role not in models}
         return models
 
     return make
@@ -80,11 +81,11 @@ def _unscripted(role: str) -> Callable[[Any], str]:
 def check_roles(agent: str, scripts: dict[str, object]) -> None:
     """InvalidInput unless `scripts` has exactly the roles of `agent` (for `auto`: rag's role and the roles of
     one design it may escalate to)."""
-    from ..graphs import ROLES, build_graph, make_context
+    from ..graphs import SPECS, design_spec, make_context
     from ..graphs.auto import DESIGNS
 
-    build_graph(agent)  # an unknown agent fails here
-    needs = [ROLES[agent]] if agent != "auto" else [("answer", *ROLES[d]) for d in DESIGNS]
+    # an unknown agent fails here
+    needs = [design_spec(agent).roles] if agent != "auto" else [(*SPECS["rag"].roles, *SPECS[d].roles) for d in DESIGNS]
     missing = min(([role for role in roles if role not in scripts] for roles in needs), key=len)
     # an unknown role fails here; the corpus or graph is the test's to give
     make_context(agent, require_source=False, role_llms={role: "fake" for role in scripts}, llm="fake")
