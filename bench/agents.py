@@ -262,7 +262,9 @@ def sealed_stamp(args: argparse.Namespace, agents: list[str]) -> dict[str, Any]:
                             cwd=Path(__file__).resolve().parent).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
                            cwd=Path(__file__).resolve().parent).stdout.strip()
-    defaults = {agent: {f.name: repr(f.default) for f in dataclasses.fields(context_schema(agent))}
+    # a field made by a factory is written as the factory's value: `MISSING`'s repr holds an address
+    defaults = {agent: {f.name: repr(f.default_factory() if f.default is dataclasses.MISSING else f.default)
+                        for f in dataclasses.fields(context_schema(agent))}
                 for agent in sorted({parse_variant(a)[0] for a in agents})}
     settings = json.dumps({"llm": args.llm, "variants": sorted(agents), "defaults": defaults}, sort_keys=True)
     return {"commit": commit + ("+changes" if dirty else ""),

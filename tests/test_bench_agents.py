@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -525,6 +527,11 @@ def test_sealed_records_carry_the_commit_and_settings_digest_they_were_first_mad
     assert len(stamp["settings"]) == 16 and stamp["commit"] and stamp["unsealed"] is None
     assert bench.sealed_stamp(sliced(), ["rag", "auto"]) == stamp
     assert bench.sealed_stamp(sliced(llm="llamacpp:y"), ["rag", "auto"])["settings"] != stamp["settings"]
+    other = subprocess.run([sys.executable, "-c", "import json, sys; sys.path.insert(0, 'bench'); import agents; "
+                            "from argparse import Namespace as N; print(agents.sealed_stamp(N(llm=" + repr(sliced().llm)
+                            + ", unseal=None), ['rag', 'auto'])['settings'])"],
+                           capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert other.stdout.strip() == stamp["settings"], other.stderr[-2000:]  # another process: the same digest
     folder, path = tmp_path / "run", tmp_path / "records.jsonl.gz"
     folder.mkdir()
     (folder / RESULTS).write_text(json.dumps({"id": "q1", "em": 1.0, "f1": 1.0, "latency": 1.0}) + "\n",
