@@ -107,3 +107,34 @@ def test_repeat_compares_each_run_with_the_first_and_counts_the_calls_the_cache_
     table = repeat.rows(argparse.Namespace(out=tmp_path))
     assert [(r["run"], r["questions"], r["same"], r["model_calls"], r["llm_calls_cached"]) for r in table] == [
         ("first", 2, 2, 5, 0), ("again", 2, 1, 5, 0), ("cached", 2, 2, 0, 5)]
+
+
+def test_a_replay_asks_through_a_fresh_store_of_the_records_environment_only(tmp_path, monkeypatch, capsys):
+    """What else a store holds changes its ranking, and so the prompts: `--replay` builds a store of its own, afresh,
+    unless `--store` names one (no model: the eval is replaced by records written here)."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("bench_repeat", Path(__file__).parents[1] / "bench" / "repeat.py")
+    repeat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repeat)
+    record = tmp_path / "rec.json"
+    record.write_text(json.dumps({"env": "pq2h", "agent": "auto", "llm": "llamacpp:m", "start": 1, "limit": 1,
+                                  "predictions": {"q1": "Paris"}}), encoding="utf-8")
+    record.with_suffix(".calls.sqlite").write_bytes(b"")
+    stores = []
+
+    def eval_run(args, out, start, limit, concurrency, cache, ids=None):
+        stores.append(args.store)
+        out.mkdir(parents=True)
+        (out / "results.jsonl").write_text(json.dumps({"id": "q1", "prediction": "Paris", "llm_calls": 2,
+                                                       "llm_calls_cached": 2}) + "\n", encoding="utf-8")
+
+    monkeypatch.setattr(repeat, "eval_run", eval_run)
+    stale = tmp_path / "out" / "replay" / "rec.store"
+    stale.mkdir(parents=True)
+    (stale / "left.txt").write_text("from an earlier replay")
+    repeat.replay(argparse.Namespace(replay=record, out=tmp_path / "out", store=None))
+    assert stores == [f"embedded://{stale}"] and not stale.exists()  # removed: the eval builds it afresh
+    assert "| auto on pq2h | 1 | 1/1 | 2 | 2 |" in capsys.readouterr().out
+    repeat.replay(argparse.Namespace(replay=record, out=tmp_path / "out2", store="embedded:///given"))
+    assert stores[-1] == "embedded:///given"
