@@ -113,8 +113,7 @@ def design_stage(name: str, design: CompiledStateGraph) -> Node:
         output, calls, error = run_stage(design, inputs, config, stage_context(ctx, name),
                                          calls_left(ctx, state["calls"], name))
         stage = _stage(name, output, error) | ({"start_from": start_from} if start_from else {})
-        return {"stages": [stage], "guards": list(output.get("guards") or []), "calls": state["calls"] + calls,
-                "failure": error}
+        return {"stages": [stage], "guards": list(output.get("guards") or []), "calls": state["calls"] + calls}
 
     return run_design
 

@@ -119,7 +119,7 @@ class AutoState(TypedDict):
     design: str  # the design this run escalates to (`design_for`)
     calls: int  # model calls made so far, all stages together: what the budget counts
     evidence: str  # the passages or facts rag was shown: what the judge finds its answer in
-    failure: str | None  # the error that stopped the last stage, if one did
+    failure: str | None  # the error that stopped rag's stage, if one did: the judge escalates on it
 
 
 def design_for(ctx: AgentContext) -> str:

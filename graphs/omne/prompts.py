@@ -4,7 +4,15 @@ import re
 
 from mhqa_graph.replies import Reply, ReplyFormat, json_schema, text, tool_reply
 
-from .replies import EntityMatcherCall, NodeInfoCall
+from .replies import EntityMatcherArguments, EntityMatcherCall, NodeInfoArguments, NodeInfoCall
+
+
+def parameters(arguments: type[Reply]) -> dict:
+    """A tool's parameters as its signature shows them: each argument of its reply model, a string with the
+    model's description of it."""
+    fields = arguments.model_fields
+    return {"type": "object", "properties": {name: {"type": "string", "description": f.description}
+                                             for name, f in fields.items()}, "required": list(fields)}
 
 # Tool signatures shown to the model; omne.py fills the graph_type enum with the graphs of the run.
 TOOL_SPECS = [
@@ -13,28 +21,14 @@ TOOL_SPECS = [
         "description": "Find the entities of a knowledge graph whose names best match a query (semantic + "
                        "lexical). Returns exact entity names, best first. Use it to locate the starting "
                        "entity before calling node_info.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "an entity name or short description"},
-                "graph_type": {"type": "string", "description": "the knowledge graph to search"},
-            },
-            "required": ["query", "graph_type"],
-        },
+        "parameters": parameters(EntityMatcherArguments),
     },
     {
         "name": "node_info",
         "description": "All facts about one entity of a knowledge graph: its outgoing and incoming relations "
                        "to neighbouring entities. Use an exact name returned by entity_matcher or seen in "
                        "an earlier fact.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "entity": {"type": "string", "description": "the exact entity name"},
-                "graph_type": {"type": "string", "description": "the knowledge graph to search"},
-            },
-            "required": ["entity", "graph_type"],
-        },
+        "parameters": parameters(NodeInfoArguments),
     },
 ]
 
