@@ -19,10 +19,11 @@ from mhqa_graph.graphs.mujica.plan import read_plan, repair_plan
 from mhqa_graph.graphs.mujica.state import MujicaContext, merge_results
 
 from mhqa_graph.errors import InvalidInput, InvalidQuestion
+from mhqa_graph.eval.health import health
 from mhqa_graph.messages import kind_of
 from mhqa_graph.store import open_store
 from mhqa_graph.testing.fakes import FakeChatModel
-from mhqa_graph.traces import trace_from_state
+from mhqa_graph.traces import TraceRecorder, trace_from_state
 from mhqa_graph.types import Passage
 
 PASSAGES = [
@@ -890,6 +891,119 @@ def test_a_round_that_only_repeats_is_sent_back_with_why_before_the_planner_must
                               context=ctx(store, plan, answering_worker(), replan_retries=1))
     assert out["answer"] == "Paris" and out["notes"][-1] == "NoProgress: round 2 planned nothing that can run"
     assert mujica.P.NO_MORE in plan.calls[-1][-1].text and len(plan.calls) == 4
+
+
+def test_a_round_that_plans_nothing_new_is_answered_with_a_new_turn_before_the_planner_must_answer(store):
+    """`send_back_rounds`: the planner sees what it asked again beside the answers, and may conclude or ask."""
+    asked = {"subquestions": [subq("q1", "What is the capital of France?")]}
+    again = {"subquestions": [subq("q2", "What is the capital of France?")]}
+    replies = iter([asked, again, {"answer": "Paris"}])
+    plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies)))
+    context = ctx(store, plan, answering_worker(), send_back_rounds=1)
+    recorder = TraceRecorder("mujica", context)
+    out = mujica.graph.invoke({"question": "What is the capital of France?"}, context=context,
+                              config={"callbacks": [recorder]})
+    assert out["answer"] == "Paris" and out["rounds"] == 3 and len(plan.calls) == 3
+    assert out["notes"] == ["InvalidPlan: q2 asks again what q1 answered; dropped",
+                            "NoProgress: round 2 planned nothing that can run; sent back in a new turn"]
+    turn3 = plan.calls[2][-1]
+    assert kind_of(turn3) is None and mujica.P.NO_MORE not in turn3.text  # a turn of its own, not an order to answer
+    assert "q1: What is the capital of France? -> Paris" in turn3.text
+    assert "Your last turn asked nothing that can run: q2 asks again what q1 answered. If the answers" in turn3.text
+    assert health({}, recorder.trace(out))["forced"] == 0
+    # an empty plan is told so; a second round without progress is forced to answer, as without the setting
+    replies = iter([asked, {"subquestions": []}, {"subquestions": []}])
+    plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies, {"answer": "Paris"})))
+    out = mujica.graph.invoke({"question": "What is the capital of France?"},
+                              context=ctx(store, plan, answering_worker(), send_back_rounds=1))
+    assert f"asked nothing that can run: {mujica.P.NOTHING_NEW}." in plan.calls[2][-1].text
+    assert out["notes"][-1] == "NoProgress: round 3 planned nothing that can run"
+    assert mujica.P.NO_MORE in plan.calls[3][-1].text and out["answer"] == "Paris"
+    # off (the default): the round after no progress must answer
+    replies = iter([asked, again])
+    plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies, {"answer": "Paris"})))
+    mujica.graph.invoke({"question": "What is the capital of France?"}, context=ctx(store, plan, answering_worker()))
+    assert len(plan.calls) == 3 and mujica.P.NO_MORE in plan.calls[2][-1].text
+
+
+TINTED = 'The band who released the debut album "Tinted Windows" had their first performance in what city?'
+
+
+def test_question_names_are_its_topic_entities_else_its_quoted_titles_and_capitalised_words():
+    from mhqa_graph.graphs.mujica.guard_rules import question_names
+    assert question_names(TINTED) == ["Tinted Windows"]
+    assert question_names("Which film came out first, Vertigo or Jaws?") == ["Vertigo", "Jaws"]
+    assert question_names("what sex is svante nilsson 's child ?", ["svante nilsson"]) == ["svante nilsson"]
+    assert question_names("what sex is svante nilsson 's child ?") == []
+
+
+def test_a_first_subquestion_that_names_nothing_the_question_names_is_sent_back_once_a_round(store):
+    """`plan_unanchored`: the demo's planner asked about a band it made up (real qwen2.5-coder-1.5b output)."""
+    beatles = {"subquestions": [subq("q1", "What is the name of The Beatles?"),
+                                subq("q2", "In what city did #q1 first perform?", "q1")]}
+    anchored = {"subquestions": [subq("q1", 'Which band released the album "Tinted Windows"?')]}
+    replies = iter([beatles, anchored, {"answer": "Tulsa"}])
+    plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies)))
+    out = mujica.graph.invoke({"question": TINTED},
+                              context=ctx(store, plan, answering_worker(), guards="+plan_unanchored"))
+    back = plan.calls[1][-1]
+    assert kind_of(back) == "send_back"
+    assert ('q1 uses no earlier answer and names nothing the question names ("Tinted Windows"). A sub-question that '
+            "uses no earlier answer asks about a name the question writes, word for word.") in back.text
+    assert [q["question"] for q in out["dag"]] == ['Which band released the album "Tinted Windows"?']
+    assert [(f["guard"], f["before"], f["after"]) for f in out["guards"]] == [
+        ("plan_unanchored", "q1: What is the name of The Beatles?", "sent back")]
+    assert out["answer"] == "Tulsa"
+    # a reply that is still unanchored is kept: the guard sends back, it never rewrites the plan
+    replies = iter([beatles, beatles, {"answer": "Liverpool"}])
+    plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies)))
+    out = mujica.graph.invoke({"question": TINTED},
+                              context=ctx(store, plan, answering_worker(), guards="+plan_unanchored"))
+    assert out["dag"][0]["question"] == "What is the name of The Beatles?" and len(plan.calls) == 3
+    # off by default
+    replies = iter([beatles, {"answer": "Liverpool"}])
+    plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies)))
+    out = mujica.graph.invoke({"question": TINTED}, context=ctx(store, plan, answering_worker()))
+    assert len(plan.calls) == 2 and out["guards"] == []
+
+
+CHAIN = {"subquestions": [subq("q1", "Who directed Inception?"), subq("q2", "Where was #q1 born?", "q1")]}
+
+
+def test_with_cite_answers_the_planner_sees_a_table_and_concludes_by_citing_a_subquestion(store):
+    replies = iter([CHAIN, {"answer": "#q3"}, {"answer": "#q2"}])
+    plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies)))
+    chunks = list(mujica.graph.stream({"question": "Where was the director of Inception born?"}, stream_mode="values",
+                                      context=ctx(store, plan, answering_worker(), cite_answers=True)))
+    out = chunks[-1]
+    assert out["answer"] == "London" and out["planner_log"][-1]["cited"] == "q2"
+    system, prompt = plan.calls[1][0].text, plan.calls[1][-1].text
+    assert system == mujica.P.planner_system("question", cite=True) and '{"answer": "#q2"}' in system
+    assert mujica.P.TABLE_HEAD in prompt and "Worker answers:" not in prompt
+    assert "| q2 | Where was Christopher Nolan born? | London | Christopher Nolan: Christopher Nolan is" in prompt
+    repair = plan.calls[2][-1]
+    assert "q3 has no answer to cite" in repair.text and kind_of(repair) == "repair"
+    # off (the default): "#q2" is an answer like any other
+    replies = iter([CHAIN, {"answer": "#q2"}])
+    plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies)))
+    out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
+                              context=ctx(store, plan, answering_worker()))
+    assert out["answer"] == "#q2" and mujica.P.TABLE_HEAD not in plan.calls[1][-1].text
+
+
+def test_a_conclusion_that_repeats_the_answer_a_later_subquestion_builds_on_is_sent_back_once(store):
+    """`conclusion_bridge`: "Christopher Nolan" is q1's answer, which q2 builds on."""
+    for replies, answer in (([CHAIN, {"answer": "Christopher Nolan"}, {"answer": "London"}], "London"),
+                            ([CHAIN, {"answer": "Christopher Nolan"}, {"answer": "christopher nolan"}],
+                             "christopher nolan")):
+        it = iter(replies)
+        plan = FakeChatModel(respond=lambda messages, it=it: json.dumps(next(it)))
+        out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
+                                  context=ctx(store, plan, answering_worker(), guards="+conclusion_bridge"))
+        assert out["answer"] == answer and len(plan.calls) == 3
+        back = plan.calls[2][-1]
+        assert kind_of(back) == "send_back" and "'Christopher Nolan' is the answer of q1, which q2 builds on" in back.text
+        assert [(f["guard"], f["before"]) for f in out["guards"]] == [("conclusion_bridge", "Christopher Nolan")]
 
 
 def test_endless_re_asks_end_within_the_round_and_subquestion_caps(store):

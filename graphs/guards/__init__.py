@@ -77,6 +77,9 @@ PLAN_OFF_TOPIC = Guard("plan_off_topic", "plan", ("mujica",),
     default=())
 PLAN_MADE_UP_ENTITY = Guard("plan_made_up_entity", "plan", ("mujica",),
     "with topic entities, a root sub-question naming none of them and no answer so far is dropped")
+PLAN_UNANCHORED = Guard("plan_unanchored", "plan", ("mujica",),
+    "a plan whose sub-question uses no earlier answer and names nothing the question names is sent back once a "
+    "round, with the question's names", default=())
 PLAN_EXAMPLE_COPY = Guard("plan_example_copy", "plan", ("mujica",),
     "a sub-question copying the prompt's examples or naming an entity of them is dropped")
 UNKNOWN_CONTEXTS = Guard("unknown_contexts", "worker answer", ("mujica",),
@@ -96,6 +99,9 @@ DATE_COMPARISON = Guard("date_comparison", "conclusion", ("opera", "mujica"),
 OPTION_ANSWER = Guard("option_answer", "conclusion", ("opera", "mujica"),
     "an answer naming what a step found about one option (its director) becomes that option",
     replaces_answer=True, default=("mujica",))
+CONCLUSION_BRIDGE = Guard("conclusion_bridge", "conclusion", ("mujica",),
+    "a conclusion that cites no sub-question and repeats the answer another sub-question builds on is sent back "
+    "once", default=())
 SEND_BACK_UNGROUNDED = Guard("send_back_ungrounded", "tool answer", ("omne",),
     "an answer no fact of the run contains is sent back once, with the start entity's facts")
 SEND_BACK_ONE_HOP = Guard("send_back_one_hop", "tool answer", ("omne",),
@@ -109,6 +115,7 @@ GUARDS: dict[str, Guard] = {g.name: g for g in (
     UNECHO,
     PLAN_OFF_TOPIC,
     PLAN_MADE_UP_ENTITY,
+    PLAN_UNANCHORED,
     PLAN_EXAMPLE_COPY,
     UNKNOWN_CONTEXTS,
     WORKER_REFUSAL,
@@ -116,6 +123,7 @@ GUARDS: dict[str, Guard] = {g.name: g for g in (
     SHORT_ANSWER_REASK,
     DATE_COMPARISON,
     OPTION_ANSWER,
+    CONCLUSION_BRIDGE,
     SEND_BACK_UNGROUNDED,
     SEND_BACK_ONE_HOP,
 )}

@@ -42,6 +42,25 @@ def progress(dag: list[SubQuestion], results: dict[str, dict]) -> str:
     return "\n".join(lines) or P.NO_PROGRESS
 
 
+def table(dag: list[SubQuestion], results: dict[str, dict]) -> str:
+    """The plan as a table (`cite_answers`): each sub-question with its answer, or why it has none, and the first
+    context its worker selected (or retrieved, for one it could not answer)."""
+    def cell(text: str) -> str:
+        return " ".join(text.replace("|", "/").split())
+
+    by_id, rows = {q["id"]: q for q in dag}, []
+    for q in dag:
+        if status(q, results) is not None:
+            r = results[q["id"]]
+            evidence = cap_text(r["evidence"][0], P.TABLE_EVIDENCE_CHARS) if r.get("evidence") else ""
+            rows.append(f"| {q['id']} | {cell(r['query'])} | {cell(outcome(r))} | {cell(evidence)} |")
+            continue
+        missing = [d for d in q["depends_on"] if d in by_id and status(by_id[d], results) in (UNKNOWN, FAILED)]
+        wait = P.BLOCKED.format(ids=", ".join(missing)) if missing else P.WAITING
+        rows.append(f"| {q['id']} | {cell(q['question'])} | {wait} | |")
+    return "\n".join([P.TABLE_HEAD, *rows]) if rows else P.NO_PROGRESS
+
+
 def best_effort(results: dict[str, dict]) -> str:
     """The last worker answer in plan order, or ""."""
     return next((r["answer"] for r in reversed(results.values()) if r["status"] == ANSWERED), "")

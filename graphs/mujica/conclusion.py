@@ -40,7 +40,8 @@ def conclude(ctx: MujicaContext, state: State, value: str, log: dict, notes: lis
     elif check(ctx, SHORT_ANSWER_REASK, lambda: is_sentence(value) and text_key(value) not in {
             text_key(r["answer"]) for r in results.values()}, value, "(asked again)", firings):
         fmt = P.SHORT_FORMAT
-        value, asked, raw = _shorten(get_llm(ctx, "planner", reply=fmt), state, value, P.planner_system(ctx.ask_as))
+        value, asked, raw = _shorten(get_llm(ctx, "planner", reply=fmt), state, value,
+                                     P.planner_system(ctx.ask_as, ctx.cite_answers))
         firings[-1]["after"] = shown(value)
         notes.append(asked)
         log["raw"] = log["raw"] + raw

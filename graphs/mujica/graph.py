@@ -42,6 +42,7 @@ Replies each role is expected to give (what `fake_llms` scripts; `prompts` holds
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -59,6 +60,7 @@ from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, ranked_facts
 
 from ..calls import SentBack, ask_json, clean_answer, get_llm, get_store
+from ..guards import CONCLUSION_BRIDGE, PLAN_UNANCHORED, is_on
 from ..mechanisms import fact_answer_schema, worked_plans
 from ..settings import QAInput, check_question, context_as
 from . import prompts as P
@@ -70,13 +72,15 @@ from .chat import (
     progress,
     report,
     said,
+    table,
     thought_of,
 )
 from .conclusion import conclude
-from .guard_rules import worker_answer
+from .guard_rules import bridge, question_names, unanchored, worker_answer
 from .plan import (
     ANSWERED,
     FAILED,
+    REF,
     UNKNOWN,
     SubQuestion,
     asks,
@@ -86,9 +90,12 @@ from .plan import (
     read_turn,
     ready,
     repair_plan,
+    status,
 )
 from .replies import Worker
 from .state import RECURSION_LIMIT, MujicaContext, MujicaOutput, State, WorkerTask
+
+CITATION = re.compile(r"#(q\d+)|\[(q\d+)\]")  # a conclusion citing a sub-question's answer (`cite_answers`)
 
 
 # -- nodes ---------------------------------------------------------------------------------
@@ -106,7 +113,7 @@ def start(state: State, runtime: Runtime[MujicaContext]) -> dict:
     return {"question": check_question(state["question"]),
             "topic_entities": topic_entities(state.get("topic_entities")), "answer": "", "error": None, "dag": None,
             "results": None, "notes": None, "guards": None, "planner_log": None, "rounds": 0, "waves": 0,
-            "force_final": False, "done": False}
+            "force_final": False, "sent_back": 0, "done": False}
 
 
 def _prompt(state: State, ctx: MujicaContext, rnd: int, final: bool,
@@ -114,7 +121,7 @@ def _prompt(state: State, ctx: MujicaContext, rnd: int, final: bool,
     """This round's user message to the planner: the workers' news since the last round (in full, and
     summarised), what is asked of it, and a warning when the worked plans could not be searched."""
     think = P.THINK_FIRST if ctx.think else P.NO_THINK
-    plan = progress(state["dag"], state["results"])
+    plan = (table if ctx.cite_answers else progress)(state["dag"], state["results"])
     must_ask = "" if may_answer else P.MUST_ASK
     if not state["planner_log"]:
         topic = P.TOPIC.format(entities=", ".join(state["topic_entities"])) if state.get("topic_entities") else ""
@@ -123,9 +130,14 @@ def _prompt(state: State, ctx: MujicaContext, rnd: int, final: bool,
         return ("", ""), P.PLANNER_USER.format(worked=worked_text, question=state["question"], topic=topic,
                                                progress=plan, round=rnd, max_rounds=ctx.max_rounds,
                                                must_ask=must_ask, think=think), [warning] if warning else []
-    news = report(state["results"], state["planner_log"][-1].get("waves", 0))
+    last = state["planner_log"][-1]
+    news = ("", "") if ctx.cite_answers else report(state["results"], last.get("waves", 0))  # the table shows them
     if final:
-        return news, P.FINAL_USER.format(progress=plan, think=think), []
+        conclude_as = P.CITE_FINAL if ctx.cite_answers else P.CONCLUDE
+        return news, P.FINAL_USER.format(progress=plan, conclude=conclude_as, think=think), []
+    if last.get("sent_back"):
+        return news, P.SENT_BACK_USER.format(progress=plan, why=last["sent_back"], round=rnd,
+                                             max_rounds=ctx.max_rounds, think=think), []
     return news, P.NEXT_USER.format(progress=plan, round=rnd, max_rounds=ctx.max_rounds, must_ask=must_ask,
                                     think=think), []
 
@@ -153,7 +165,8 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     notes = [note(ROUND_CAP, f"round {rnd} of {ctx.max_rounds} must answer")] if capped else []
     news, ask, warnings = _prompt(state, ctx, rnd, final, may_answer)
     notes += warnings
-    messages, prompt = conversation(state["planner_log"], news, ask, ctx.planner_budget, P.planner_system(ctx.ask_as),
+    messages, prompt = conversation(state["planner_log"], news, ask, ctx.planner_budget,
+                                    P.planner_system(ctx.ask_as, ctx.cite_answers),
                                     final=final and bool(state["planner_log"]))  # FINAL_USER: answer now
     brief = (news[1] or P.NO_NEW_ANSWERS) if state["planner_log"] else prompt
     pending = bool(ready(dag, results))
@@ -163,13 +176,20 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
     firings: list[dict] = []
     entities = state.get("topic_entities") or []
     replans: list[str] = []  # why each reply sent back for planning nothing that can run did not count
+    sent: list[dict] = []  # the firings of the guards that sent a reply back (kept whichever reply is used)
+    names = question_names(state["question"], entities)
 
     def validate(read_reply: Callable[[list[dict]], tuple[str, Any]]) -> tuple[str, Any]:
         firings.clear()  # the firings of the reply that is kept only
         kind, read = read_reply(firings)
         if kind == "answer":
-            return kind, read
+            return kind, _concluded(ctx, read, dag, results, log, sent)
         items, read_notes = read
+        roots = [(q["id"], q["question"]) for q in items if not q["depends_on"] and not REF.search(q["question"])]
+        if not any(f["guard"] == PLAN_UNANCHORED.name for f in sent) and (off := unanchored(ctx, roots, names, sent)):
+            raise SentBack(P.UNANCHORED.format(ids=", ".join(off), verb="uses" if len(off) == 1 else "use",
+                                               names_verb="names" if len(off) == 1 else "name",
+                                               names=", ".join(f'"{n}"' for n in names)))
         new, repaired = repair_plan(items, dag, ctx.max_subquestions, rnd, results,
                                     " ".join([state["question"], *entities]), entities, ctx, firings)
         repair_notes = [Note(n, INVALID_PLAN) for n in repaired]
@@ -185,13 +205,15 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         parsed = ask_json(llm, messages, fmt,
                           lambda reply: validate(partial(read_turn, reply, pending, may_answer, ctx)),
                           lambda value: validate(partial(read_plan, value, final, pending, may_answer, ctx)),
-                          retries=ctx.parse_retries + ctx.replan_retries)
+                          retries=ctx.parse_retries + ctx.replan_retries + is_on(ctx, PLAN_UNANCHORED)
+                          + is_on(ctx, CONCLUSION_BRIDGE))
     except ModelError as exc:
         error = f"ModelError: {exc}"
         log.update(action="failed", error=error)
         return {**update, "answer": best_effort(results), "error": error, "done": True,
                 "notes": notes, "planner_log": [log]}
     log.update(raw=parsed.raw, thought=thought_of(parsed.raw[-1]))
+    firings[:0] = sent
     notes += [note("Replan", f"round {rnd} planned nothing that can run ({why}); sent back") for why in replans]
     new: list[SubQuestion] = []
     if parsed.error:
@@ -212,8 +234,13 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         notes += plan_notes
         log.update(action="plan", plan=new)
         if not ready(merge_dag(dag, new), results):
-            notes.append(note(NO_PROGRESS, f"round {rnd} planned nothing that can run"))
-            update["force_final"] = True
+            if may_answer and not final and state["sent_back"] < ctx.send_back_rounds:
+                log["sent_back"] = _why_nothing_runs(new, plan_notes)
+                notes.append(note(NO_PROGRESS, f"round {rnd} planned nothing that can run; sent back in a new turn"))
+                update["sent_back"] = state["sent_back"] + 1
+            else:
+                notes.append(note(NO_PROGRESS, f"round {rnd} planned nothing that can run"))
+                update["force_final"] = True
     if update["force_final"] and not may_answer:  # the workers must be consulted first: ask the question
         asked, why_asked = _ask_the_question(state, merge_dag(dag, new), rnd, ctx.max_subquestions)
         new, notes, update["force_final"] = new + asked, notes + [why_asked], not asked
@@ -222,6 +249,39 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
                  {"id": q["id"], "question": q["question"], "depends_on": q["depends_on"]} for q in new]
     log["reply"] = said(log["thought"], {"subquestions": asked_now}, ctx.think)
     return {**update, "dag": new, "notes": notes, "planner_log": [log], "guards": firings}
+
+
+def _why_nothing_runs(new: list[SubQuestion], plan_notes: list[Note]) -> str:
+    """What the send-back turn (`send_back_rounds`) tells the planner about a round that planned nothing that can
+    run: the repairs that dropped its sub-questions (a repeat names the sub-question that answered it), and those
+    that wait for a sub-question without an answer."""
+    why = [n.detail.removesuffix("; dropped") for n in plan_notes if n.kind == INVALID_PLAN]
+    if new:
+        why.append(f"{', '.join(q['id'] for q in new)} {'waits' if len(new) == 1 else 'wait'} for a sub-question "
+                   "without an answer")
+    return "; ".join(why) or P.NOTHING_NEW
+
+
+def _concluded(ctx: MujicaContext, answer: str, dag: list[SubQuestion], results: dict[str, dict], log: dict,
+               sent: list[dict]) -> str:
+    """The planner's conclusion as read: a citation (#q2, with `cite_answers`) is the answer of the sub-question it
+    cites (ValueError when it has none); one that cites nothing and repeats the answer another sub-question builds
+    on is sent back once (`conclusion_bridge`)."""
+    if ctx.cite_answers and (cited := CITATION.fullmatch(answer.strip())):
+        sid = cited.group(1) or cited.group(2)
+        r = results.get(sid)
+        if r is None or r["status"] != ANSWERED:
+            raise ValueError(P.UNCITED.format(sid=sid))
+        log["cited"] = sid
+        return r["answer"]
+    log.pop("cited", None)
+    if any(f["guard"] == CONCLUSION_BRIDGE.name for f in sent):
+        return answer
+    steps = [(q["id"], results[q["id"]]["answer"] if status(q, results) == ANSWERED else "", q["depends_on"])
+             for q in dag]
+    if found := bridge(ctx, answer, steps, sent):
+        raise SentBack(P.BRIDGE.format(answer=answer, sid=found[0], later=found[1]))
+    return answer
 
 
 def _dispatch(state: State) -> list[Send]:

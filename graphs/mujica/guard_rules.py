@@ -1,7 +1,9 @@
 """Mujica's guards (graphs/guards/ names and switches them) with their rules, one entry point per stage: the plan
-(`unecho` as each sub-question is read: `unechoed`; `plan_off_topic`, `plan_made_up_entity` and
-`plan_example_copy`, the chain that drops a sub-question as the plan is repaired: `dropped`) and the worker's
-answer (`worker_refusal`, `unknown_contexts`: `worker_answer`). The conclusion's are `conclusion.conclude`."""
+(`unecho` as each sub-question is read: `unechoed`; `plan_unanchored`, the send-back of a plan whose first
+sub-questions name nothing the question names: `unanchored`; `plan_off_topic`, `plan_made_up_entity` and
+`plan_example_copy`, the chain that drops a sub-question as the plan is repaired: `dropped`), the worker's
+answer (`worker_refusal`, `unknown_contexts`: `worker_answer`) and the planner's conclusion as it is read
+(`conclusion_bridge`: `bridge`). The conclusion's others are `conclusion.conclude`."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ from mhqa_graph.tools import stems
 
 from ..answers import is_no_answer
 from ..guards import (
+    CONCLUSION_BRIDGE,
     PLAN_EXAMPLE_COPY,
     PLAN_MADE_UP_ENTITY,
     PLAN_OFF_TOPIC,
+    PLAN_UNANCHORED,
     UNECHO,
     UNKNOWN_CONTEXTS,
     WORKER_REFUSAL,
@@ -43,6 +47,52 @@ def unecho(text: str) -> str:
 def unechoed(ctx: Any, question: str, log: list[dict]) -> str:
     """A sub-question's text as read (spacing normalised), cleaned of what it copied by `unecho`."""
     return apply(ctx, UNECHO, " ".join(question.split()), lambda: unecho(question), log)
+
+
+# -- the plan: `plan_unanchored` ------------------------------------------------------------------
+QUOTED = re.compile(r'"([^"]+)"|\u201c([^\u201d]+)\u201d')
+WORD = re.compile(r"[^\W_]+(?:['\u2019.-][^\W_]+)*")
+
+
+def question_names(question: str, entities: list[str] | None = None) -> list[str]:
+    """The names a question writes: its topic entities when it has them; else its quoted titles and its runs of
+    capitalised words after the first word ('The band who released "Tinted Windows"...' -> ["Tinted Windows"])."""
+    if entities:
+        return list(dict.fromkeys(entities))
+    names = [a or b for a, b in QUOTED.findall(question)]
+    run: list[str] = []
+    for i, m in enumerate(WORD.finditer(question)):
+        word = m.group(0)
+        if i and (word[0].isupper() or word[0].isdigit()):
+            run.append(word)
+            continue
+        if run:
+            names.append(" ".join(run))
+        run = []
+    if run:
+        names.append(" ".join(run))
+    return list(dict.fromkeys(n for n in names if n.strip()))
+
+
+def unanchored(ctx: Any, roots: list[tuple[str, str]], names: list[str], log: list[dict]) -> list[str]:
+    """The ids of the sub-questions among `roots` (those citing no earlier answer, as (id, text)) that share no word
+    stem with the question's `names`, when `plan_unanchored` fires and acts (its firing goes to `log`); else []."""
+    anchors = stems(" ".join(names))
+    off = [(sid, text) for sid, text in roots if not stems(text) & anchors] if anchors else []
+    shown_as = "; ".join(f"{sid or 'a sub-question'}: {text}" for sid, text in off)
+    return [sid or "a sub-question" for sid, _ in off] if check(ctx, PLAN_UNANCHORED, lambda: bool(off), shown_as,
+                                                               "sent back", log) else []
+
+
+# -- the conclusion as it is read: `conclusion_bridge` -------------------------------------------------
+def bridge(ctx: Any, answer: str, steps: list[tuple[str, str, list[str]]], log: list[dict]) -> tuple[str, str] | None:
+    """(the id whose answer the conclusion repeats, an id that builds on it) when `conclusion_bridge` fires and acts:
+    the conclusion, citing nothing, is the answer of a sub-question another one depends on. `steps` are the
+    answered sub-questions as (id, answer, depends_on) and the others as (id, "", depends_on)."""
+    key = " ".join(answer.lower().split()).strip(" .")
+    found = next(((sid, later) for sid, said, _ in steps if said and " ".join(said.lower().split()).strip(" .") == key
+                  for later, _, deps in steps if sid in deps), None)
+    return found if check(ctx, CONCLUSION_BRIDGE, lambda: found is not None, answer, "sent back", log) else None
 
 
 # -- the plan: the chain that drops a sub-question -----------------------------------------------

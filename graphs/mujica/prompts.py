@@ -97,8 +97,26 @@ then the place of burial of #q1.
 """ + _LATER_RULES
 
 
-def planner_system(ask_as: str) -> str:
-    return RELATION_PLANNER_SYSTEM if ask_as == "relation" else PLANNER_SYSTEM
+# with `cite_answers`: how the system prompt's conclusion and its last rule read
+CITE_CONCLUDE = """2. or conclude, when the workers' answers are enough: cite the sub-question whose answer is the \
+answer to the question, as {"answer": "#q2"}, or write the answer when no single answer is it (yes or no, one of \
+the two options the question names):
+""" + Conclusion.line(answer="<short answer>") + """
+
+Examples of a first turn:
+"""
+CITE_RULE = """- Conclude with what the workers found: cite the sub-question that answers what the question asks \
+(#q2), not one that a later sub-question builds on; or write yes or no, or one of the two options the question \
+names."""
+
+
+def planner_system(ask_as: str, cite: bool = False) -> str:
+    """The planner's system prompt: sub-questions as questions or (`ask_as="relation"`) as relations; with `cite`
+    (`cite_answers`) a conclusion cites the sub-question whose answer it is."""
+    system = RELATION_PLANNER_SYSTEM if ask_as == "relation" else PLANNER_SYSTEM
+    if cite:
+        system = system.replace(_CONCLUDE, CITE_CONCLUDE).replace(_LATER_RULES.splitlines()[-1], CITE_RULE)
+    return system
 
 # before the question in the first turn, with the `plan_examples` setting: plans of training questions like it
 WORKED = "Plans of questions like this one:\n{examples}\n\nNow plan this one.\n"
@@ -116,6 +134,26 @@ def worked_examples(plans: list[tuple[str, list[str]]]) -> str:
 # why a plan was sent back (`replan_retries`), inside the repair message: "That reply could not be used (...)"
 NOTHING_TO_RUN = ("nothing in it can run: {why}. Ask a sub-question that was not asked before, in other words or "
                   "about another entity, or conclude with " + _braced(Conclusion.line()))
+
+# a round that planned nothing that can run, answered with a new turn (`send_back_rounds`)
+SENT_BACK_USER = """Sub-questions so far:
+{progress}
+
+Your last turn asked nothing that can run: {why}. If the answers above answer the question, conclude with \
+""" + _braced(Conclusion.line()) + """; else ask a sub-question that was not asked before.
+
+Turn {round} of {max_rounds}. {think}"""
+NOTHING_NEW = "it asked no new sub-question"
+
+# why a plan was sent back (`plan_unanchored`), inside the repair message
+UNANCHORED = ("{ids} {verb} no earlier answer and {names_verb} nothing the question names ({names}). A sub-question "
+              "that uses no earlier answer asks about a name the question writes, word for word. Write the plan "
+              "again")
+
+# why a conclusion was sent back (`conclusion_bridge`), inside the repair message
+BRIDGE = ("{answer!r} is the answer of {sid}, which {later} builds on: a step on the way, not what the question asks. "
+          "Conclude with the answer to the question, or ask what is missing")
+UNCITED = "{sid} has no answer to cite: cite a sub-question that has one, or write the answer"
 
 THINK_FIRST = "First reason briefly inside <think>...</think>, then give the JSON."
 NO_THINK = "Reply with the JSON only."
@@ -144,7 +182,9 @@ NO_MORE = "No more sub-questions can be asked."  # eval/health.py counts forced 
 FINAL_USER = """Sub-questions so far:
 {progress}
 
-""" + NO_MORE + " Give your best final answer now, as " + _braced(Conclusion.line()) + ". {think}"
+""" + NO_MORE + " Give your best final answer now, as {conclude}. {think}"
+CONCLUDE = Conclusion.line()  # FINAL_USER's {conclude}; with `cite_answers`, CITE_FINAL
+CITE_FINAL = Conclusion.line(answer="#q2") + " citing the sub-question whose answer it is, or " + Conclusion.line()
 
 # asked afresh (without the planner's conversation) when it concludes with a sentence
 SHORT_USER = """Question: {question}
@@ -160,6 +200,8 @@ NO_PROGRESS = "(none yet)"
 WAITING = "(not answered yet)"
 BLOCKED = "(blocked: {ids} has no answer)"
 UNKNOWN = "unknown (not in the worker's contexts)"
+TABLE_HEAD = "| id | sub-question | answer | evidence |\n|---|---|---|---|"  # the results as `cite_answers` shows them
+TABLE_EVIDENCE_CHARS = 160
 SELECTED = "context"  # a context the worker selected, under its answer
 RETRIEVED = "retrieved"  # a context retrieved for a sub-question the worker could not answer
 FAILED = "failed (the worker gave no usable answer)"

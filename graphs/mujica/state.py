@@ -34,6 +34,11 @@ class MujicaContext(AgentContext):
                                      "ends the run).")
     replan_retries: int = setting(0, help="Times a round whose sub-questions can none run (each asked before, or "
                                   "dropped) is sent back with why, before the planner must give its final answer.")
+    send_back_rounds: int = setting(0, help="Times a round that plans nothing that can run is answered with a new "
+                                    "turn (what it asked again, and the choice to conclude or ask something new) "
+                                    "before the planner must give its final answer.")
+    cite_answers: bool = setting(False, help="The planner sees the workers' results as a table (sub-question, "
+                                 "answer, evidence) and may conclude by citing one (#q2: q2's answer).")
     straight_dispatch: bool = setting(True, help="When every answer of a wave is usable, send the sub-questions the "
                                       "planner already wrote that are now ready to the workers without a planner "
                                       "call (off: the planner sees every wave, as in the paper).")
@@ -69,6 +74,7 @@ class State(TypedDict):
     rounds: int  # planner calls
     waves: int  # worker waves
     force_final: bool  # the next planner call must answer
+    sent_back: int  # rounds that planned nothing that can run and were answered with a new turn (`send_back_rounds`)
     done: bool
 
 
