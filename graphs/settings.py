@@ -155,7 +155,8 @@ SETTING_RANGES: dict[str, tuple[int, int]] = {
     "min_confidence": (0, 1), "trust_confidence": (0, 1), "budget": (0, 1000),  # auto
     "kg_nodes": (0, 100),  # rag
     "max_subquestions": (0, 100), "kg_entities": (0, 100), "max_facts": (0, MAX_NODE_FACTS),  # Mujica
-    "min_worker_rounds": (0, 100), "replan_retries": (0, 20), "send_back_rounds": (0, 20), "planner_budget": (0, 1_000_000),
+    "min_worker_rounds": (0, 100), "replan_retries": (0, 20), "send_back_rounds": (0, 20),
+    "planner_budget": (0, 1_000_000),
     "max_calls_per_round": (0, 100), "result_chars": (0, 1_000_000), "context_chars": (0, 1_000_000),  # Omne
 }
 DEFAULT_MOST = 1_000_000

@@ -45,12 +45,12 @@ def omne(store, **settings):
 
 
 def test_every_guard_is_named_with_its_stage_and_agents():
-    assert len(G.GUARDS) == 18
+    assert len(G.GUARDS) == 19
     # off by default where the ablation did not justify them; answer-replacing guards are on by default only
     # where it showed they paid (Mujica's option guards)
     off = set(G.GUARDS) - G.defaults("opera") - G.defaults("mujica") - G.defaults("omne")
     assert off == {"no_answer_fallback", "unknown_contexts", "plan_off_topic", "short_answer_reask", "plan_unanchored",
-                   "conclusion_bridge"}
+                   "conclusion_bridge", "conclusion_ungrounded"}
     assert {"date_comparison", "option_answer"} <= G.defaults("mujica") - G.defaults("opera")
     assert {g.stage for g in G.GUARDS.values()} == {"plan", "analysis", "worker answer", "conclusion", "tool answer"}
     assert [n for n, g in G.GUARDS.items() if "omne" in g.agents] == ["send_back_ungrounded", "send_back_one_hop"]

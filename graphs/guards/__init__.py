@@ -102,6 +102,9 @@ OPTION_ANSWER = Guard("option_answer", "conclusion", ("opera", "mujica"),
 CONCLUSION_BRIDGE = Guard("conclusion_bridge", "conclusion", ("mujica",),
     "a conclusion that cites no sub-question and repeats the answer another sub-question builds on is sent back "
     "once", default=())
+CONCLUSION_UNGROUNDED = Guard("conclusion_ungrounded", "conclusion", ("mujica",),
+    "a conclusion that cites no sub-question and is no worker's answer (nor yes, no or an option of the question) is "
+    "sent back once, with the answers", default=())
 SEND_BACK_UNGROUNDED = Guard("send_back_ungrounded", "tool answer", ("omne",),
     "an answer no fact of the run contains is sent back once, with the start entity's facts")
 SEND_BACK_ONE_HOP = Guard("send_back_one_hop", "tool answer", ("omne",),
@@ -124,6 +127,7 @@ GUARDS: dict[str, Guard] = {g.name: g for g in (
     DATE_COMPARISON,
     OPTION_ANSWER,
     CONCLUSION_BRIDGE,
+    CONCLUSION_UNGROUNDED,
     SEND_BACK_UNGROUNDED,
     SEND_BACK_ONE_HOP,
 )}

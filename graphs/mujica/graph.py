@@ -60,7 +60,7 @@ from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, ranked_facts
 
 from ..calls import SentBack, ask_json, clean_answer, get_llm, get_store
-from ..guards import CONCLUSION_BRIDGE, PLAN_UNANCHORED, is_on
+from ..guards import CONCLUSION_BRIDGE, CONCLUSION_UNGROUNDED, PLAN_UNANCHORED, is_on
 from ..mechanisms import fact_answer_schema, worked_plans
 from ..settings import QAInput, check_question, context_as
 from . import prompts as P
@@ -76,7 +76,7 @@ from .chat import (
     thought_of,
 )
 from .conclusion import conclude
-from .guard_rules import bridge, question_names, unanchored, worker_answer
+from .guard_rules import bridge, question_names, unanchored, ungrounded, worker_answer
 from .plan import (
     ANSWERED,
     FAILED,
@@ -183,7 +183,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         firings.clear()  # the firings of the reply that is kept only
         kind, read = read_reply(firings)
         if kind == "answer":
-            return kind, _concluded(ctx, read, dag, results, log, sent)
+            return kind, _concluded(ctx, state["question"], read, dag, results, log, sent)
         items, read_notes = read
         roots = [(q["id"], q["question"]) for q in items if not q["depends_on"] and not REF.search(q["question"])]
         if not any(f["guard"] == PLAN_UNANCHORED.name for f in sent) and (off := unanchored(ctx, roots, names, sent)):
@@ -206,7 +206,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
                           lambda reply: validate(partial(read_turn, reply, pending, may_answer, ctx)),
                           lambda value: validate(partial(read_plan, value, final, pending, may_answer, ctx)),
                           retries=ctx.parse_retries + ctx.replan_retries + is_on(ctx, PLAN_UNANCHORED)
-                          + is_on(ctx, CONCLUSION_BRIDGE))
+                          + is_on(ctx, CONCLUSION_BRIDGE) + is_on(ctx, CONCLUSION_UNGROUNDED))
     except ModelError as exc:
         error = f"ModelError: {exc}"
         log.update(action="failed", error=error)
@@ -262,11 +262,11 @@ def _why_nothing_runs(new: list[SubQuestion], plan_notes: list[Note]) -> str:
     return "; ".join(why) or P.NOTHING_NEW
 
 
-def _concluded(ctx: MujicaContext, answer: str, dag: list[SubQuestion], results: dict[str, dict], log: dict,
-               sent: list[dict]) -> str:
+def _concluded(ctx: MujicaContext, question: str, answer: str, dag: list[SubQuestion], results: dict[str, dict],
+               log: dict, sent: list[dict]) -> str:
     """The planner's conclusion as read: a citation (#q2, with `cite_answers`) is the answer of the sub-question it
     cites (ValueError when it has none); one that cites nothing and repeats the answer another sub-question builds
-    on is sent back once (`conclusion_bridge`)."""
+    on is sent back once (`conclusion_bridge`), and so is one that is no worker's answer (`conclusion_ungrounded`)."""
     if ctx.cite_answers and (cited := CITATION.fullmatch(answer.strip())):
         sid = cited.group(1) or cited.group(2)
         r = results.get(sid)
@@ -275,12 +275,14 @@ def _concluded(ctx: MujicaContext, answer: str, dag: list[SubQuestion], results:
         log["cited"] = sid
         return r["answer"]
     log.pop("cited", None)
-    if any(f["guard"] == CONCLUSION_BRIDGE.name for f in sent):
-        return answer
     steps = [(q["id"], results[q["id"]]["answer"] if status(q, results) == ANSWERED else "", q["depends_on"])
              for q in dag]
-    if found := bridge(ctx, answer, steps, sent):
+    if not any(f["guard"] == CONCLUSION_BRIDGE.name for f in sent) and (found := bridge(ctx, answer, steps, sent)):
         raise SentBack(P.BRIDGE.format(answer=answer, sid=found[0], later=found[1]))
+    said = [a for _, a, _ in steps if a]
+    if not any(f["guard"] == CONCLUSION_UNGROUNDED.name for f in sent) and ungrounded(ctx, question, answer, said,
+                                                                                      sent):
+        raise SentBack(P.UNGROUNDED.format(answer=answer, said="; ".join(f"{sid}: {a}" for sid, a, _ in steps if a)))
     return answer
 
 

@@ -13,9 +13,10 @@ from typing import Any
 
 from mhqa_graph.tools import stems
 
-from ..answers import is_no_answer
+from ..answers import asks_yes_or_no, grounded, is_no_answer, options
 from ..guards import (
     CONCLUSION_BRIDGE,
+    CONCLUSION_UNGROUNDED,
     PLAN_EXAMPLE_COPY,
     PLAN_MADE_UP_ENTITY,
     PLAN_OFF_TOPIC,
@@ -93,6 +94,20 @@ def bridge(ctx: Any, answer: str, steps: list[tuple[str, str, list[str]]], log: 
     found = next(((sid, later) for sid, said, _ in steps if said and " ".join(said.lower().split()).strip(" .") == key
                   for later, _, deps in steps if sid in deps), None)
     return found if check(ctx, CONCLUSION_BRIDGE, lambda: found is not None, answer, "sent back", log) else None
+
+
+def ungrounded(ctx: Any, question: str, answer: str, said: list[str], log: list[dict]) -> bool:
+    """Whether `conclusion_ungrounded` fires and acts: the conclusion, citing nothing, is none of the workers'
+    answers `said` (neither holds the other's words), though some worker answered; yes or no to a yes-no question
+    and an answer naming an option of the question count as found."""
+    def found() -> bool:
+        if not said or (asks_yes_or_no(question) and answer.lower().strip(" .!") in ("yes", "no")):
+            return True
+        if (named := options(question)) and any(o.lower() in answer.lower() for o in named):
+            return True
+        return grounded(answer, said) or any(grounded(s, [answer]) for s in said)
+
+    return check(ctx, CONCLUSION_UNGROUNDED, lambda: not found(), answer, "sent back", log)
 
 
 # -- the plan: the chain that drops a sub-question -----------------------------------------------

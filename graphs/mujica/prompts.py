@@ -146,13 +146,14 @@ Turn {round} of {max_rounds}. {think}"""
 NOTHING_NEW = "it asked no new sub-question"
 
 # why a plan was sent back (`plan_unanchored`), inside the repair message
-UNANCHORED = ("{ids} {verb} no earlier answer and {names_verb} nothing the question names ({names}). A sub-question "
-              "that uses no earlier answer asks about a name the question writes, word for word. Write the plan "
-              "again")
+UNANCHORED = ("{ids} {verb} no earlier answer and {names_verb} nothing the question names. Start from what the "
+              "question names: write a first sub-question that contains {names}, word for word, and plan again")
 
 # why a conclusion was sent back (`conclusion_bridge`), inside the repair message
 BRIDGE = ("{answer!r} is the answer of {sid}, which {later} builds on: a step on the way, not what the question asks. "
           "Conclude with the answer to the question, or ask what is missing")
+UNGROUNDED = ("{answer!r} is none of the workers' answers ({said}). Conclude with the answer a worker found, or ask "
+              "what is missing")
 UNCITED = "{sid} has no answer to cite: cite a sub-question that has one, or write the answer"
 
 THINK_FIRST = "First reason briefly inside <think>...</think>, then give the JSON."
