@@ -34,6 +34,7 @@ from .settings import MAX_ANSWER_CHARS, AgentContext
 CALL_GATE: ContextVar[Callable[[], None] | None] = ContextVar("call_gate", default=None)
 MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
 REPAIR_PREFIX = "That reply could not be used"  # how ask_json's repair message starts (tagged `repair`)
+HIDDEN_PREFIX = "Your reply could not be used"  # a send-back that leaves the reply out (`SentBack.hide_reply`)
 MAX_BACKOFF = 30.0  # seconds, longest wait between two model call attempts
 
 
@@ -246,7 +247,12 @@ def ask_message(llm: Runnable, messages: list[BaseMessage], stop: list[str] | No
 
 class SentBack(ValueError):
     """A well-formed reply that cannot be used as it is (a plan that can run nothing): `ask_repaired` sends it back
-    with why, tagged `send_back`, not as a format repair."""
+    with why, tagged `send_back`, not as a format repair. With `hide_reply`, the reply is left out of the
+    conversation that asks again (a small model shown its reply writes it again); its call keeps it."""
+
+    def __init__(self, message: str, hide_reply: bool = False) -> None:
+        super().__init__(message)
+        self.hide_reply = hide_reply
 
 
 @dataclass
@@ -277,6 +283,9 @@ def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str
             return parsed
         except (ValueError, TypeError, KeyError) as exc:
             parsed.error = f"MalformedOutput: {exc}"
+            if isinstance(exc, SentBack) and exc.hide_reply:
+                history += [tagged(SEND_BACK, f"{HIDDEN_PREFIX} ({exc}). {again}")]
+                continue
             kind = SEND_BACK if isinstance(exc, SentBack) else REPAIR
             history += [AIMessage(text), tagged(kind, f"{REPAIR_PREFIX} ({exc}). {again}")]
     return parsed

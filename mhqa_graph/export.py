@@ -45,7 +45,7 @@ from typing import Any
 from .errors import InvalidInput, MhqaError
 from .eval.health import guard_health
 from .eval.runner import open_new
-from .messages import FORCED_FINAL, HANDED_OVER, RETRIES, legacy_kind
+from .messages import FORCED_FINAL, HANDED_OVER, RETRIES, SEND_BACK, legacy_kind
 from .text import normalize_answer
 from .traces import LLMCall, Trace, TraceError, load_trace
 
@@ -238,13 +238,18 @@ def clean_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def conversations(trace: Trace) -> list[tuple[list[str], list[tuple[str, str]]]]:
     """The trace's LLM calls merged into conversations: (roles, [(speaker, text)]). A call whose input
     starts with a conversation so far (its messages and replies, the last one possibly cut as the agent
-    kept it) continues it; failed calls and calls the trace clipped are left out."""
+    kept it) continues it, and so does a send-back that left the reply out (`SentBack.hide_reply`: the prompt of a
+    conversation whose reply was not shown, then the send-back); failed calls and calls the trace clipped are left
+    out."""
     convs: list[tuple[list[str], list[tuple[str, str]]]] = []
     for call in trace.llm_calls:
         if call.error or call.clipped_chars:
             continue
         sent = [(m.role, m.content) for m in call.messages]
         prior = max((c for c in convs if _continues(sent, c[1])), key=lambda c: len(c[1]), default=None)
+        if prior is None and call.messages and call.messages[-1].kind == SEND_BACK:
+            prior = next((c for c in reversed(convs) if c[1][-1][0] == "assistant" and c[1][:-1] == sent[:-1]), None)
+            sent = [*prior[1], sent[-1]] if prior is not None else sent
         turns = [*sent, ("assistant", call.output)]
         if prior is None:
             convs.append(([call.role], turns))

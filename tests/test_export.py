@@ -10,8 +10,18 @@ import sys
 
 import pytest
 from mhqa_graph.graphs import build_graph
+from mhqa_graph.graphs.mujica.state import MujicaContext
 from mhqa_graph.graphs.opera import OperaContext
-from test_traces import QUESTION, analysis, opera_roles, run_mujica, run_omne, run_opera, store  # noqa: F401
+from test_traces import (  # noqa: F401
+    QUESTION,
+    analysis,
+    mujica_models,
+    opera_roles,
+    run_mujica,
+    run_omne,
+    run_opera,
+    store,
+)
 
 from mhqa_graph import traces
 from mhqa_graph.eval.scoring import score
@@ -19,10 +29,12 @@ from mhqa_graph.export import (
     OPERA_ROLES,
     ExtraNotInstalled,
     clean_messages,
+    clean_turns,
     conversations,
     export,
     segments,
     tokenize_with_weights,
+    trace_kinds,
     weighted_message,
 )
 from mhqa_graph.testing.fakes import FakeChatModel
@@ -105,6 +117,24 @@ def test_conversations_chain_calls_that_extend_each_other(store):  # noqa: F811
     _, mujica_trace = run_mujica(store)  # the planner keeps one conversation; each worker call is its own
     assert [roles for roles, _ in conversations(mujica_trace)].count(["planner"]) == 1
     assert len(conversations(mujica_trace)) == 1 + 3
+
+
+def test_a_send_back_that_left_the_reply_out_continues_its_conversation_without_that_reply(store):  # noqa: F811
+    """Mujica's `conclusion_ungrounded` asks again without showing the rejected conclusion: the export keeps one
+    planner conversation, going from the prompt to the reply that was used."""
+    _, worker = mujica_models()
+    plans = iter([{"subquestions": [{"id": "q1", "question": "What is the capital of France?", "depends_on": []}]},
+                  {"answer": "Lyon"}, {"answer": "Paris"}])
+    planner = FakeChatModel(respond=lambda m: json.dumps(next(plans)))
+    context = MujicaContext(role_llms={"planner": planner, "worker": worker}, store=store, corpus="wiki",
+                            guards="+conclusion_ungrounded")
+    out, trace = run_with_trace(build_graph("mujica"), "mujica", "What is the capital of France?", context)
+    assert out["answer"] == "Paris" and len(planner.calls) == 3
+    assert all(m.type != "ai" or "Lyon" not in m.text for m in planner.calls[2])  # the rejected reply is not shown
+    [planner_turns] = [turns for roles, turns in conversations(trace) if roles == ["planner"]]
+    kept = clean_turns(planner_turns, trace_kinds(trace))
+    assert [who for who, _ in kept][-2:] == ["user", "assistant"] and '"Paris"' in kept[-1][1]
+    assert not any("Lyon" in text or "could not be used" in text for _, text in kept)
 
 
 def test_sft_export_weights_only_agent_turns(run_dir, tmp_path):

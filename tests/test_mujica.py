@@ -967,11 +967,11 @@ def test_a_first_subquestion_that_names_nothing_the_question_names_is_sent_back_
     assert len(plan.calls) == 2 and out["guards"] == []
 
 
-CHAIN = {"subquestions": [subq("q1", "Who directed Inception?"), subq("q2", "Where was #q1 born?", "q1")]}
+DIRECTED = {"subquestions": [subq("q1", "Who directed Inception?"), subq("q2", "Where was #q1 born?", "q1")]}
 
 
 def test_with_cite_answers_the_planner_sees_a_table_and_concludes_by_citing_a_subquestion(store):
-    replies = iter([CHAIN, {"answer": "#q3"}, {"answer": "#q2"}])
+    replies = iter([DIRECTED, {"answer": "#q3"}, {"answer": "#q2"}])
     plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies)))
     chunks = list(mujica.graph.stream({"question": "Where was the director of Inception born?"}, stream_mode="values",
                                       context=ctx(store, plan, answering_worker(), cite_answers=True)))
@@ -984,7 +984,7 @@ def test_with_cite_answers_the_planner_sees_a_table_and_concludes_by_citing_a_su
     repair = plan.calls[2][-1]
     assert "q3 has no answer to cite" in repair.text and kind_of(repair) == "repair"
     # off (the default): "#q2" is an answer like any other
-    replies = iter([CHAIN, {"answer": "#q2"}])
+    replies = iter([DIRECTED, {"answer": "#q2"}])
     plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies)))
     out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
                               context=ctx(store, plan, answering_worker()))
@@ -993,8 +993,8 @@ def test_with_cite_answers_the_planner_sees_a_table_and_concludes_by_citing_a_su
 
 def test_a_conclusion_that_repeats_the_answer_a_later_subquestion_builds_on_is_sent_back_once(store):
     """`conclusion_bridge`: "Christopher Nolan" is q1's answer, which q2 builds on."""
-    for replies, answer in (([CHAIN, {"answer": "Christopher Nolan"}, {"answer": "London"}], "London"),
-                            ([CHAIN, {"answer": "Christopher Nolan"}, {"answer": "christopher nolan"}],
+    for replies, answer in (([DIRECTED, {"answer": "Christopher Nolan"}, {"answer": "London"}], "London"),
+                            ([DIRECTED, {"answer": "Christopher Nolan"}, {"answer": "christopher nolan"}],
                              "christopher nolan")):
         it = iter(replies)
         plan = FakeChatModel(respond=lambda messages, it=it: json.dumps(next(it)))

@@ -189,7 +189,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         if not any(f["guard"] == PLAN_UNANCHORED.name for f in sent) and (off := unanchored(ctx, roots, names, sent)):
             raise SentBack(P.UNANCHORED.format(ids=", ".join(off), verb="uses" if len(off) == 1 else "use",
                                                names_verb="names" if len(off) == 1 else "name",
-                                               names=", ".join(f'"{n}"' for n in names)))
+                                               names=", ".join(f'"{n}"' for n in names)), hide_reply=True)
         new, repaired = repair_plan(items, dag, ctx.max_subquestions, rnd, results,
                                     " ".join([state["question"], *entities]), entities, ctx, firings)
         repair_notes = [Note(n, INVALID_PLAN) for n in repaired]
@@ -278,11 +278,12 @@ def _concluded(ctx: MujicaContext, question: str, answer: str, dag: list[SubQues
     steps = [(q["id"], results[q["id"]]["answer"] if status(q, results) == ANSWERED else "", q["depends_on"])
              for q in dag]
     if not any(f["guard"] == CONCLUSION_BRIDGE.name for f in sent) and (found := bridge(ctx, answer, steps, sent)):
-        raise SentBack(P.BRIDGE.format(answer=answer, sid=found[0], later=found[1]))
+        raise SentBack(P.BRIDGE.format(answer=answer, sid=found[0], later=found[1]), hide_reply=True)
     said = [a for _, a, _ in steps if a]
     if not any(f["guard"] == CONCLUSION_UNGROUNDED.name for f in sent) and ungrounded(ctx, question, answer, said,
                                                                                       sent):
-        raise SentBack(P.UNGROUNDED.format(answer=answer, said="; ".join(f"{sid}: {a}" for sid, a, _ in steps if a)))
+        said_by = "; ".join(f"{sid}: {a}" for sid, a, _ in steps if a)
+        raise SentBack(P.UNGROUNDED.format(answer=answer, said=said_by), hide_reply=True)
     return answer
 
 
