@@ -20,13 +20,19 @@ Departures from the paper:
   repaired and noted (`plan`); after a malformed reply or a round that can run nothing, and in round
   `max_rounds`, the planner must give the final answer. It may conclude only after `min_worker_rounds` waves;
   before that, a round that asks nothing sends the question itself to a worker.
+- A round that plans nothing that can run is answered with a turn of its own, naming what it asked again,
+  `send_back_rounds` times (off by default); with `cite_answers` the planner sees the results as a table and may
+  conclude by citing one (`{"answer": "#q2"}`).
 - Guards (graphs/guards/, each switchable and recorded in `guards`; their rules in `guard_rules` and
   `conclusion`; the default set is what paid on questions 100-139, docs/benchmarks.md): on the plan `unecho`,
-  `plan_made_up_entity`, `plan_example_copy` and `plan_off_topic` (off by default); on worker answers
+  `plan_made_up_entity`, `plan_example_copy`, and off by default `plan_off_topic` and `plan_unanchored` (a first
+  sub-question naming nothing the question names is sent back once a round); on worker answers
   `worker_refusal` and `unknown_contexts` (a sub-question without an answer is reported with the contexts the
   worker retrieved, so the planner can ask on about the entities they name; off by default: on questions 140-159
   it turned 2 answers right and 3 wrong); on the conclusion `date_comparison`, `option_answer`, and off by
-  default `no_answer_fallback` and `short_answer_reask`.
+  default `no_answer_fallback`, `short_answer_reask`, `conclusion_bridge` (a conclusion repeating the answer a
+  later sub-question builds on is sent back once) and `conclusion_ungrounded` (one that is no worker's answer).
+  Their send-backs leave the rejected reply out of the conversation that asks again.
 - On graph facts the worker's prompt names relation synonyms (released: publication date); with `rank_facts`
   the facts of the relation a sub-question names are listed first.
 
