@@ -219,18 +219,18 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         return {**update, "answer": best_effort(results), "error": error, "done": True,
                 "notes": notes, "planner_log": [log]}
     log.update(raw=parsed.raw, thought=thought_of(parsed.raw[-1]))
-    firings[:0] = sent
     notes += [note("Replan", f"round {rnd} planned nothing that can run ({why}); sent back") for why in replans]
     new: list[SubQuestion] = []
     if parsed.error:
-        firings.clear()  # of a reply that was not used
+        firings[:] = sent  # the send-backs stay; the firings of a reply that was not used go
         log.update(action="failed", error=parsed.error)
         notes.append(Note(parsed.error, MALFORMED))
         if final:
             return {**update, "answer": best_effort(results), "error": parsed.error, "done": True,
-                    "notes": notes, "planner_log": [log]}
+                    "notes": notes, "planner_log": [log], "guards": firings}
         update["force_final"] = True
     else:
+        firings[:0] = sent
         kind, value = parsed.value
         if kind == "answer":
             value = conclude(ctx, state, value, log, notes, firings)
