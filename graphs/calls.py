@@ -35,6 +35,7 @@ CALL_GATE: ContextVar[Callable[[], None] | None] = ContextVar("call_gate", defau
 MAX_ERROR_CHARS = 500  # of a provider's error message (HTTP error bodies can be long)
 REPAIR_PREFIX = "That reply could not be used"  # how ask_json's repair message starts (tagged `repair`)
 HIDDEN_PREFIX = "Your reply could not be used"  # a send-back that leaves the reply out (`SentBack.hide_reply`)
+MAX_HIDDEN = 3  # such send-backs a call may make, none of them counted against its retries
 MAX_BACKOFF = 30.0  # seconds, longest wait between two model call attempts
 
 
@@ -248,7 +249,8 @@ def ask_message(llm: Runnable, messages: list[BaseMessage], stop: list[str] | No
 class SentBack(ValueError):
     """A well-formed reply that cannot be used as it is (a plan that can run nothing): `ask_repaired` sends it back
     with why, tagged `send_back`, not as a format repair. With `hide_reply`, the reply is left out of the
-    conversation that asks again (a small model shown its reply writes it again); its call keeps it."""
+    conversation that asks again (a small model shown its reply writes it again); its call keeps it, and the send-back
+    does not count against the retries (`MAX_HIDDEN` a call at most)."""
 
     def __init__(self, message: str, hide_reply: bool = False) -> None:
         super().__init__(message)
@@ -273,8 +275,10 @@ def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str
     show the model its reply, the problem and `again`, `retries` times at most (a `SentBack` tagged as such).
     Fills and returns `parsed` (pass one to keep the raw replies of a call that then raised ModelError)."""
     parsed = Parsed() if parsed is None else parsed
-    history = list(messages)
-    for _ in range(retries + 1):
+    history, hidden = list(messages), 0
+    attempts = 0
+    while attempts <= retries:
+        attempts += 1
         parsed.message = ask_message(llm, history)
         text = reply_text(parsed.message)
         parsed.raw.append(text)
@@ -283,7 +287,9 @@ def ask_repaired(llm: Runnable, messages: list[BaseMessage], read: Callable[[str
             return parsed
         except (ValueError, TypeError, KeyError) as exc:
             parsed.error = f"MalformedOutput: {exc}"
-            if isinstance(exc, SentBack) and exc.hide_reply:
+            if isinstance(exc, SentBack) and exc.hide_reply and hidden < MAX_HIDDEN:
+                hidden += 1
+                attempts -= 1  # a send-back is not a failed attempt: the reply after it gets every retry left
                 history += [tagged(SEND_BACK, f"{HIDDEN_PREFIX} ({exc}). {again}")]
                 continue
             kind = SEND_BACK if isinstance(exc, SentBack) else REPAIR

@@ -242,21 +242,25 @@ def conversations(trace: Trace) -> list[tuple[list[str], list[tuple[str, str]]]]
     conversation whose reply was not shown, then the send-back); failed calls and calls the trace clipped are left
     out."""
     convs: list[tuple[list[str], list[tuple[str, str]]]] = []
+    last_sent: dict[int, list[tuple[str, str]]] = {}  # a conversation's last call as it was sent (hidden replies out)
     for call in trace.llm_calls:
         if call.error or call.clipped_chars:
             continue
         sent = [(m.role, m.content) for m in call.messages]
+        as_sent = sent
         prior = max((c for c in convs if _continues(sent, c[1])), key=lambda c: len(c[1]), default=None)
         if prior is None and call.messages and call.messages[-1].kind == SEND_BACK:
-            prior = next((c for c in reversed(convs) if c[1][-1][0] == "assistant" and c[1][:-1] == sent[:-1]), None)
+            prior = next((c for c in reversed(convs) if last_sent[id(c)] == sent[:-1]), None)
             sent = [*prior[1], sent[-1]] if prior is not None else sent
         turns = [*sent, ("assistant", call.output)]
         if prior is None:
-            convs.append(([call.role], turns))
+            prior = ([call.role], turns)
+            convs.append(prior)
         else:
             prior[1][:] = turns
             if call.role not in prior[0]:
                 prior[0].append(call.role)
+        last_sent[id(prior)] = as_sent
     return convs
 
 

@@ -13,6 +13,7 @@ MALFORMED = "MalformedOutput"  # a reply that could not be used
 INVALID_PLAN = "InvalidPlan"  # a sub-question Mujica's plan repair dropped or changed
 ROUND_CAP = "RoundCap"  # the last round: answer now (Mujica's planner)
 NO_PROGRESS = "NoProgress"  # a round that planned nothing that can run (Mujica's planner)
+SENT_BACK = "SentBack"  # such a round answered with a new turn (Mujica's `send_back_rounds`)
 
 
 class Note(str):

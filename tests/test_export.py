@@ -135,6 +135,20 @@ def test_a_send_back_that_left_the_reply_out_continues_its_conversation_without_
     kept = clean_turns(planner_turns, trace_kinds(trace))
     assert [who for who, _ in kept][-2:] == ["user", "assistant"] and '"Paris"' in kept[-1][1]
     assert not any("Lyon" in text or "could not be used" in text for _, text in kept)
+    # two send-backs in a row (a bridge answer, then one no worker gave): still one conversation, the used reply last
+    plans = iter([{"subquestions": [{"id": "q1", "question": "What is the capital of France?", "depends_on": []},
+                                    {"id": "q2", "question": "What is the capital of Germany, after #q1?",
+                                     "depends_on": ["q1"]}]},
+                  {"answer": "Paris"}, {"answer": "Lyon"}, {"answer": "Berlin"}])
+    planner = FakeChatModel(respond=lambda m: json.dumps(next(plans)))
+    context = MujicaContext(role_llms={"planner": planner, "worker": worker}, store=store, corpus="wiki",
+                            guards="+conclusion_bridge,+conclusion_ungrounded")
+    out, trace = run_with_trace(build_graph("mujica"), "mujica", "What is the capital of Germany?", context)
+    assert out["answer"] == "Berlin" and [f["guard"] for f in out["guards"]] == ["conclusion_bridge",
+                                                                                 "conclusion_ungrounded"]
+    [planner_turns] = [turns for roles, turns in conversations(trace) if roles == ["planner"]]
+    kept = clean_turns(planner_turns, trace_kinds(trace))
+    assert '"Berlin"' in kept[-1][1] and not any(w in text for _, text in kept for w in ('"Paris"', "Lyon"))
 
 
 def test_sft_export_weights_only_agent_turns(run_dir, tmp_path):

@@ -905,7 +905,7 @@ def test_a_round_that_plans_nothing_new_is_answered_with_a_new_turn_before_the_p
                               config={"callbacks": [recorder]})
     assert out["answer"] == "Paris" and out["rounds"] == 3 and len(plan.calls) == 3
     assert out["notes"] == ["InvalidPlan: q2 asks again what q1 answered; dropped",
-                            "NoProgress: round 2 planned nothing that can run; sent back in a new turn"]
+                            "SentBack: round 2 planned nothing that can run; answered with a new turn"]
     turn3 = plan.calls[2][-1]
     assert kind_of(turn3) is None and mujica.P.NO_MORE not in turn3.text  # a turn of its own, not an order to answer
     assert "q1: What is the capital of France? -> Paris" in turn3.text
@@ -960,6 +960,14 @@ def test_a_first_subquestion_that_names_nothing_the_question_names_is_sent_back_
     out = mujica.graph.invoke({"question": TINTED},
                               context=ctx(store, plan, answering_worker(), guards="+plan_unanchored"))
     assert out["dag"][0]["question"] == "What is the name of The Beatles?" and len(plan.calls) == 3
+    # a later hop that writes an earlier answer out instead of citing it is anchored by that answer
+    later = {"subquestions": [subq("q2", "Where was Christopher Nolan born?")]}
+    replies = iter([{"subquestions": [subq("q1", 'Who directed the album "Tinted Windows"?')]}, later,
+                    {"answer": "London"}])
+    plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies)))
+    work = worker_saying({"Tinted Windows": '{"relevant": [1], "answer": "Christopher Nolan"}'})
+    out = mujica.graph.invoke({"question": TINTED}, context=ctx(store, plan, work, guards="+plan_unanchored"))
+    assert out["guards"] == [] and out["answer"] == "London" and len(plan.calls) == 3
     # off by default
     replies = iter([beatles, {"answer": "Liverpool"}])
     plan = FakeChatModel(respond=lambda messages: json.dumps(next(replies)))
@@ -1004,7 +1012,55 @@ def test_a_conclusion_that_repeats_the_answer_a_later_subquestion_builds_on_is_s
         back = plan.calls[2][-1]
         assert kind_of(back) == "send_back"
         assert "'Christopher Nolan' is the answer of q1, which q2 builds on" in back.text
+        assert back.text.count(mujica.P.ANSWER_OR_ASK) == 1
         assert [(f["guard"], f["before"]) for f in out["guards"]] == [("conclusion_bridge", "Christopher Nolan")]
+
+
+def test_the_new_send_backs_ask_only_for_the_answer_in_the_final_round_and_use_no_retry(store):
+    """In the round that must answer, a send-back does not invite a plan the round would refuse; a send-back is not
+    a failed attempt, so a reply that cannot be read after it still gets the repair it would have had."""
+    replies = iter([DIRECTED, {"answer": "Christopher Nolan"}, "garbage", {"answer": "London"}])
+    plan = FakeChatModel(respond=lambda messages: (r if isinstance(r := next(replies), str) else json.dumps(r)))
+    out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
+                              context=ctx(store, plan, answering_worker(), max_rounds=2, parse_retries=1,
+                                          guards="+conclusion_bridge"))
+    assert out["answer"] == "London" and out["error"] is None and len(plan.calls) == 4
+    back = plan.calls[2][-1]
+    assert back.text.endswith(f"{mujica.P.ANSWER_NOW}). Reply again with valid JSON only, in the format asked for.")
+    assert kind_of(plan.calls[3][-1]) == "repair"
+    # log mode records the firing and changes nothing: the same calls as with the guard off
+    for guards, fired in (("+conclusion_bridge", True), ("auto", False)):
+        replies = iter([DIRECTED, {"answer": "Christopher Nolan"}])
+        plan = FakeChatModel(respond=lambda messages, replies=replies: json.dumps(next(replies)))
+        out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
+                                  context=ctx(store, plan, answering_worker(), guards=guards, guard_mode="log"))
+        assert out["answer"] == "Christopher Nolan" and len(plan.calls) == 2
+        assert [f["enforced"] for f in out["guards"]] == ([False] if fired else [])
+
+
+def test_a_send_back_that_hides_the_reply_uses_no_retry_and_is_capped():
+    from langchain_core.messages import HumanMessage
+    from mhqa_graph.graphs.calls import MAX_HIDDEN, SentBack, ask_repaired
+
+    def read(text):
+        if text.startswith("again"):
+            raise SentBack("no", hide_reply=True)
+        return text
+
+    model = FakeChatModel(responses=["again"] * 2 + ["fine"])
+    parsed = ask_repaired(model, [HumanMessage("q")], read, retries=0)
+    assert parsed.value == "fine" and len(model.calls) == 3
+    assert all(m.type == "human" for m in model.calls[2])  # the rejected replies are not shown
+    model = FakeChatModel(responses=["again"] * 10)
+    parsed = ask_repaired(model, [HumanMessage("q")], read, retries=1)
+    assert parsed.error == "MalformedOutput: no" and len(model.calls) == MAX_HIDDEN + 2
+
+
+def test_a_citation_is_read_whatever_its_marks_and_one_of_no_subquestion_is_repaired():
+    ids = ["q1", "q2", "a"]
+    assert [mujica.cited(a, ids) for a in ("#q2", "[q2]", "q2", "#Q2.", "# q2", "[ q1 ]", "a")] == \
+        ["q2", "q2", "q2", "q2", "q2", "q1", "a"]
+    assert [mujica.cited(a, ids) for a in ("#q9", "London", "q9", "Q2 Arena")] == ["q9", None, None, None]
 
 
 def test_a_conclusion_that_is_no_workers_answer_is_sent_back_once(store):

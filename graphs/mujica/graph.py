@@ -61,12 +61,12 @@ from langgraph.runtime import Runtime
 from langgraph.types import Send
 
 from mhqa_graph.errors import EntityNotFound, InvalidInput, MhqaError, ModelError
-from mhqa_graph.notes import INVALID_PLAN, MALFORMED, NO_PROGRESS, ROUND_CAP, Note, note
+from mhqa_graph.notes import INVALID_PLAN, MALFORMED, NO_PROGRESS, ROUND_CAP, SENT_BACK, Note, note
 from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, ranked_facts
 
 from ..calls import SentBack, ask_json, clean_answer, get_llm, get_store
-from ..guards import CONCLUSION_BRIDGE, CONCLUSION_UNGROUNDED, PLAN_UNANCHORED, is_on
+from ..guards import CONCLUSION_BRIDGE, CONCLUSION_UNGROUNDED, PLAN_UNANCHORED
 from ..mechanisms import fact_answer_schema, worked_plans
 from ..settings import QAInput, check_question, context_as
 from . import prompts as P
@@ -101,7 +101,18 @@ from .plan import (
 from .replies import Worker
 from .state import RECURSION_LIMIT, MujicaContext, MujicaOutput, State, WorkerTask
 
-CITATION = re.compile(r"#(q\d+)|\[(q\d+)\]")  # a conclusion citing a sub-question's answer (`cite_answers`)
+CITATION = re.compile(r"#\s*([\w-]+)|\[\s*([\w-]+)\s*\]|([\w-]+)")  # how a conclusion cites a sub-question
+
+
+def cited(answer: str, ids: list[str]) -> str | None:
+    """The id a conclusion cites (`cite_answers`): "#q2", "[q2]", "q2" or "#Q2." for a plan holding q2; one marked
+    as a citation ("#q9") whatever the plan holds; else None (an answer written out)."""
+    m = CITATION.fullmatch(answer.strip().rstrip(".!").strip())
+    if m is None:
+        return None
+    sid = (m.group(1) or m.group(2) or m.group(3)).lower()
+    known = {i.lower(): i for i in ids}
+    return known.get(sid, sid if m.group(3) is None else None)
 
 
 # -- nodes ---------------------------------------------------------------------------------
@@ -189,10 +200,12 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         firings.clear()  # the firings of the reply that is kept only
         kind, read = read_reply(firings)
         if kind == "answer":
-            return kind, _concluded(ctx, state["question"], read, dag, results, log, sent)
+            return kind, _concluded(ctx, state["question"], read, dag, results, log, sent, final)
         items, read_notes = read
         roots = [(q["id"], q["question"]) for q in items if not q["depends_on"] and not REF.search(q["question"])]
-        if not any(f["guard"] == PLAN_UNANCHORED.name for f in sent) and (off := unanchored(ctx, roots, names, sent)):
+        found = [r["answer"] for r in results.values() if r["status"] == ANSWERED]
+        if not any(f["guard"] == PLAN_UNANCHORED.name for f in sent) and (
+                off := unanchored(ctx, roots, names, found, sent)):
             raise SentBack(P.UNANCHORED.format(ids=", ".join(off), verb="uses" if len(off) == 1 else "use",
                                                names_verb="names" if len(off) == 1 else "name",
                                                names=", ".join(f'"{n}"' for n in names)), hide_reply=True)
@@ -211,13 +224,12 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         parsed = ask_json(llm, messages, fmt,
                           lambda reply: validate(partial(read_turn, reply, pending, may_answer, ctx)),
                           lambda value: validate(partial(read_plan, value, final, pending, may_answer, ctx)),
-                          retries=ctx.parse_retries + ctx.replan_retries + is_on(ctx, PLAN_UNANCHORED)
-                          + is_on(ctx, CONCLUSION_BRIDGE) + is_on(ctx, CONCLUSION_UNGROUNDED))
+                          retries=ctx.parse_retries + ctx.replan_retries)
     except ModelError as exc:
         error = f"ModelError: {exc}"
         log.update(action="failed", error=error)
         return {**update, "answer": best_effort(results), "error": error, "done": True,
-                "notes": notes, "planner_log": [log]}
+                "notes": notes, "planner_log": [log], "guards": sent}
     log.update(raw=parsed.raw, thought=thought_of(parsed.raw[-1]))
     notes += [note("Replan", f"round {rnd} planned nothing that can run ({why}); sent back") for why in replans]
     new: list[SubQuestion] = []
@@ -240,10 +252,10 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         notes += plan_notes
         log.update(action="plan", plan=new)
         if not ready(merge_dag(dag, new), results):
-            if may_answer and not final and state["sent_back"] < ctx.send_back_rounds:
+            if may_answer and not final and ctx.send_back_rounds and state.get("sent_back", 0) < ctx.send_back_rounds:
                 log["sent_back"] = _why_nothing_runs(new, plan_notes)
-                notes.append(note(NO_PROGRESS, f"round {rnd} planned nothing that can run; sent back in a new turn"))
-                update["sent_back"] = state["sent_back"] + 1
+                notes.append(note(SENT_BACK, f"round {rnd} planned nothing that can run; answered with a new turn"))
+                update["sent_back"] = state.get("sent_back", 0) + 1
             else:
                 notes.append(note(NO_PROGRESS, f"round {rnd} planned nothing that can run"))
                 update["force_final"] = True
@@ -269,12 +281,12 @@ def _why_nothing_runs(new: list[SubQuestion], plan_notes: list[Note]) -> str:
 
 
 def _concluded(ctx: MujicaContext, question: str, answer: str, dag: list[SubQuestion], results: dict[str, dict],
-               log: dict, sent: list[dict]) -> str:
+               log: dict, sent: list[dict], final: bool) -> str:
     """The planner's conclusion as read: a citation (#q2, with `cite_answers`) is the answer of the sub-question it
     cites (ValueError when it has none); one that cites nothing and repeats the answer another sub-question builds
-    on is sent back once (`conclusion_bridge`), and so is one that is no worker's answer (`conclusion_ungrounded`)."""
-    if ctx.cite_answers and (cited := CITATION.fullmatch(answer.strip())):
-        sid = cited.group(1) or cited.group(2)
+    on is sent back once (`conclusion_bridge`), and so is one that is no worker's answer (`conclusion_ungrounded`);
+    in the `final` round, a send-back asks only for the answer."""
+    if ctx.cite_answers and (sid := cited(answer, [q["id"] for q in dag])):
         r = results.get(sid)
         if r is None or r["status"] != ANSWERED:
             raise ValueError(P.UNCITED.format(sid=sid))
@@ -284,12 +296,14 @@ def _concluded(ctx: MujicaContext, question: str, answer: str, dag: list[SubQues
     steps = [(q["id"], results[q["id"]]["answer"] if status(q, results) == ANSWERED else "", q["depends_on"])
              for q in dag]
     if not any(f["guard"] == CONCLUSION_BRIDGE.name for f in sent) and (found := bridge(ctx, answer, steps, sent)):
-        raise SentBack(P.BRIDGE.format(answer=answer, sid=found[0], later=found[1]), hide_reply=True)
+        raise SentBack(P.BRIDGE.format(answer=answer, sid=found[0], later=found[1],
+                                       then=P.ANSWER_NOW if final else P.ANSWER_OR_ASK), hide_reply=True)
     said = [a for _, a, _ in steps if a]
     if not any(f["guard"] == CONCLUSION_UNGROUNDED.name for f in sent) and ungrounded(ctx, question, answer, said,
                                                                                       sent):
         said_by = "; ".join(f"{sid}: {a}" for sid, a, _ in steps if a)
-        raise SentBack(P.UNGROUNDED.format(answer=answer, said=said_by), hide_reply=True)
+        then = P.ANSWER_NOW if final else P.ANSWER_OR_ASK
+        raise SentBack(P.UNGROUNDED.format(answer=answer, said=said_by, then=then), hide_reply=True)
     return answer
 
 

@@ -75,11 +75,14 @@ def question_names(question: str, entities: list[str] | None = None) -> list[str
     return list(dict.fromkeys(n for n in names if n.strip()))
 
 
-def unanchored(ctx: Any, roots: list[tuple[str, str]], names: list[str], log: list[dict]) -> list[str]:
+def unanchored(ctx: Any, roots: list[tuple[str, str]], names: list[str], answers: list[str],
+               log: list[dict]) -> list[str]:
     """The ids of the sub-questions among `roots` (those citing no earlier answer, as (id, text)) that share no word
-    stem with the question's `names`, when `plan_unanchored` fires and acts (its firing goes to `log`); else []."""
-    anchors = stems(" ".join(names))
-    off = [(sid, text) for sid, text in roots if not stems(text) & anchors] if anchors else []
+    stem with the question's `names` nor with an answer so far (a later hop may write an answer out instead of citing
+    it), when `plan_unanchored` fires and acts (its firing goes to `log`); else []."""
+    names_stems = stems(" ".join(names))
+    anchors = names_stems | stems(" ".join(answers))
+    off = [(sid, text) for sid, text in roots if not stems(text) & anchors] if names_stems else []
     shown_as = "; ".join(f"{sid or 'a sub-question'}: {text}" for sid, text in off)
     return [sid or "a sub-question" for sid, _ in off] if check(ctx, PLAN_UNANCHORED, lambda: bool(off), shown_as,
                                                                "sent back", log) else []

@@ -151,9 +151,10 @@ UNANCHORED = ("{ids} {verb} no earlier answer and {names_verb} nothing the quest
 
 # why a conclusion was sent back (`conclusion_bridge`), inside the repair message
 BRIDGE = ("{answer!r} is the answer of {sid}, which {later} builds on: a step on the way, not what the question asks. "
-          "Conclude with the answer to the question, or ask what is missing")
-UNGROUNDED = ("{answer!r} is none of the workers' answers ({said}). Conclude with the answer a worker found, or ask "
-              "what is missing")
+          "{then}")
+ANSWER_OR_ASK = "Conclude with the answer to the question, or ask what is missing"
+ANSWER_NOW = "Conclude with the answer to the question"
+UNGROUNDED = "{answer!r} is none of the workers' answers ({said}). {then}"
 UNCITED = "{sid} has no answer to cite: cite a sub-question that has one, or write the answer"
 
 THINK_FIRST = "First reason briefly inside <think>...</think>, then give the JSON."
