@@ -1086,6 +1086,7 @@ def test_a_conclusion_that_is_no_workers_answer_is_sent_back_once(store):
     assert not ungrounded(on, "Which came first, Vertigo or Jaws?", "Vertigo", ["1958", "1975"], [])
     assert ungrounded(on, "Where was he born?", "Tulsa", ["Tinted Windows"], [])
     assert not ungrounded(on, "Where was he born?", "Tulsa", [], [])  # nothing found yet: nothing to hold it to
+    assert not ungrounded(on, "Where was he born?", "unknown (not in the worker's contexts)", ["Tinted Windows"], [])
 
 
 def test_endless_re_asks_end_within_the_round_and_subquestion_caps(store):

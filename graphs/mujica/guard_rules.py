@@ -99,12 +99,17 @@ def bridge(ctx: Any, answer: str, steps: list[tuple[str, str, list[str]]], log: 
     return found if check(ctx, CONCLUSION_BRIDGE, lambda: found is not None, answer, "sent back", log) else None
 
 
+REMARK = re.compile(r"\s*\([^)]*\)\s*$")  # a trailing remark in brackets
+
+
 def ungrounded(ctx: Any, question: str, answer: str, said: list[str], log: list[dict]) -> bool:
     """Whether `conclusion_ungrounded` fires and acts: the conclusion, citing nothing, is none of the workers'
     answers `said` (neither holds the other's words), though some worker answered; yes or no to a yes-no question
-    and an answer naming an option of the question count as found."""
+    and an answer naming an option of the question count as found, and a conclusion that there is no answer is not
+    one made up."""
     def found() -> bool:
-        if not said or (asks_yes_or_no(question) and answer.lower().strip(" .!") in ("yes", "no")):
+        yes_no = asks_yes_or_no(question) and answer.lower().strip(" .!") in ("yes", "no")
+        if not said or is_no_answer(REMARK.sub("", answer)) or yes_no:  # "unknown (not in the contexts)" too
             return True
         if (named := options(question)) and any(o.lower() in answer.lower() for o in named):
             return True
