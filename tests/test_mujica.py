@@ -1089,6 +1089,18 @@ def test_a_conclusion_that_is_no_workers_answer_is_sent_back_once(store):
     assert not ungrounded(on, "Where was he born?", "unknown (not in the worker's contexts)", ["Tinted Windows"], [])
 
 
+def test_without_recall_thoughts_the_planner_sees_what_its_turns_did_but_not_their_reasoning(store):
+    chain = {"subquestions": [subq("q1", "Who directed Inception?"), subq("q2", "Where was #q1 born?", "q1")]}
+    for recall in (True, False):
+        replies = iter(["<think>Nolan, surely.</think>" + json.dumps(chain), json.dumps({"answer": "London"})])
+        plan = FakeChatModel(respond=lambda messages, replies=replies: next(replies))
+        out = mujica.graph.invoke({"question": "Where was the director of Inception born?"},
+                                  context=ctx(store, plan, answering_worker(), recall_thoughts=recall))
+        turn = plan.calls[1][2]
+        assert turn.type == "ai" and ("Nolan, surely." in turn.text) is recall and '"subquestions"' in turn.text
+        assert out["answer"] == "London"
+
+
 def test_endless_re_asks_end_within_the_round_and_subquestion_caps(store):
     phrasings = iter(f"Who made Inception, version {i}?" for i in range(100))
 

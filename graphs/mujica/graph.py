@@ -231,6 +231,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         return {**update, "answer": best_effort(results), "error": error, "done": True,
                 "notes": notes, "planner_log": [log], "guards": sent}
     log.update(raw=parsed.raw, thought=thought_of(parsed.raw[-1]))
+    recalled = log["thought"] if ctx.recall_thoughts else ""  # what later rounds see of this one's reasoning
     notes += [note("Replan", f"round {rnd} planned nothing that can run ({why}); sent back") for why in replans]
     new: list[SubQuestion] = []
     if parsed.error:
@@ -246,7 +247,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         kind, value = parsed.value
         if kind == "answer":
             value = conclude(ctx, state, value, log, notes, firings)
-            log.update(action="answer", answer=value, reply=said(log["thought"], {"answer": value}, ctx.think))
+            log.update(action="answer", answer=value, reply=said(recalled, {"answer": value}, ctx.think))
             return {**update, "answer": value, "done": True, "notes": notes, "planner_log": [log], "guards": firings}
         new, plan_notes = value
         notes += plan_notes
@@ -265,7 +266,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         log["plan"] = log.get("plan", []) + asked
     asked_now = [{"id": q["id"], "entity": q["entity"], "relation": q["relation"]} if "relation" in q else
                  {"id": q["id"], "question": q["question"], "depends_on": q["depends_on"]} for q in new]
-    log["reply"] = said(log["thought"], {"subquestions": asked_now}, ctx.think)
+    log["reply"] = said(recalled, {"subquestions": asked_now}, ctx.think)
     return {**update, "dag": new, "notes": notes, "planner_log": [log], "guards": firings}
 
 

@@ -39,6 +39,9 @@ class MujicaContext(AgentContext):
                                     "before the planner must give its final answer.")
     cite_answers: bool = setting(False, help="The planner sees the workers' results as a table (sub-question, "
                                  "answer, evidence) and may conclude by citing one (#q2: q2's answer).")
+    recall_thoughts: bool = setting(True, help="The planner's conversation keeps each earlier turn's reasoning (its "
+                                    "first 300 characters) before what the turn did; off: only what it did (a small "
+                                    "planner copies its earlier reasoning word for word).")
     straight_dispatch: bool = setting(True, help="When every answer of a wave is usable, send the sub-questions the "
                                       "planner already wrote that are now ready to the workers without a planner "
                                       "call (off: the planner sees every wave, as in the paper).")
