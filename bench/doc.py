@@ -23,10 +23,13 @@ END = "\n<!-- end of generated -->"
 
 def generated(command: str, results: Path = R.RESULTS_DIR, data: Path = DATA) -> str:
     """What `command` (a `bench/agents.py --summary ...`, `bench/plans.py --report-only ...` or `bench/confidence.py
-    ...` line) prints, from the records of `results`."""
+    ...` line) prints, from the records of `results`, or of the folder the command names with `--results` (relative
+    to the repository: a study's own records, e.g. bench/results/mujica-validation)."""
     script, *argv = shlex.split(command)[1:]
     tool = importlib.import_module(Path(script).stem)  # here, not at the top: bench/agents.py imports doc
-    args = tool.arguments().parse_args([*argv, "--results", str(results), "--data", str(data)])
+    args = tool.arguments().parse_args(["--results", str(results), "--data", str(data), *argv])
+    if "--results" in argv and not Path(args.results).is_absolute():
+        args.results = R.RESULTS_DIR.parents[1] / args.results
     if script != "bench/agents.py":
         return tool.reports(args)
     if not args.summary:
