@@ -83,7 +83,8 @@ def test_health_counts_invented_results_repairs_and_forced_answers():
 def test_forced_answers_say_why_from_the_typed_notes():
     """Mujica's planner forced by a round that planned nothing, and by the round cap: both kinds, once each."""
     trace = Trace(agent="mujica", question="q", llm_calls=[LLMCall(role="planner", messages=[ChatMessage(
-        role="user", content=mujica_prompts.FINAL_USER.format(progress="q1 ...", think=""))])])
+        role="user", content=mujica_prompts.FINAL_USER.format(progress="q1 ...", conclude=mujica_prompts.CONCLUDE,
+                                                              think=""))])])
     trace.design["notes"] = ["InvalidPlan: q2 dropped", "NoProgress: round 2 planned nothing that can run",
                              "RoundCap: round 3 of 3 must answer", "NoProgress: round 3 planned nothing that can run"]
     assert health({"prediction": "x"}, trace)["forced_by"] == ["NoProgress", "RoundCap"]
@@ -94,7 +95,7 @@ def test_forced_answers_say_why_from_the_typed_notes():
 def test_traces_written_before_kinds_are_read_by_the_designs_texts():
     """An old trace's messages have no kind: the forced-answer, repair, nudge and send-back texts the designs send
     still say what they are."""
-    final = mujica_prompts.FINAL_USER.format(progress="q1 ...", think="")
+    final = mujica_prompts.FINAL_USER.format(progress="q1 ...", conclude=mujica_prompts.CONCLUDE, think="")
     assert legacy_kind(omne_prompts.FORCE_ANSWER) == FORCED_FINAL and legacy_kind(final) == FORCED
     llm = FakeChatModel(responses=["no json here", '{"a": 1}'])
     assert ask_json(llm, [HumanMessage("q")], ReplyFormat("a"), dict, dict).value == {"a": 1}
