@@ -66,7 +66,7 @@ from mhqa_graph.text import topic_entities
 from mhqa_graph.tools import MAX_PASSAGE_CHARS, cap_text, ranked_facts
 
 from ..calls import SentBack, ask_json, clean_answer, get_llm, get_store
-from ..guards import CONCLUSION_BRIDGE, CONCLUSION_UNGROUNDED, PLAN_UNANCHORED
+from ..guards import CONCLUSION_BRIDGE, CONCLUSION_UNGROUNDED, PLAN_UNANCHORED, Guard
 from ..mechanisms import fact_answer_schema, worked_plans
 from ..settings import QAInput, check_question, context_as
 from . import prompts as P
@@ -204,8 +204,7 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         items, read_notes = read
         roots = [(q["id"], q["question"]) for q in items if not q["depends_on"] and not REF.search(q["question"])]
         found = [r["answer"] for r in results.values() if r["status"] == ANSWERED]
-        if not any(f["guard"] == PLAN_UNANCHORED.name for f in sent) and (
-                off := unanchored(ctx, roots, names, found, sent)):
+        if not _sent_back_by(PLAN_UNANCHORED, sent) and (off := unanchored(ctx, roots, names, found, sent)):
             raise SentBack(P.UNANCHORED.format(ids=", ".join(off), verb="uses" if len(off) == 1 else "use",
                                                names_verb="names" if len(off) == 1 else "name",
                                                names=", ".join(f'"{n}"' for n in names)), hide_reply=True)
@@ -253,10 +252,11 @@ def planner(state: State, runtime: Runtime[MujicaContext]) -> dict:
         notes += plan_notes
         log.update(action="plan", plan=new)
         if not ready(merge_dag(dag, new), results):
-            if may_answer and not final and ctx.send_back_rounds and state.get("sent_back", 0) < ctx.send_back_rounds:
+            turns = state.get("sent_back", 0)  # a thread checkpointed before the setting has none
+            if may_answer and not final and turns < ctx.send_back_rounds:
                 log["sent_back"] = _why_nothing_runs(new, plan_notes)
                 notes.append(note(SENT_BACK, f"round {rnd} planned nothing that can run; answered with a new turn"))
-                update["sent_back"] = state.get("sent_back", 0) + 1
+                update["sent_back"] = turns + 1
             else:
                 notes.append(note(NO_PROGRESS, f"round {rnd} planned nothing that can run"))
                 update["force_final"] = True
@@ -296,16 +296,19 @@ def _concluded(ctx: MujicaContext, question: str, answer: str, dag: list[SubQues
     log.pop("cited", None)
     steps = [(q["id"], results[q["id"]]["answer"] if status(q, results) == ANSWERED else "", q["depends_on"])
              for q in dag]
-    if not any(f["guard"] == CONCLUSION_BRIDGE.name for f in sent) and (found := bridge(ctx, answer, steps, sent)):
-        raise SentBack(P.BRIDGE.format(answer=answer, sid=found[0], later=found[1],
-                                       then=P.ANSWER_NOW if final else P.ANSWER_OR_ASK), hide_reply=True)
-    said = [a for _, a, _ in steps if a]
-    if not any(f["guard"] == CONCLUSION_UNGROUNDED.name for f in sent) and ungrounded(ctx, question, answer, said,
-                                                                                      sent):
-        said_by = "; ".join(f"{sid}: {a}" for sid, a, _ in steps if a)
-        then = P.ANSWER_NOW if final else P.ANSWER_OR_ASK
+    then = P.ANSWER_NOW if final else P.ANSWER_OR_ASK
+    if not _sent_back_by(CONCLUSION_BRIDGE, sent) and (found := bridge(ctx, answer, steps, sent)):
+        raise SentBack(P.BRIDGE.format(answer=answer, sid=found[0], later=found[1], then=then), hide_reply=True)
+    said = [(sid, a) for sid, a, _ in steps if a]
+    if not _sent_back_by(CONCLUSION_UNGROUNDED, sent) and ungrounded(ctx, question, answer, [a for _, a in said], sent):
+        said_by = "; ".join(f"{sid}: {a}" for sid, a in said)
         raise SentBack(P.UNGROUNDED.format(answer=answer, said=said_by, then=then), hide_reply=True)
     return answer
+
+
+def _sent_back_by(guard: Guard, sent: list[dict]) -> bool:
+    """Whether `guard` already fired in this planner call: each send-back guard fires once a call."""
+    return any(f["guard"] == guard.name for f in sent)
 
 
 def _dispatch(state: State) -> list[Send]:
