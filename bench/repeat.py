@@ -15,6 +15,12 @@ under `--out`).
 
     python bench/repeat.py --replay bench/results/repeat-pq2h-auto.json     # another machine: seconds
 
+    python bench/repeat.py --env pq2h --agent auto --start 240 --limit 60 \
+        --against bench/results/sealed/llamacpp_qwen2.5-coder-1.5b/pq2h/auto.jsonl.gz
+
+`--against` takes run 1 from a committed eval (its records and the call cache beside them, `calls/calls.sqlite`
+one folder up) instead of asking it: runs 2 and 3 then check that eval itself, in the store it was made in.
+
 `--replay` asks the recorded questions again through the committed call cache, on whatever machine this is, and
 compares every prediction with the recorded ones: a run that repeats makes no model call and changes no answer. It
 builds a store of its own, holding the record's environment only, as the recorded runs' store did: the embedded
@@ -25,6 +31,7 @@ search returns first, and with it the prompt.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import sqlite3
@@ -34,6 +41,7 @@ from pathlib import Path
 
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS
 from mhqa_graph.eval.report import RESULTS, read_records
+from mhqa_graph.eval.runner import load_questions
 
 BENCH = Path(__file__).resolve().parent
 DATA = BENCH.parents[1] / "shared" / "data"
@@ -52,11 +60,24 @@ def eval_run(args: argparse.Namespace, out: Path, start: int, limit: int, concur
         raise SystemExit(f"{' '.join(cmd)}\nfailed: {done.stderr[-2000:]}")
 
 
+def first_run(args: argparse.Namespace) -> dict[str, dict]:
+    """Run 1's records by id: asked here, or those of the asked questions in the committed eval `--against`."""
+    if not getattr(args, "against", None):
+        return {r["id"]: r for r in read_records(args.out / "first" / RESULTS)}
+    spec = DEV_ENVIRONMENTS[args.env]
+    asked = {q.id for q in load_questions(spec.dataset, args.data / spec.file, limit=args.limit, start=args.start)}
+    with gzip.open(args.against, "rt", encoding="utf-8") as f:
+        records = {r["id"]: r for r in map(json.loads, f) if r["id"] in asked}
+    if len(records) < len(asked):
+        raise SystemExit(f"{args.against} answers {len(records)} of the {len(asked)} questions asked")
+    return records
+
+
 def rows(args: argparse.Namespace) -> list[dict]:
     """Each run against `first`: predictions equal, model calls made and cached, seconds."""
-    runs = {name: {r["id"]: r for r in read_records(args.out / name / RESULTS)} for name in ("first", "again",
-                                                                                             "cached")}
-    first = runs["first"]
+    first = first_run(args)
+    runs = {"first": first, **{name: {r["id"]: r for r in read_records(args.out / name / RESULTS)}
+                               for name in ("again", "cached")}}
     out = []
     for name, records in runs.items():
         ids = sorted(set(records) & set(first))
@@ -85,6 +106,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=BENCH / "out" / "repeat")
     parser.add_argument("--record", type=Path, help="write the rows as JSON here")
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--against", type=Path, help="a committed eval's records (RESULTS/<llm>/<env>/<agent>"
+                        ".jsonl.gz, made in --store): run 1, not asked again; run 3 replays the call cache one "
+                        "folder up (calls/calls.sqlite)")
     parser.add_argument("--replay", type=Path, help="a --record file: its questions through its committed call cache")
     args = parser.parse_args()
     if args.replay:
@@ -94,7 +118,12 @@ def main() -> None:
     cache = args.out / "calls.sqlite"
     if not args.report_only:
         args.out.mkdir(parents=True, exist_ok=True)  # bench/out too: the default store's parent
-        eval_run(args, args.out / "first", args.start, args.limit, 1, cache)
+        if args.against:  # a copy (the committed cache stays as it is), consistent while a run writes to it
+            with sqlite3.connect(args.against.parents[1] / "calls" / "calls.sqlite") as src, \
+                    sqlite3.connect(cache) as copy:
+                src.backup(copy)
+        else:
+            eval_run(args, args.out / "first", args.start, args.limit, 1, cache)
         # run 2 asks `--warm` earlier questions first, in the same eval (one model process), then the slice at -k 2
         warm = max(0, args.start - args.warm)
         eval_run(args, args.out / "again", warm, args.start - warm + args.limit, 2, None)
@@ -107,19 +136,24 @@ def main() -> None:
         print(f"| {r['run']} | {r['questions']} | {r['same']}/{r['questions']} | {r['llm_calls']} | "
               f"{r['llm_calls_cached']} | {r['model_calls']} | {r['seconds']} |")
     if args.record:
-        first = {r["id"]: r["prediction"] for r in read_records(args.out / "first" / RESULTS)}
+        first = {i: r["prediction"] for i, r in first_run(args).items()}
         args.record.write_text(json.dumps({"env": args.env, "agent": args.agent, "llm": args.llm, "start": args.start,
                                            "limit": args.limit, "warm": args.warm, "rows": table,
+                                           "against": args.against and str(args.against),
                                            "predictions": dict(sorted(first.items()))}, indent=2) + "\n",
                                encoding="utf-8")
-        with sqlite3.connect(cache) as db:  # one self-contained file: the WAL folded in
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        shutil.copyfile(cache, args.record.with_suffix(".calls.sqlite"))
+        if not args.against:  # else the committed eval's call cache is the record's
+            with sqlite3.connect(cache) as db:  # one self-contained file: the WAL folded in
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            shutil.copyfile(cache, args.record.with_suffix(".calls.sqlite"))
 
 
 def replay(args: argparse.Namespace) -> None:
     """The questions of a --record file through its committed call cache: predictions and model calls."""
     recorded = json.loads(args.replay.read_text(encoding="utf-8"))
+    if recorded.get("against"):
+        raise SystemExit(f"{args.replay} checked the committed eval {recorded['against']}: replay that eval with "
+                         "bench/agents.py (its slice, in the store it was made in) instead")
     args.env, args.agent, args.llm = recorded["env"], recorded["agent"], recorded["llm"]
     out = args.out / "replay" / args.replay.stem
     shutil.rmtree(out, ignore_errors=True)

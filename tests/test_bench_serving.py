@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SPEC = importlib.util.spec_from_file_location("bench_serving", Path(__file__).parents[1] / "bench" / "serving.py")
 serving = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(serving)
@@ -107,6 +109,34 @@ def test_repeat_compares_each_run_with_the_first_and_counts_the_calls_the_cache_
     table = repeat.rows(argparse.Namespace(out=tmp_path))
     assert [(r["run"], r["questions"], r["same"], r["model_calls"], r["llm_calls_cached"]) for r in table] == [
         ("first", 2, 2, 5, 0), ("again", 2, 1, 5, 0), ("cached", 2, 2, 0, 5)]
+
+
+def test_repeat_against_a_committed_eval_takes_run_1_from_its_records_for_the_asked_questions(tmp_path, monkeypatch):
+    """`--against`: run 1 is the committed eval's records of the asked questions (not asked again); a committed eval
+    that lacks one of them is an error, not a shorter comparison."""
+    import argparse
+    import gzip
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("bench_repeat", Path(__file__).parents[1] / "bench" / "repeat.py")
+    repeat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repeat)
+    committed = tmp_path / "auto.jsonl.gz"
+    with gzip.open(committed, "wt", encoding="utf-8") as f:
+        for i, p in (("q0", "Oslo"), ("q1", "Paris"), ("q2", "Rome")):
+            f.write(json.dumps({"id": i, "prediction": p, "llm_calls": 2, "llm_calls_cached": 0, "latency": 1.0})
+                    + "\n")
+    monkeypatch.setattr(repeat, "load_questions", lambda dataset, path, limit, start: [
+        SimpleNamespace(id=f"q{n}") for n in range(start, start + limit)])
+    (tmp_path / "again").mkdir()
+    (tmp_path / "again" / "results.jsonl").write_text("".join(json.dumps(
+        {"id": i, "prediction": p, "llm_calls": 2, "llm_calls_cached": 0, "latency": 1.0}) + "\n"
+        for i, p in (("q1", "Paris"), ("q2", "Milan"))), encoding="utf-8")
+    args = argparse.Namespace(out=tmp_path, against=committed, env="pq2h", data=tmp_path, start=1, limit=2)
+    table = repeat.rows(args)
+    assert [(r["run"], r["questions"], r["same"]) for r in table] == [("first", 2, 2), ("again", 2, 1)]
+    with pytest.raises(SystemExit, match="answers 2 of the 3 questions"):
+        repeat.first_run(argparse.Namespace(**{**vars(args), "start": 1, "limit": 3}))
 
 
 def test_a_replay_asks_through_a_fresh_store_of_the_records_environment_only(tmp_path, monkeypatch, capsys):
