@@ -290,14 +290,15 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--env", action="append", choices=sorted(DEV_ENVIRONMENTS), help="repeatable; default: all")
     parser.add_argument("--agents", default=",".join(AGENTS), help="comma-separated")
     parser.add_argument("--llm", default="llamacpp:qwen2.5-coder-1.5b")
-    parser.add_argument("--limit", type=int, default=20)
+    parser.add_argument("--limit", type=int, default=None, help="questions asked from --start (default 20); with "
+                        "--slice, its first LIMIT questions of each environment (a design's run on the sealed slice)")
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="4 questions on pq2h and hotpot")
     parser.add_argument("--jobs", type=int, default=2, help="evals at once (one model thread each)")
     parser.add_argument("--store", default=None, help="store URI (default: embedded store in OUT/store)")
     parser.add_argument("--data", type=Path, default=DATA)
     parser.add_argument("--slice", choices=sorted(SLICES), default=None, help="ask each environment's slice "
-                        "(SLICES) instead of --start/--limit: `validation` where defaults are chosen, `sealed` where "
+                        "(SLICES) instead of --start: `validation` where defaults are chosen, `sealed` where "
                         "targets are read, with the frozen defaults only; its records go under RESULTS/sealed, with "
                         "the call cache of its model calls (RESULTS/sealed/<llm>/calls/calls.sqlite, or --llm-cache)")
     parser.add_argument("--unseal", metavar="REASON", default=None, help="with --slice sealed: run other variants "

@@ -18,6 +18,7 @@ AGENTS = ("direct", "rag", "opera", "mujica", "omne", "auto")
 KG_ONLY = {"omne"}  # agents that need a knowledge graph
 DESIGNS = ("opera", "mujica", "omne")  # the multi-hop designs; rag is their baseline, auto composes them
 
+DEFAULT_LIMIT = 20  # questions asked from --start without --slice or --limit
 SEALED_N = 150  # per KG environment: 450 pooled detect about 8 F1 points (docs/benchmarks.md, "The sealed slice")
 # (start, limit) per environment. Defaults are chosen on the validation slice; targets are read once from the
 # sealed slice, with the frozen defaults (`--slice sealed` refuses any other variant unless `--unseal` says why).
@@ -84,8 +85,9 @@ def guards_off(variant: str) -> tuple[str, frozenset[str]] | None:
 def asked_range(args: argparse.Namespace) -> str:
     """The questions asked, as the tables' headings say it."""
     if getattr(args, "slice", None):
-        return f"the {args.slice} slice"
-    return f"questions {args.start}..{args.start + args.limit - 1}"
+        return f"the {args.slice} slice" + (f", its first {args.limit} questions" if args.limit is not None else "")
+    limit = args.limit if args.limit is not None else DEFAULT_LIMIT
+    return f"questions {args.start}..{args.start + limit - 1}"
 
 
 def asked_ids(args: argparse.Namespace, env: str) -> set[str]:
@@ -95,6 +97,10 @@ def asked_ids(args: argparse.Namespace, env: str) -> set[str]:
 
 
 def span(args: argparse.Namespace, env: str) -> tuple[int, int]:
-    """(first question, how many) asked of `env`: its slice's (`--slice`), else `--start` and `--limit`."""
-    chosen = getattr(args, "slice", None)
-    return SLICES[chosen][env] if chosen else (args.start, args.limit)
+    """(first question, how many) asked of `env`: its slice's (`--slice`; with `--limit`, its first questions),
+    else `--start` and `--limit`."""
+    chosen, limit = getattr(args, "slice", None), getattr(args, "limit", None)
+    if not chosen:
+        return args.start, limit if limit is not None else DEFAULT_LIMIT
+    start, n = SLICES[chosen][env]
+    return start, min(n, limit) if limit is not None else n

@@ -499,7 +499,7 @@ def test_the_confidence_report_says_how_well_confidence_splits_right_from_wrong(
 # -- slices: where defaults are chosen, where targets are read (issue 61, 3) ---------------------------
 def sliced(**kwargs) -> argparse.Namespace:
     defaults = {"llm": "llamacpp:x", "agents": "rag,auto", "guards": None, "mechanism": [], "unseal": None,
-                "slice": "sealed", "start": 0, "limit": 4, "data": Path("d"), "store": "embedded:///s",
+                "slice": "sealed", "start": 0, "limit": None, "data": Path("d"), "store": "embedded:///s",
                 "out": Path("o")}
     return argparse.Namespace(**(defaults | kwargs))
 
@@ -520,6 +520,17 @@ def test_a_slice_asks_its_own_range_of_each_environment():
     assert cmd[cmd.index("--start") + 1] == "140" and cmd[cmd.index("--limit") + 1] == "60"
     cmd = bench.eval_command(sliced(slice=None, start=7, limit=3), "pq2h", "rag")
     assert cmd[cmd.index("--start") + 1] == "7" and "2wiki-text" not in variants.SLICES["sealed"]
+    cmd = bench.eval_command(sliced(slice=None, start=7), "pq2h", "rag")
+    assert cmd[cmd.index("--limit") + 1] == str(variants.DEFAULT_LIMIT)
+
+
+def test_a_limit_asks_the_first_questions_of_each_environments_slice():
+    """A design's sealed run: `--slice sealed --limit 60` asks 240..299 of each environment, never beyond its
+    slice, and the tables say so."""
+    assert variants.span(sliced(limit=60), "pq2h") == (240, 60)
+    assert variants.span(sliced(limit=500), "hotpot") == (240, 60)
+    assert variants.asked_range(sliced(limit=60)) == "the sealed slice, its first 60 questions"
+    assert variants.asked_range(sliced()) == "the sealed slice"
 
 
 def test_sealed_records_carry_the_commit_and_settings_digest_they_were_first_made_with(tmp_path):
