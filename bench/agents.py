@@ -75,6 +75,7 @@ from variants import (  # noqa: E402  (the agents, their variants, the questions
     asked_range,
     guards_off,
     parse_variant,
+    slice_results,
     span,
     split_agents,
 )
@@ -339,8 +340,7 @@ def main() -> None:
     agents = split_agents(args.agents)
     if args.slice:
         envs = [env for env in envs if env in SLICES[args.slice]]
-        if args.slice == "sealed":
-            args.results = args.results / "sealed"
+        args.results = slice_results(args)
     if args.summary:
         report = summary(args, envs, [a for a in agents if ":" not in a])
         print(report)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import records as R
 from tables import summary
-from variants import DATA, split_agents
+from variants import DATA, slice_results, split_agents
 
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS
 
@@ -34,6 +34,7 @@ def generated(command: str, results: Path = R.RESULTS_DIR, data: Path = DATA) ->
         return tool.reports(args)
     if not args.summary:
         raise ValueError(f"a generated block is a --summary: {command!r}")
+    args.results = slice_results(args)
     return summary(args, args.env or list(DEV_ENVIRONMENTS), [a for a in split_agents(args.agents) if ":" not in a])
 
 

@@ -96,6 +96,11 @@ def asked_ids(args: argparse.Namespace, env: str) -> set[str]:
     return {q.id for q in load_questions(spec.dataset, args.data / spec.file, limit=limit, start=start)}
 
 
+def slice_results(args: argparse.Namespace) -> Path:
+    """The records folder of the asked questions: RESULTS/sealed for the sealed slice, else RESULTS."""
+    return Path(args.results) / "sealed" if getattr(args, "slice", None) == "sealed" else Path(args.results)
+
+
 def span(args: argparse.Namespace, env: str) -> tuple[int, int]:
     """(first question, how many) asked of `env`: its slice's (`--slice`; with `--limit`, its first questions),
     else `--start` and `--limit`."""
