@@ -92,7 +92,25 @@ def rows(args: argparse.Namespace) -> list[dict]:
     return out
 
 
-def main() -> None:
+def table_text(rec: dict) -> str:
+    """The markdown table of a run's rows (`rows`) under a line naming what was repeated."""
+    lines = [f"`{rec['agent']}` on {rec['env']} {rec['start']}..{rec['start'] + rec['limit'] - 1}, `{rec['llm']}`"
+             + (f", against `{rec['against']}`" if rec.get("against") else "") + "\n",
+             "| run | questions | predictions as run 1 | LLM calls | from the call cache | model calls | seconds |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['run']} | {r['questions']} | {r['same']}/{r['questions']} | {r['llm_calls']} | "
+              f"{r['llm_calls_cached']} | {r['model_calls']} | {r['seconds']} |" for r in rec["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def reports(args: argparse.Namespace) -> str:
+    """The table of a committed `--record` file (`--show`), for docs/benchmarks.md's generated blocks."""
+    path = args.show if args.show.is_absolute() else BENCH.parent / args.show
+    return table_text(json.loads(path.read_text(encoding="utf-8")))
+
+
+def arguments() -> argparse.ArgumentParser:
+    """The command line of this script (`main`, and the commands of the generated blocks bench/doc.py reads)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--env", choices=sorted(DEV_ENVIRONMENTS), default="pq2h")
     parser.add_argument("--agent", default="auto")
@@ -110,7 +128,15 @@ def main() -> None:
                         ".jsonl.gz, made in --store): run 1, not asked again; run 3 replays the call cache one "
                         "folder up (calls/calls.sqlite)")
     parser.add_argument("--replay", type=Path, help="a --record file: its questions through its committed call cache")
-    args = parser.parse_args()
+    parser.add_argument("--show", type=Path, help="a --record file (relative to the repository): its table, no run")
+    parser.add_argument("--results", type=Path, help=argparse.SUPPRESS)  # what bench/doc.py passes every script
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    if args.show:
+        return print(reports(args))
     if args.replay:
         return replay(args)
     args.store = args.store or f"embedded://{BENCH / 'out' / 'store'}"
@@ -128,19 +154,12 @@ def main() -> None:
         warm = max(0, args.start - args.warm)
         eval_run(args, args.out / "again", warm, args.start - warm + args.limit, 2, None)
         eval_run(args, args.out / "cached", args.start, args.limit, 2, cache)
-    table = rows(args)
-    print(f"`{args.agent}` on {args.env} {args.start}..{args.start + args.limit - 1}, `{args.llm}`\n\n"
-          "| run | questions | predictions as run 1 | LLM calls | from the call cache | model calls | seconds |\n"
-          "|---|---|---|---|---|---|---|")
-    for r in table:
-        print(f"| {r['run']} | {r['questions']} | {r['same']}/{r['questions']} | {r['llm_calls']} | "
-              f"{r['llm_calls_cached']} | {r['model_calls']} | {r['seconds']} |")
+    rec = {"env": args.env, "agent": args.agent, "llm": args.llm, "start": args.start, "limit": args.limit,
+           "warm": args.warm, "rows": rows(args), "against": args.against and str(args.against)}
+    print(table_text(rec))
     if args.record:
         first = {i: r["prediction"] for i, r in first_run(args).items()}
-        args.record.write_text(json.dumps({"env": args.env, "agent": args.agent, "llm": args.llm, "start": args.start,
-                                           "limit": args.limit, "warm": args.warm, "rows": table,
-                                           "against": args.against and str(args.against),
-                                           "predictions": dict(sorted(first.items()))}, indent=2) + "\n",
+        args.record.write_text(json.dumps(rec | {"predictions": dict(sorted(first.items()))}, indent=2) + "\n",
                                encoding="utf-8")
         if not args.against:  # else the committed eval's call cache is the record's
             with sqlite3.connect(cache) as db:  # one self-contained file: the WAL folded in

@@ -168,3 +168,20 @@ def test_a_replay_asks_through_a_fresh_store_of_the_records_environment_only(tmp
     assert "| auto on pq2h | 1 | 1/1 | 2 | 2 |" in capsys.readouterr().out
     repeat.replay(argparse.Namespace(replay=record, out=tmp_path / "out2", store="embedded:///given"))
     assert stores[-1] == "embedded:///given"
+
+
+def test_repeat_shows_a_committed_record_as_the_table_it_printed(tmp_path):
+    """`--show` (docs/benchmarks.md's generated blocks): the table of a `--record` file, no run."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("bench_repeat", Path(__file__).parents[1] / "bench" / "repeat.py")
+    repeat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repeat)
+    record = tmp_path / "rec.json"
+    record.write_text(json.dumps({"env": "pq2h", "agent": "auto", "llm": "llamacpp:m", "start": 240, "limit": 2,
+                                  "against": "bench/results/x.jsonl.gz", "rows": [
+                                      {"run": "again", "questions": 2, "same": 1, "llm_calls": 5,
+                                       "llm_calls_cached": 0, "model_calls": 5, "seconds": 3.5}]}), encoding="utf-8")
+    shown = repeat.reports(argparse.Namespace(show=record))
+    assert shown.splitlines()[0] == "`auto` on pq2h 240..241, `llamacpp:m`, against `bench/results/x.jsonl.gz`"
+    assert shown.splitlines()[-1] == "| again | 2 | 1/2 | 5 | 0 | 5 | 3.5 |"
