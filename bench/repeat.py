@@ -92,6 +92,12 @@ def rows(args: argparse.Namespace) -> list[dict]:
     return out
 
 
+def repo_path(path: Path) -> str:
+    """`path` as the repository names it, where it is in the repository."""
+    path = path.resolve()
+    return str(path.relative_to(BENCH.parent)) if path.is_relative_to(BENCH.parent) else str(path)
+
+
 def table_text(rec: dict) -> str:
     """The markdown table of a run's rows (`rows`) under a line naming what was repeated."""
     lines = [f"`{rec['agent']}` on {rec['env']} {rec['start']}..{rec['start'] + rec['limit'] - 1}, `{rec['llm']}`"
@@ -155,7 +161,7 @@ def main() -> None:
         eval_run(args, args.out / "again", warm, args.start - warm + args.limit, 2, None)
         eval_run(args, args.out / "cached", args.start, args.limit, 2, cache)
     rec = {"env": args.env, "agent": args.agent, "llm": args.llm, "start": args.start, "limit": args.limit,
-           "warm": args.warm, "rows": rows(args), "against": args.against and str(args.against)}
+           "warm": args.warm, "rows": rows(args), "against": args.against and repo_path(args.against)}
     print(table_text(rec))
     if args.record:
         first = {i: r["prediction"] for i, r in first_run(args).items()}
