@@ -73,6 +73,7 @@ from variants import (  # noqa: E402  (the agents, their variants, the questions
     SLICES,
     asked_ids,
     asked_range,
+    environments,
     guards_off,
     parse_variant,
     slice_results,
@@ -333,14 +334,12 @@ def main() -> None:
     if args.write_doc:
         print(f"{write_doc(args.write_doc, args.results, args.data)} blocks regenerated in {args.write_doc}")
         return
-    envs = args.env or list(DEV_ENVIRONMENTS)
+    envs = environments(args)
     if args.quick:
         envs, args.limit = list(QUICK[0]), QUICK[1]
     args.store = args.store or f"embedded://{(args.out / 'store').resolve()}"
     agents = split_agents(args.agents)
-    if args.slice:
-        envs = [env for env in envs if env in SLICES[args.slice]]
-        args.results = slice_results(args)
+    args.results = slice_results(args)
     if args.summary:
         report = summary(args, envs, [a for a in agents if ":" not in a])
         print(report)

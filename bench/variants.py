@@ -96,6 +96,13 @@ def asked_ids(args: argparse.Namespace, env: str) -> set[str]:
     return {q.id for q in load_questions(spec.dataset, args.data / spec.file, limit=limit, start=start)}
 
 
+def environments(args: argparse.Namespace) -> list[str]:
+    """The environments asked: `--env`'s, else every one; with `--slice`, those the slice has."""
+    envs = getattr(args, "env", None) or list(DEV_ENVIRONMENTS)
+    chosen = getattr(args, "slice", None)
+    return [env for env in envs if not chosen or env in SLICES[chosen]]
+
+
 def slice_results(args: argparse.Namespace) -> Path:
     """The records folder of the asked questions: RESULTS/sealed for the sealed slice, else RESULTS."""
     return Path(args.results) / "sealed" if getattr(args, "slice", None) == "sealed" else Path(args.results)
