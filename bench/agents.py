@@ -286,14 +286,21 @@ def check_sealed(args: argparse.Namespace, agents: list[str]) -> str | None:
     return None
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of questions (1 or more)")
+    return int(text)
+
+
 def arguments() -> argparse.ArgumentParser:
     """The command line of this script (`main`, and the commands of the generated blocks bench/doc.py reads)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--env", action="append", choices=sorted(DEV_ENVIRONMENTS), help="repeatable; default: all")
     parser.add_argument("--agents", default=",".join(AGENTS), help="comma-separated")
     parser.add_argument("--llm", default="llamacpp:qwen2.5-coder-1.5b")
-    parser.add_argument("--limit", type=int, default=None, help="questions asked from --start (default 20); with "
-                        "--slice, its first LIMIT questions of each environment (a design's run on the sealed slice)")
+    parser.add_argument("--limit", type=positive, default=None, help="questions asked from --start (default 20); "
+                        "with --slice, the first LIMIT questions of each environment's slice")
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="4 questions on pq2h and hotpot")
     parser.add_argument("--jobs", type=int, default=2, help="evals at once (one model thread each)")
@@ -334,9 +341,9 @@ def main() -> None:
     if args.write_doc:
         print(f"{write_doc(args.write_doc, args.results, args.data)} blocks regenerated in {args.write_doc}")
         return
-    envs = environments(args)
     if args.quick:
-        envs, args.limit = list(QUICK[0]), QUICK[1]
+        args.env, args.limit = list(QUICK[0]), QUICK[1]
+    envs = environments(args)
     args.store = args.store or f"embedded://{(args.out / 'store').resolve()}"
     agents = split_agents(args.agents)
     args.results = slice_results(args)

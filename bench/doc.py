@@ -21,14 +21,17 @@ END = "\n<!-- end of generated -->"
 
 
 def generated(command: str, results: Path = R.RESULTS_DIR, data: Path = DATA) -> str:
-    """What `command` (a `bench/agents.py --summary ...`, `bench/plans.py --report-only ...` or `bench/confidence.py
-    ...` line) prints, from the records of `results`, or of the folder the command names with `--results` (relative
-    to the repository: a study's own records, e.g. bench/results/mujica-validation)."""
+    """What `command` (a `bench/agents.py --summary ...`, `bench/plans.py --report-only ...`, `bench/confidence.py
+    ...` or `bench/repeat.py --show ...` line) prints, from the records of `results`, or of the folder the command
+    names with `--results` (relative to the repository: a study's own records, e.g.
+    bench/results/mujica-validation)."""
     script, *argv = shlex.split(command)[1:]
     tool = importlib.import_module(Path(script).stem)  # here, not at the top: bench/agents.py imports doc
     args = tool.arguments().parse_args(["--results", str(results), "--data", str(data), *argv])
     if "--results" in argv and not Path(args.results).is_absolute():
         args.results = R.RESULTS_DIR.parents[1] / args.results
+    if script == "bench/repeat.py" and not args.show:
+        raise ValueError(f"a generated block of bench/repeat.py is a --show: {command!r}")
     if script != "bench/agents.py":
         return tool.reports(args)
     if not args.summary:

@@ -33,10 +33,12 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import re
 import shutil
 import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS
@@ -58,6 +60,21 @@ def eval_run(args: argparse.Namespace, out: Path, start: int, limit: int, concur
     done = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode:
         raise SystemExit(f"{' '.join(cmd)}\nfailed: {done.stderr[-2000:]}")
+
+
+def committed_cache(args: argparse.Namespace) -> Path:
+    """The call cache beside the committed eval `--against` (RESULTS/<llm>/<env>/<agent>.jsonl.gz), once that path
+    is checked to be a run of the asked environment, agent and model."""
+    path = args.against
+    llms = {re.sub(r"[^\w.-]+", "_", spec) for spec in (args.llm, args.llm.partition("?")[0])}  # bench/agents.py
+    said = (path.parents[1].name, path.parent.name, path.name.removesuffix(".jsonl.gz"))  # names it without ?threads
+    if said[0] not in llms or said[1:] != (args.env, args.agent):
+        raise SystemExit(f"{path} is a run of {said[2]} on {said[1]} with {said[0]}, not of --agent {args.agent} "
+                         f"on --env {args.env} with --llm {args.llm}")
+    cache = path.parents[1] / "calls" / "calls.sqlite"
+    if not cache.is_file():
+        raise SystemExit(f"{cache}: no call cache beside the committed eval")
+    return cache
 
 
 def first_run(args: argparse.Namespace) -> dict[str, dict]:
@@ -131,8 +148,8 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--record", type=Path, help="write the rows as JSON here")
     parser.add_argument("--report-only", action="store_true")
     parser.add_argument("--against", type=Path, help="a committed eval's records (RESULTS/<llm>/<env>/<agent>"
-                        ".jsonl.gz, made in --store): run 1, not asked again; run 3 replays the call cache one "
-                        "folder up (calls/calls.sqlite)")
+                        ".jsonl.gz, made in --store; the same --llm, --env and --agent): run 1, not asked again; run "
+                        "3 replays a copy of the call cache one folder up (calls/calls.sqlite)")
     parser.add_argument("--replay", type=Path, help="a --record file: its questions through its committed call cache")
     parser.add_argument("--show", type=Path, help="a --record file (relative to the repository): its table, no run")
     parser.add_argument("--results", type=Path, help=argparse.SUPPRESS)  # what bench/doc.py passes every script
@@ -151,8 +168,8 @@ def main() -> None:
     if not args.report_only:
         args.out.mkdir(parents=True, exist_ok=True)  # bench/out too: the default store's parent
         if args.against:  # a copy (the committed cache stays as it is), consistent while a run writes to it
-            with sqlite3.connect(args.against.parents[1] / "calls" / "calls.sqlite") as src, \
-                    sqlite3.connect(cache) as copy:
+            with closing(sqlite3.connect(f"file:{committed_cache(args)}?mode=ro", uri=True)) as src, \
+                    closing(sqlite3.connect(cache)) as copy:
                 src.backup(copy)
         else:
             eval_run(args, args.out / "first", args.start, args.limit, 1, cache)
@@ -177,8 +194,9 @@ def replay(args: argparse.Namespace) -> None:
     """The questions of a --record file through its committed call cache: predictions and model calls."""
     recorded = json.loads(args.replay.read_text(encoding="utf-8"))
     if recorded.get("against"):
-        raise SystemExit(f"{args.replay} checked the committed eval {recorded['against']}: replay that eval with "
-                         "bench/agents.py (its slice, in the store it was made in) instead")
+        raise SystemExit(f"{args.replay} checked the committed eval {recorded['against']}: replay that eval "
+                         "instead, with bench/agents.py into an empty --results folder and --llm-cache a copy of "
+                         "its committed call cache")
     args.env, args.agent, args.llm = recorded["env"], recorded["agent"], recorded["llm"]
     out = args.out / "replay" / args.replay.stem
     shutil.rmtree(out, ignore_errors=True)

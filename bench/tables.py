@@ -340,10 +340,12 @@ def _gain_target(cells: list[dict], gain: float) -> tuple[str, str]:
 
 def _read(df1: float | None, ci: tuple[float, float] | None, target: float) -> str:
     """A ΔF1 against `target` by its interval (`by_interval`); "not measured" without a ΔF1, by the point estimate
-    where the questions give no interval."""
+    (with the same strict comparisons) where the questions give no interval."""
     if df1 is None:
         return "not measured"
-    return by_interval(*ci, target) if ci else "met" if df1 >= target else "missed"
+    if ci:
+        return by_interval(*ci, target)
+    return "met" if df1 > target else "missed" if df1 < target else "within noise"  # as by_interval: strict
 
 
 def _overall(verdicts: list[str]) -> str:

@@ -19,7 +19,7 @@ KG_ONLY = {"omne"}  # agents that need a knowledge graph
 DESIGNS = ("opera", "mujica", "omne")  # the multi-hop designs; rag is their baseline, auto composes them
 
 DEFAULT_LIMIT = 20  # questions asked from --start without --slice or --limit
-SEALED_N = 150  # per KG environment: 450 pooled detect about 8 F1 points (docs/benchmarks.md, "The sealed slice")
+SEALED_N = 150  # per KG environment: 450 pooled detect 8.5 F1 points (docs/benchmarks.md, "How to read")
 # (start, limit) per environment. Defaults are chosen on the validation slice; targets are read once from the
 # sealed slice, with the frozen defaults (`--slice sealed` refuses any other variant unless `--unseal` says why).
 # 2Wiki text has 145 questions: its validation slice is 140..144 and it has no sealed slice.
@@ -84,10 +84,11 @@ def guards_off(variant: str) -> tuple[str, frozenset[str]] | None:
 
 def asked_range(args: argparse.Namespace) -> str:
     """The questions asked, as the tables' headings say it."""
-    if getattr(args, "slice", None):
-        return f"the {args.slice} slice" + (f", its first {args.limit} questions" if args.limit is not None else "")
-    limit = args.limit if args.limit is not None else DEFAULT_LIMIT
-    return f"questions {args.start}..{args.start + limit - 1}"
+    chosen, limit = getattr(args, "slice", None), getattr(args, "limit", None)
+    if chosen:
+        most = max(n for _, n in SLICES[chosen].values())
+        return f"the {chosen} slice" + (f", its first {limit} questions" if limit is not None and limit < most else "")
+    return f"questions {args.start}..{args.start + (limit if limit is not None else DEFAULT_LIMIT) - 1}"
 
 
 def asked_ids(args: argparse.Namespace, env: str) -> set[str]:

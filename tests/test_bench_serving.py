@@ -185,3 +185,28 @@ def test_repeat_shows_a_committed_record_as_the_table_it_printed(tmp_path):
     shown = repeat.reports(argparse.Namespace(show=record))
     assert shown.splitlines()[0] == "`auto` on pq2h 240..241, `llamacpp:m`, against `bench/results/x.jsonl.gz`"
     assert shown.splitlines()[-1] == "| again | 2 | 1/2 | 5 | 0 | 5 | 3.5 |"
+
+
+def test_repeat_against_checks_that_the_committed_eval_is_of_the_asked_run(tmp_path):
+    """`--against` names its run by its path (RESULTS/<llm>/<env>/<agent>.jsonl.gz): another agent, environment or
+    model is an error, as is a missing call cache, never a comparison of two different runs."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("bench_repeat", Path(__file__).parents[1] / "bench" / "repeat.py")
+    repeat = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(repeat)
+    committed = tmp_path / "llamacpp_m_threads_1" / "pq2h" / "auto.jsonl.gz"
+    committed.parent.mkdir(parents=True)
+    args = argparse.Namespace(against=committed, llm="llamacpp:m?threads=1", env="pq2h", agent="auto")
+    with pytest.raises(SystemExit, match="no call cache"):
+        repeat.committed_cache(args)
+    (tmp_path / "llamacpp_m_threads_1" / "calls").mkdir()
+    (tmp_path / "llamacpp_m_threads_1" / "calls" / "calls.sqlite").write_bytes(b"")
+    assert repeat.committed_cache(args) == tmp_path / "llamacpp_m_threads_1" / "calls" / "calls.sqlite"
+    with pytest.raises(SystemExit, match="not of --agent rag"):
+        repeat.committed_cache(argparse.Namespace(**{**vars(args), "agent": "rag"}))
+    plain = tmp_path / "llamacpp_m" / "pq2h" / "auto.jsonl.gz"  # bench/agents.py names its folder without ?threads=1
+    (plain.parents[1] / "calls").mkdir(parents=True)
+    (plain.parents[1] / "calls" / "calls.sqlite").write_bytes(b"")
+    assert repeat.committed_cache(argparse.Namespace(**{**vars(args), "against": plain})).parent.parent.name == \
+        "llamacpp_m"
