@@ -31,9 +31,7 @@ search returns first, and with it the prompt.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import re
 import shutil
 import sqlite3
 import subprocess
@@ -44,6 +42,9 @@ from pathlib import Path
 from mhqa_graph.eval.environments import DEV_ENVIRONMENTS
 from mhqa_graph.eval.report import RESULTS, read_records
 from mhqa_graph.eval.runner import load_questions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/'s modules import each other by name
+import records as R  # noqa: E402  (the committed per-question records)
 
 BENCH = Path(__file__).resolve().parent
 DATA = BENCH.parents[1] / "shared" / "data"
@@ -65,12 +66,11 @@ def eval_run(args: argparse.Namespace, out: Path, start: int, limit: int, concur
 def committed_cache(args: argparse.Namespace) -> Path:
     """The call cache beside the committed eval `--against` (RESULTS/<llm>/<env>/<agent>.jsonl.gz), once that path
     is checked to be a run of the asked environment, agent and model."""
-    path = args.against
-    llms = {re.sub(r"[^\w.-]+", "_", spec) for spec in (args.llm, args.llm.partition("?")[0])}  # bench/agents.py
-    said = (path.parents[1].name, path.parent.name, path.name.removesuffix(".jsonl.gz"))  # names it without ?threads
-    if said[0] not in llms or said[1:] != (args.env, args.agent):
-        raise SystemExit(f"{path} is a run of {said[2]} on {said[1]} with {said[0]}, not of --agent {args.agent} "
-                         f"on --env {args.env} with --llm {args.llm}")
+    path, root = args.against, args.against.parents[2]
+    named = {R.path_of(spec, args.env, args.agent, root) for spec in (args.llm, args.llm.partition("?")[0])}
+    if path not in named:  # bench/agents.py names a run's folder by its --llm, without the ?threads=1 it adds
+        raise SystemExit(f"{path}: not of --agent {args.agent} on --env {args.env} with --llm {args.llm}, whose "
+                         f"records would be {' or '.join(map(str, sorted(named)))}")
     cache = path.parents[1] / "calls" / "calls.sqlite"
     if not cache.is_file():
         raise SystemExit(f"{cache}: no call cache beside the committed eval")
@@ -83,8 +83,7 @@ def first_run(args: argparse.Namespace) -> dict[str, dict]:
         return {r["id"]: r for r in read_records(args.out / "first" / RESULTS)}
     spec = DEV_ENVIRONMENTS[args.env]
     asked = {q.id for q in load_questions(spec.dataset, args.data / spec.file, limit=args.limit, start=args.start)}
-    with gzip.open(args.against, "rt", encoding="utf-8") as f:
-        records = {r["id"]: r for r in map(json.loads, f) if r["id"] in asked}
+    records = {r["id"]: r for r in R.load(args.against) if r["id"] in asked}
     if len(records) < len(asked):
         raise SystemExit(f"{args.against} answers {len(records)} of the {len(asked)} questions asked")
     return records

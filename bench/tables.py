@@ -340,12 +340,8 @@ def _gain_target(cells: list[dict], gain: float) -> tuple[str, str]:
 
 def _read(df1: float | None, ci: tuple[float, float] | None, target: float) -> str:
     """A ΔF1 against `target` by its interval (`by_interval`); "not measured" without a ΔF1, by the point estimate
-    (with the same strict comparisons) where the questions give no interval."""
-    if df1 is None:
-        return "not measured"
-    if ci:
-        return by_interval(*ci, target)
-    return "met" if df1 > target else "missed" if df1 < target else "within noise"  # as by_interval: strict
+    (an interval of one point) where the questions give no interval."""
+    return "not measured" if df1 is None else by_interval(*(ci or (df1, df1)), target)
 
 
 def _overall(verdicts: list[str]) -> str:
@@ -385,10 +381,9 @@ def auto_rows(by_env: dict[str, dict]) -> list[tuple[str, str, str]]:
         best = max(designs, key=lambda c: c["f1"])
         ids = sorted(cell["records"])
         diffs = [cell["records"][i]["f1"] - best["records"][i]["f1"] for i in ids]
-        ci = paired_interval(diffs, clusters=[cluster_key(cell["records"][i]) for i in ids])
-        reads.append(_read(100 * _mean(diffs), ci, -AUTO_SLACK))
-        stands.append(f"{env}: {cell['f1']:.1f} vs {best['agent']} {best['f1']:.1f} "
-                      f"({100 * _mean(diffs):+.1f}{_interval(ci)})")
+        df1, ci = 100 * _mean(diffs), paired_interval(diffs, clusters=[cluster_key(cell["records"][i]) for i in ids])
+        reads.append(_read(df1, ci, -AUTO_SLACK))
+        stands.append(f"{env}: {cell['f1']:.1f} vs {best['agent']} {best['f1']:.1f} ({df1:+.1f}{_interval(ci)})")
     rows.append(("`auto` ≥ the best single design − 1 F1 on every environment (by the interval's lower bound)",
                  _overall(reads), "; ".join(stands)))
     for kind, gain in (("kg", AUTO_KG_GAIN), ("text", AUTO_TEXT_GAIN)):
