@@ -43,11 +43,11 @@ from mhqa_graph.eval.environments import DEV_ENVIRONMENTS
 from mhqa_graph.eval.report import RESULTS, read_records
 from mhqa_graph.eval.runner import load_questions
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/'s modules import each other by name
-import records as R  # noqa: E402  (the committed per-question records)
-
 BENCH = Path(__file__).resolve().parent
 DATA = BENCH.parents[1] / "shared" / "data"
+
+sys.path.insert(0, str(BENCH))  # bench/'s modules import each other by name
+import records as R  # noqa: E402  (the committed per-question records)
 
 
 def eval_run(args: argparse.Namespace, out: Path, start: int, limit: int, concurrency: int,

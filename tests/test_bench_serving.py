@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 from pathlib import Path
@@ -11,6 +12,15 @@ import pytest
 SPEC = importlib.util.spec_from_file_location("bench_serving", Path(__file__).parents[1] / "bench" / "serving.py")
 serving = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(serving)
+
+
+@pytest.fixture
+def repeat():
+    """bench/repeat.py, loaded afresh for each test."""
+    spec = importlib.util.spec_from_file_location("bench_repeat", Path(__file__).parents[1] / "bench" / "repeat.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_calls_come_by_agent_in_file_and_recorded_order(tmp_path):
@@ -91,13 +101,8 @@ def test_backends_and_threads_rows_are_per_call_ratios_and_recorded(tmp_path, ca
     assert (row["cores"], row["load"], row["s_1_thread"], row["s_2_threads"], row["ratio"]) == (2, 1, 3.0, 6.0, 2.0)
 
 
-def test_repeat_compares_each_run_with_the_first_and_counts_the_calls_the_cache_answered(tmp_path):
+def test_repeat_compares_each_run_with_the_first_and_counts_the_calls_the_cache_answered(tmp_path, repeat):
     """bench/repeat.py's table, from run folders written here (no model)."""
-    import argparse
-
-    spec = importlib.util.spec_from_file_location("bench_repeat", Path(__file__).parents[1] / "bench" / "repeat.py")
-    repeat = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(repeat)
     runs = {"first": [("q1", "Paris", 3, 0), ("q2", "Rome", 2, 0)],
             "again": [("q0", "Oslo", 1, 0), ("q1", "Paris", 3, 0), ("q2", "Milan", 2, 0)],  # q0: a warming question
             "cached": [("q1", "Paris", 3, 3), ("q2", "Rome", 2, 2)]}
@@ -111,16 +116,13 @@ def test_repeat_compares_each_run_with_the_first_and_counts_the_calls_the_cache_
         ("first", 2, 2, 5, 0), ("again", 2, 1, 5, 0), ("cached", 2, 2, 0, 5)]
 
 
-def test_repeat_against_a_committed_eval_takes_run_1_from_its_records_for_the_asked_questions(tmp_path, monkeypatch):
+def test_repeat_against_a_committed_eval_takes_run_1_from_its_records_for_the_asked_questions(tmp_path, repeat,
+                                                                                              monkeypatch):
     """`--against`: run 1 is the committed eval's records of the asked questions (not asked again); a committed eval
     that lacks one of them is an error, not a shorter comparison."""
-    import argparse
     import gzip
     from types import SimpleNamespace
 
-    spec = importlib.util.spec_from_file_location("bench_repeat", Path(__file__).parents[1] / "bench" / "repeat.py")
-    repeat = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(repeat)
     committed = tmp_path / "auto.jsonl.gz"
     with gzip.open(committed, "wt", encoding="utf-8") as f:
         for i, p in (("q0", "Oslo"), ("q1", "Paris"), ("q2", "Rome")):
@@ -139,14 +141,9 @@ def test_repeat_against_a_committed_eval_takes_run_1_from_its_records_for_the_as
         repeat.first_run(argparse.Namespace(**{**vars(args), "start": 1, "limit": 3}))
 
 
-def test_a_replay_asks_through_a_fresh_store_of_the_records_environment_only(tmp_path, monkeypatch, capsys):
+def test_a_replay_asks_through_a_fresh_store_of_the_records_environment_only(tmp_path, repeat, monkeypatch, capsys):
     """What else a store holds changes its ranking, and so the prompts: `--replay` builds a store of its own, afresh,
     unless `--store` names one (no model: the eval is replaced by records written here)."""
-    import argparse
-
-    spec = importlib.util.spec_from_file_location("bench_repeat", Path(__file__).parents[1] / "bench" / "repeat.py")
-    repeat = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(repeat)
     record = tmp_path / "rec.json"
     record.write_text(json.dumps({"env": "pq2h", "agent": "auto", "llm": "llamacpp:m", "start": 1, "limit": 1,
                                   "predictions": {"q1": "Paris"}}), encoding="utf-8")
@@ -170,13 +167,8 @@ def test_a_replay_asks_through_a_fresh_store_of_the_records_environment_only(tmp
     assert stores[-1] == "embedded:///given"
 
 
-def test_repeat_shows_a_committed_record_as_the_table_it_printed(tmp_path):
+def test_repeat_shows_a_committed_record_as_the_table_it_printed(tmp_path, repeat):
     """`--show` (docs/benchmarks.md's generated blocks): the table of a `--record` file, no run."""
-    import argparse
-
-    spec = importlib.util.spec_from_file_location("bench_repeat", Path(__file__).parents[1] / "bench" / "repeat.py")
-    repeat = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(repeat)
     record = tmp_path / "rec.json"
     record.write_text(json.dumps({"env": "pq2h", "agent": "auto", "llm": "llamacpp:m", "start": 240, "limit": 2,
                                   "against": "bench/results/x.jsonl.gz", "rows": [
@@ -187,14 +179,9 @@ def test_repeat_shows_a_committed_record_as_the_table_it_printed(tmp_path):
     assert shown.splitlines()[-1] == "| again | 2 | 1/2 | 5 | 0 | 5 | 3.5 |"
 
 
-def test_repeat_against_checks_that_the_committed_eval_is_of_the_asked_run(tmp_path):
+def test_repeat_against_checks_that_the_committed_eval_is_of_the_asked_run(tmp_path, repeat):
     """`--against` names its run by its path (RESULTS/<llm>/<env>/<agent>.jsonl.gz): another agent, environment or
     model is an error, as is a missing call cache, never a comparison of two different runs."""
-    import argparse
-
-    spec = importlib.util.spec_from_file_location("bench_repeat", Path(__file__).parents[1] / "bench" / "repeat.py")
-    repeat = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(repeat)
     committed = tmp_path / "llamacpp_m_threads_1" / "pq2h" / "auto.jsonl.gz"
     committed.parent.mkdir(parents=True)
     args = argparse.Namespace(against=committed, llm="llamacpp:m?threads=1", env="pq2h", agent="auto")
