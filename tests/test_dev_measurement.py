@@ -243,6 +243,30 @@ def test_an_interrupted_untrained_run_resumes_and_trained_runs_are_compared_with
     assert dev_module.dev_run(rollout, DevConfig(), ModelConfig(name="tiny"), None, out, "iter1", None) == {}
 
 
+def test_a_dev_run_stopped_on_one_machine_replays_its_calls_from_the_committed_call_cache(slices, tmp_path):
+    """With dev.llm_cache, a dev run on a machine without the first one's run folders asks the model nothing that
+    the first one asked: the committed cache replies (its calls are greedy), the records agree, the key and the
+    untrained cache's folder do not count the cache, and the file holds every reply without its write-ahead log."""
+    import sqlite3
+
+    rollout, base = slices
+    cache = tmp_path / "docs" / "runs" / "r" / "calls.sqlite"
+    dev = dataclasses.replace(base, records=str(cache.parent), llm_cache=str(cache))
+    first = counting(DEV)
+    plain = untrained(rollout, base, tmp_path / "plain" / "mygo", counting(DEV))
+    ran = untrained(rollout, dev, tmp_path / "here" / "mygo", first)
+    assert len(first[1]) == 4 and Path(ran["dev_run"]).name == Path(plain["dev_run"]).name  # the same key
+    with sqlite3.connect(cache) as db:  # checkpointed when the run was published: the file alone holds them
+        assert db.execute("SELECT count(*) FROM calls").fetchone()[0] == 4
+    assert not Path(f"{cache}-wal").exists() or Path(f"{cache}-wal").stat().st_size == 0
+
+    (cache.parent / f"{dev_module.UNTRAINED}.jsonl.gz").unlink()  # the records not committed: only the cache
+    again = counting(DEV)
+    elsewhere = untrained(rollout, dev, tmp_path / "there" / "mygo", again)
+    assert not elsewhere["dev_reused"] and again[1] == []  # run again, every call from the cache
+    assert elsewhere["dev_f1"] == ran["dev_f1"] == 1.0 and elsewhere["dev_llm_calls"] == ran["dev_llm_calls"]
+
+
 def test_dev_runs_are_published_as_records_to_commit_and_tabled_by_training_runs(slices, tmp_path, capsys):
     """With dev.records, each dev run leaves its compact records, the log and the policy's seed in a folder to
     commit; training/runs.py tables them against the run before and the untrained one, paired by question."""

@@ -72,6 +72,9 @@ class DevConfig:
     # <name>.jsonl.gz (mhqa_graph.eval.records; an untrained run's with its key, <name>.key.json, read back on a
     # machine without the runs/ cache), the trainer's log.jsonl and the policy's settings and seed (model.json);
     # `python training/runs.py <folder>` tables them
+    llm_cache: str | None = None  # a call cache file (SQLite, `mhqa eval --llm-cache`) that every dev run reads and
+    # fills: their calls are greedy, so committed beside the records it lets a dev run stopped on one machine replay
+    # its finished calls on another instead of asking the model again; it changes no answer and no key
 
 
 T = TypeVar("T")

@@ -43,6 +43,12 @@ def dev_rollout(rollout: RolloutConfig, dev: DevConfig) -> RolloutConfig:
     return dataclasses.replace(rollout, path=dev.path, start=dev.start, limit=dev.limit, samples=1, temperature=0.0)
 
 
+def with_llm_cache(run: RolloutConfig, dev: DevConfig) -> RolloutConfig:
+    """`run` with `dev.llm_cache` among its agent settings: the eval runs read and fill it, and the run folders
+    and keys do not count it (a cache changes no answer)."""
+    return dataclasses.replace(run, context={**run.context, "llm_cache": dev.llm_cache}) if dev.llm_cache else run
+
+
 def check_disjoint(rollout: RolloutConfig, dev: DevConfig) -> None:
     """DevSliceError (an InvalidInput) when the dev slice holds fewer than `dev.min_questions` questions, or
     shares a question (by id, text or gold path: `shared_questions`) with the training slice."""
@@ -180,7 +186,7 @@ def dev_run(rollout: RolloutConfig, dev: DevConfig, config: ModelConfig, model: 
     if name in GUARDS_NONE:
         rollout = dataclasses.replace(rollout, context={**rollout.context, "guards": "none"})
         key = untrained_key(rollout, dev, config, model)
-    run = dev_rollout(rollout, dev)
+    run = with_llm_cache(dev_rollout(rollout, dev), dev)
 
     def untrained_records() -> list[dict[str, Any]] | None:  # the untrained run with guards on, to compare with
         if (records := finished_records(base_run, base_folder)) is not None:
@@ -231,6 +237,10 @@ def publish(dev: DevConfig, name: str, folder: Path, output_dir: str | Path, con
         (out / f"{name}{KEY_SUFFIX}").write_text(json.dumps(key, indent=2, sort_keys=True, default=str) + "\n",
                                                 encoding="utf-8")
     copy_log(output_dir, out)
+    if dev.llm_cache:  # the replies in the file itself, ready to commit
+        from mhqa_graph.models.call_cache import call_cache
+
+        call_cache(dev.llm_cache).checkpoint()
     (out / "model.json").write_text(json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + "\n",
                                     encoding="utf-8")
 

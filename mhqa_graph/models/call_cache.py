@@ -111,6 +111,12 @@ class CallCache(BaseCache):
         with self._lock:
             self._db.execute("DELETE FROM calls")
 
+    def checkpoint(self) -> None:
+        """Write the replies kept in the write-ahead log into the file itself, so that a copy of the file alone
+        (a commit) holds them all."""
+        with self._lock:
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def __len__(self) -> int:
         with self._lock:
             return self._db.execute("SELECT count(*) FROM calls").fetchone()[0]
