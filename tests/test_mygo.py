@@ -21,6 +21,7 @@ from test_eval import scripted, write_dataset  # noqa: E402
 
 from mhqa_graph.errors import InvalidInput  # noqa: E402
 from mhqa_graph.eval import run_eval  # noqa: E402
+from mhqa_graph.paths import file_sha256  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "train" / "mygo.yaml"
 # yes/no questions: a warm-up on "yes" teaches even a tiny random model answers that score
@@ -210,6 +211,51 @@ def test_a_run_stopped_on_one_machine_resumes_on_another_from_its_committed_chec
     rows = [e for e in log if "iteration" in e]
     assert [r["iteration"] for r in rows] == [1] and rows[0]["trajectories"] == 6 and rows[0]["dev_questions"] == 2
     assert not (records / "adapter" / "README.md").exists() and (records / "adapter").is_dir()
+
+
+@pytest.mark.parametrize("same_weights", [True, False])
+def test_an_iterations_rollouts_are_committed_and_read_back_by_a_run_from_the_same_weights(tmp_path, monkeypatch,
+                                                                                          same_weights):
+    """Stopped in iteration 1's SFT: its rollouts were published with the run's records, with the weights they
+    were sampled from, and a machine with none of the run's folders reads them back instead of sampling again;
+    rollouts of other weights are sampled anew."""
+    import mhqa_graph.training.mygo as mygo
+
+    config = tiny_config(tmp_path, iterations=1)
+    records = tmp_path / "docs" / "runs" / "tiny"
+    config.dev = DevConfig(path=str(write_dataset(tmp_path / "dev.jsonl", DEV)), min_questions=2,
+                           records=str(records))
+    warm = tmp_path / "warm"  # a warm-up on "yes", so that iteration 1 keeps trajectories to train on
+    run_eval("rag", "hotpotqa", config.rollout.path, None, config.rollout.store, warm,
+             context_overrides={"llm": scripted(YES)}, progress=False)
+    config.warmup_run, config.sft["num_train_epochs"] = str(warm), 20
+    logging = mygo.jsonl_log
+
+    def stopping_log(path, **tags):  # iteration 1's SFT stops before its first step
+        log = logging(path, **tags)
+        if tags.get("phase") == "iter1":
+            log.on_step_begin = lambda *args, **kwargs: (_ for _ in ()).throw(KeyboardInterrupt)
+        return log
+
+    monkeypatch.setattr(mygo, "jsonl_log", stopping_log)
+    with pytest.raises(KeyboardInterrupt):
+        MyGOTrainer(config).train()
+    published = records / "iter1_rollouts"
+    made_with = json.loads((published / "made_with.json").read_text())
+    saved = records / "checkpoint" / "iter0" / "adapter_model.safetensors"  # the weights sampled from
+    assert made_with["after_iteration"] == 0 and made_with["weights"] == {saved.name: file_sha256(saved)}
+    first = [json.loads(line) for line in (Path(config.output_dir) / "iter1" / "rollouts" / "sample0" /
+                                           "results.jsonl").read_text().splitlines()]
+    shutil.rmtree(config.output_dir)  # another machine: only the committed files
+    if not same_weights:
+        (published / "made_with.json").write_text(json.dumps(made_with | {"weights": {"other": "weights"}}))
+    monkeypatch.setattr(mygo, "jsonl_log", logging)
+    summary = MyGOTrainer(config).train()
+    again = [json.loads(line) for line in (Path(config.output_dir) / "iter1" / "rollouts" / "sample0" /
+                                           "results.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in again] == [r["id"] for r in first] and len(first) == 3
+    assert (again == first) == same_weights  # read back as made (latency included), or sampled anew
+    assert summary["iterations"][0]["trajectories"] == 6
 
 
 def test_a_restored_checkpoint_keeps_a_local_log_that_is_not_the_committed_ones_start(tmp_path):

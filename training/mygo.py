@@ -12,7 +12,9 @@ Iteration k:
 5. the adapter (or model), τ and the iteration's metrics are saved to `output_dir/iter{k}/checkpoint`, then the
    dev run is made and the iteration's line logged. A rerun resumes after the last saved iteration, first making
    its dev run and line if they are missing; rollouts and dev runs, being eval runs, resume too, and a stopped
-   SFT resumes at its last step.
+   SFT resumes at its last step. With `dev.records` the iteration's rollouts are published there
+   (`iter{k}_rollouts/`) before its SFT, and read back by a run on another machine that resumes from the same
+   weights.
 An optional warm-up SFT on high-scoring trajectories comes first (checkpoint `iter0`), as in the paper (which
 fine-tunes on trajectories with EM 1 before MyGO): those of an eval run (`warmup_run`) or of a stronger model's
 rollouts of the training questions (`warmup_teacher`, a model spec, rolled out once into
@@ -32,8 +34,10 @@ from typing import Any
 
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.export import mygo_rows, read_records, reward_of
+from mhqa_graph.paths import file_sha256
 
 from .checkpoints import (
+    CHECKPOINT,
     STEP_SAVES,
     load_checkpoint,
     publish_checkpoint,
@@ -55,9 +59,9 @@ from .dev import (
 )
 from .devices import on_main_process, precision_args
 from .logs import LOG, copy_log, jsonl_log, plot_curve, read_log, write_log
-from .policy import load_model, policy_chat_model, save_policy
+from .policy import load_model, policy_chat_model, policy_identity, save_policy
 from .rewards import keep, next_tau
-from .rollouts import rollouts, teacher_rollouts
+from .rollouts import MADE_WITH, publish_rollouts, read_json, restore_rollouts, rollouts, teacher_rollouts
 
 SFT_DEFAULTS: dict[str, Any] = {"learning_rate": 1e-4, "num_train_epochs": 1, "per_device_train_batch_size": 1,
                                 "gradient_accumulation_steps": 4, "max_length": 2048, "logging_steps": 1,
@@ -193,14 +197,29 @@ class MyGOTrainer:
         cfg = self.config
         return policy_dev(cfg.rollout, cfg.dev, self.model, self.tokenizer, self.out, name, cfg.model)
 
+    def rollout_policy(self, k: int) -> dict[str, Any]:
+        """What iteration `k`'s rollouts are sampled from: the weights saved after iteration k - 1 (their files'
+        sha256) or, with none saved, the untrained policy; and the sampling settings."""
+        cfg = self.config
+        files = sorted((self.out / f"iter{k - 1}" / CHECKPOINT).glob("*.safetensors"))
+        weights = {f.name: file_sha256(f) for f in files} if files else {"untrained": policy_identity(cfg.model)}
+        return {"after_iteration": k - 1, "weights": weights, "temperature": cfg.rollout.temperature,
+                "max_new_tokens": cfg.rollout.max_new_tokens, "seed": cfg.model.seed}
+
     def iteration(self, k: int) -> dict[str, Any]:
         """Rollouts, τ, keep, SFT, checkpoint; the iteration's metrics, also appended to log.jsonl."""
         cfg = self.config
         started = time.perf_counter()
         folder = self.out / f"iter{k}" / "rollouts"
+        committed = Path(cfg.dev.records) / f"iter{k}_rollouts" if cfg.dev.records else None
+        made_with = self.rollout_policy(k)
+        if committed and read_json(committed / MADE_WITH) == made_with:  # made by these weights on another machine
+            on_main_process(lambda: restore_rollouts(committed, folder, cfg.rollout))
         llm = policy_chat_model(self.model, self.tokenizer, cfg.model, folder, cfg.rollout.temperature,
                                 cfg.rollout.max_new_tokens)
         records = rollouts(cfg.rollout, llm, folder, concurrency=cfg.model.rollout_concurrency)
+        if committed:  # before the SFT, which takes longer: a run stopped in it does not sample them again
+            on_main_process(lambda: publish_rollouts(folder, committed, cfg.rollout, made_with))
         rewards = [reward_of(r, cfg.reward) for r in records]
         self.tau = next_tau(self.tau, rewards)
         good = kept(records, self.tau, cfg.reward, self.min_worker_rounds)

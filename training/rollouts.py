@@ -143,6 +143,14 @@ def teacher_rollouts(config: RolloutConfig, teacher: str, seed: int, out_dir: Pa
     return records
 
 
+MADE_WITH = "made_with.json"  # beside published rollouts: the model and sampling they were made with
+
+
+def read_json(path: Path) -> Any:
+    """The JSON value in `path`, None where there is no such file."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
 def publish_rollouts(folder: Path, committed: Path, config: RolloutConfig, made_with: dict[str, Any]) -> None:
     """Each of `config`'s sample runs in `folder` as files to commit in `committed`: `sample<j>.jsonl.gz`, its
     records in full (the SFT reads their traces) sorted by id and gzip'd without a timestamp, and
@@ -154,7 +162,7 @@ def publish_rollouts(folder: Path, committed: Path, config: RolloutConfig, made_
         compact_records.write(committed / f"{sample.name}{compact_records.SUFFIX}", read_records(sample / RESULTS))
         shutil.copyfile(sample / MANIFEST, committed / f"{sample.name}.{MANIFEST}")
     if made:
-        (committed / "made_with.json").write_text(json.dumps(made_with, indent=2) + "\n", encoding="utf-8")
+        (committed / MADE_WITH).write_text(json.dumps(made_with, indent=2) + "\n", encoding="utf-8")
 
 
 def restore_rollouts(committed: Path, folder: Path, config: RolloutConfig) -> None:
