@@ -177,7 +177,7 @@ def restore_rollouts(committed: Path, folder: Path, config: RolloutConfig) -> No
         if not (file.is_file() and manifest_file.is_file()):
             continue
         manifest = json.loads(manifest_file.read_text(encoding="utf-8")) | {"file": expected["file"]}
-        local = json.loads((target / MANIFEST).read_text(encoding="utf-8")) if (target / MANIFEST).is_file() else None
+        local = read_json(target / MANIFEST)
         if not _is_run(manifest, expected) or (local and not _is_run(local, expected)):
             continue  # another run's: this one makes its own (and publishes them over these)
         records = read_records(target / RESULTS) if (target / RESULTS).is_file() else []

@@ -19,6 +19,7 @@ from typing import Any
 
 from mhqa_graph.training.dev import GUARDS_NONE, GUARDS_OFF, UNTRAINED, UNTRAINED_GUARDS_OFF
 from mhqa_graph.training.logs import LOG, read_log
+from mhqa_graph.training.rollouts import MADE_WITH
 
 from mhqa_graph.errors import InvalidInput
 from mhqa_graph.eval.paired import cluster_key, paired_comparison
@@ -142,7 +143,7 @@ def teacher_samples(folder: Path) -> str:
     """A teacher's committed rollouts (`training/rollouts.publish_rollouts`), a row per sample: questions, answers
     with EM 1 (what MyGO's warm-up keeps), mean F1 and LLM calls; "" without any."""
     rows = []
-    for made_with in sorted(folder.glob("*_rollouts/*/made_with.json")):
+    for made_with in sorted(folder.glob(f"*_rollouts/*/{MADE_WITH}")):
         teacher = json.loads(made_with.read_text(encoding="utf-8"))
         for file in sorted(made_with.parent.glob(f"sample*{SUFFIX}"), key=lambda f: natural(f.name)):
             records, sample = load(file), file.name.removesuffix(SUFFIX)
