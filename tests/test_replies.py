@@ -343,7 +343,7 @@ def test_a_transformers_model_under_the_grammar_writes_what_the_parser_reads(rol
     reply = model.invoke(prompt, **kwargs)
     assert how == "grammar" and reply.response_metadata["decoding"] == "grammar"
     assert reply.response_metadata["finish_reason"] == "stop" and parse(reply.text), json.dumps(reply.text)
-    assert not readable(parse, model.invoke(prompt).text)
+    assert not readable(parse, model.invoke(prompt, max_new_tokens=96).text)  # free, it writes nothing readable
 
 
 def readable(parse, text: str) -> bool:

@@ -65,13 +65,20 @@ def _drop_namespace(namespace: str) -> None:
         store.drop_namespace()
 
 
+BIG = 12_000  # more than the deepest vector index query (neo4j_backend.MAX_FETCH)
+
+
 @pytest.fixture(scope="module")
 def populated(neo4j_uri):
-    """50,000 passages in corpus `big`, all about the question's words, then the 5 passages of `small`."""
+    """More passages in corpus `big` than the deepest index query fetches, all about the question's words, then
+    the 5 passages of `small`."""
+    from mhqa_graph.store.neo4j_backend import MAX_FETCH
+
+    assert BIG > MAX_FETCH
     store = _live_store()
     big = [Passage(f"b{i}", f"Andrzej Żuławski {i}",
                    f"Andrzej Żuławski, the Polish film director, was born in the city of Lviv ({i}).")
-           for i in range(50_000)]
+           for i in range(BIG)]
     store.add_passages("big", big)
     store.add_passages("small", PASSAGES)
     yield store
@@ -95,7 +102,7 @@ class TestLiveNeo4jPopulated:
             populated.search("small", question, k=3, mode="hybrid")  # no too-many-clauses error
 
     def test_stats_count_both(self, populated):
-        assert populated.stats().corpora == {"big": {"passages": 50_000}, "small": {"passages": len(PASSAGES)}}
+        assert populated.stats().corpora == {"big": {"passages": BIG}, "small": {"passages": len(PASSAGES)}}
 
 
 @pytest.mark.neo4j_live

@@ -108,7 +108,7 @@ _prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platfo
 
 def _die_with_parent() -> None:
     if _prctl is not None:
-        _prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        _prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: nothing is left to save once its process is gone
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
