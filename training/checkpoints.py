@@ -150,7 +150,8 @@ def train_resuming(trainer: Any, state: dict[str, Any], log: Path, first: Callab
     by the TRL arguments' `save_steps`) in its output_dir that a run of the same `state` (stage, order,
     arguments) left there when it was stopped; a step checkpoint of another state is removed with a warning.
     `first` runs before a stage that starts afresh only. Each step checkpoint gets `state` beside it; they are
-    all removed once the stage has trained to its end."""
+    all removed once the stage has trained to its end. A resumed stage's `training_loss` is the mean loss of all its
+    logged steps (the checkpoint's log history and the steps since), as in a run that was never stopped."""
     import warnings
 
     from transformers import TrainerCallback
@@ -178,6 +179,9 @@ def train_resuming(trainer: Any, state: dict[str, Any], log: Path, first: Callab
         first()
     result = trainer.train(resume_from_checkpoint=last)
     on_main_process(lambda: _remove_step_checkpoints(folder))
+    if last:  # a resumed train() reports the loss of its own steps; the stage's is that of every logged step
+        losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+        result = result._replace(training_loss=sum(losses) / len(losses)) if losses else result
     return result
 
 
