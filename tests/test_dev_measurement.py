@@ -426,6 +426,24 @@ def test_training_runs_pairs_a_dev_run_with_another_runs(tmp_path, capsys):
         runs.main([str(tmp_path / "run"), "--pair", "control/stage9", "stage1"])
 
 
+def test_training_runs_tables_how_the_answers_came_about(tmp_path, capsys):
+    """`--answers`: per dev run, the questions forced to an answer (and the reasons), the answers that say there is
+    none and the questions a guard fired on, from the records' health."""
+    from mhqa_graph.training import runs
+
+    from mhqa_graph.eval.records import write
+
+    health = [{"forced": 1, "forced_by": ["NoProgress", "NoProgress"]}, {"forced": 1, "forced_by": ["RoundCap"]},
+              {"forced": 0, "forced_by": [], "guards": {"answer": 1}}, {}]
+    write(tmp_path / "untrained.jsonl.gz", [{"id": f"q{i}", "f1": 0, "em": 0, "prediction": p, "health": h}
+                                            for i, (p, h) in enumerate(zip(["unknown", "x", "Not stated.", "y"],
+                                                                           health))])
+    runs.main([str(tmp_path), "--answers"])
+    assert "| untrained | 2 of 4 | NoProgress 1, RoundCap 1 | 2 | 1 |" in capsys.readouterr().out
+    runs.main([str(tmp_path)])
+    assert "forced to answer" not in capsys.readouterr().out
+
+
 def test_a_machine_without_the_untrained_cache_reads_the_committed_records_of_the_same_key(slices, tmp_path):
     """A run on another machine (no `runs/` folder) takes the untrained run's published compact records when their
     key is its own, compares its trained runs with them, and asks the model again when the key differs."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from mhqa_graph.training.logs import LOG, read_log
 from mhqa_graph.training.rollouts import MADE_WITH
 
 from mhqa_graph.errors import InvalidInput
+from mhqa_graph.eval.health import behaviour
 from mhqa_graph.eval.paired import cluster_key, paired_comparison
 from mhqa_graph.eval.records import SUFFIX, load, natural
 
@@ -156,6 +158,20 @@ def teacher_samples(folder: Path) -> str:
     return "\n".join([head, *rows])
 
 
+def answers(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """How each dev run's answers came about: questions whose planner was forced to answer (and why), answers
+    that say there is none, questions on which a guard fired (`eval.health.behaviour`)."""
+    lines = ["| dev run | forced to answer | forced by | no answer (\"unknown\") | a guard fired |",
+             "|---|---|---|---|---|"]
+    for name, rows in runs.items():
+        health, rates = [r.get("health") or {} for r in rows], behaviour(rows)
+        why = Counter(reason for h in health for reason in set(h.get("forced_by") or ()))
+        lines.append(f"| {name} | {sum(bool(h.get('forced')) for h in health)} of {len(rows)} | "
+                     f"{', '.join(f'{k} {v}' for k, v in why.most_common())} | {rates['unknown']} | "
+                     f"{rates['guarded']} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="a learning run's committed records (DevConfig.records)")
@@ -163,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="also compare these two dev runs (e.g. a warm start and the iteration after it); "
                              "<run>/<name> names another run's, in the folder beside this one (e.g. a control's)")
     parser.add_argument("--steps", action="store_true", help="also the per-step table of the trainer's log")
+    parser.add_argument("--answers", action="store_true",
+                        help="also how the answers came about: forced, \"unknown\", changed by a guard")
     args = parser.parse_args(argv)
     runs = dev_runs(args.folder)
     pairs = [tuple(p) for p in args.pair]
@@ -171,6 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     if missing := [name for name, rows in others.items() if not rows]:
         raise InvalidInput(f"no records {', '.join(str(args.folder.parent / (n + SUFFIX)) for n in missing)}")
     print(table(runs, pairs, others))
+    if args.answers:
+        print("\n" + answers(runs))
     if square := two_by_two(runs):
         print("\n" + square)
     if rounds := iterations(args.folder):
