@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
                              "<run>/<name> names another run's, in the folder beside this one (e.g. a control's)")
     parser.add_argument("--steps", action="store_true", help="also the per-step table of the trainer's log")
     parser.add_argument("--answers", action="store_true",
-                        help="also how the answers came about: forced, \"unknown\", changed by a guard")
+                        help="also how the answers came about: forced (and why), \"unknown\", a guard fired")
     args = parser.parse_args(argv)
     runs = dev_runs(args.folder)
     pairs = [tuple(p) for p in args.pair]
